@@ -1,0 +1,95 @@
+"""PolicyConfig: every size and knob of the runtime, with the reason for its default.
+
+Read from ``config/flashrt.yaml`` (``/**: ros__parameters:`` layout) so the ROS node and the
+command-line tools share one source of truth.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class PolicyConfig:
+    obs_dim: int = _f(14, "observation length: a 7-joint arm's positions then velocities", min=1)
+    action_dim: int = _f(7, "action length: one command per joint", min=1)
+    d_model: int = _f(128, "residual width; small enough for a ~1 ms CPU step", min=1)
+    n_layers: int = _f(4, "blocks of conv + GRU + attention + MLP", min=1)
+    n_heads: int = _f(4, "attention heads; must divide d_model", min=1)
+    conv_kernel: int = _f(4, "taps of the short causal conv; conv_state keeps conv_kernel-1 inputs", min=2)
+    kv_window: int = _f(1024, "attention window in steps (10 s at 100 Hz); KV slots are reused modulo it", min=1)
+    chunk_len: int = _f(8, "actions predicted per step (action chunk / multi-token prediction)", min=1)
+    action_noise_std: float = _f(0.0, "exploration noise std; 0 = deterministic policy", min=0.0)
+    seed: int = _f(0, "seed for random weights and the counter-based noise RNG", min=0)
+    capsule_capacity: int = _f(128, "capsule ring slots; enough for a 1 s rollback at 100 Hz", min=1)
+    capsule_budget_mb: float = _f(768.0, "upper bound on capsule ring memory; capacity is clipped to fit", min=0.0)
+    capsule_every_n_steps: int = _f(1, "take a capsule after every N-th step (1 = every step)", min=1)
+    max_branches: int = _f(8, "rows of the batched replan plan: branches per Replan goal", min=1)
+    weights_path: str = _f("", "safetensors weights; empty = seeded random weights")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            want = int if f.type in ("int", int) else float if f.type in ("float", float) else str
+            if want is float and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+                setattr(self, f.name, v)
+            if not isinstance(v, want) or isinstance(v, bool):
+                raise ValueError(f"{f.name}: expected {want.__name__}, got {v!r}")
+            lo = f.metadata.get("min")
+            if lo is not None and not v >= lo:  # `not >=` also rejects NaN
+                raise ValueError(f"{f.name}: must be >= {lo}, got {v!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: must divide d_model ({self.d_model}), got {self.n_heads}")
+        if self.head_dim > 64:
+            raise ValueError(f"n_heads: head_dim = d_model / n_heads must be <= 64, got {self.head_dim}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def field_help(cls) -> dict[str, str]:
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(cls)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "PolicyConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any], *, strict: bool = False) -> "PolicyConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(params) - names
+        if strict and unknown:
+            raise ValueError(f"{sorted(unknown)[0]}: unknown PolicyConfig field")
+        return cls(**{k: v for k, v in params.items() if k in names})
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> "PolicyConfig":
+        """Read the ``ros__parameters`` of ``/**`` (or the single node key) in a ROS params file."""
+        params = load_ros_params(path)
+        params.update(overrides)
+        return cls.from_dict(params)
+
+
+def load_ros_params(path: str | Path) -> dict[str, Any]:
+    doc = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: expected a mapping of node names")
+    node = doc.get("/**") or next(iter(doc.values()), None)
+    if not isinstance(node, dict) or "ros__parameters" not in node:
+        raise ValueError(f"{path}: expected '/**: ros__parameters:' layout")
+    return dict(node["ros__parameters"] or {})

@@ -1,0 +1,254 @@
+"""Kernel registry: every op of a plan names a kernel here.
+
+Each kernel has a NumPy reference twin (``*_ref``) that the numpy backend runs and the CUDA C
+kernel in ``kernels/*.cu`` is tested against. Twins write only through ``out=`` / in-place ops
+into preallocated buffers, so a replay allocates no arrays.
+
+Batch invariance: every reduction runs per row in a fixed order whatever the batch size. Dot
+products go through a broadcast ``(B,1,n) @ (n,m)`` matmul, which is one GEMV per row and
+bit-identical to stepping that row alone; ``x.sum(axis)`` is avoided because NumPy may reorder
+it with the shape.
+
+Step-dependent values (position, kv_len, step, rng counter) are read from the ``meta`` state
+buffer, never passed as arguments. The NumPy twins read row 0's meta: branches of a batch step in
+lockstep from one capsule, so every row's meta is equal (the CUDA kernels read each row's own).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+# meta layout (int64 per row)
+META_STEP, META_POS, META_KV_LEN, META_RNG = 0, 1, 2, 3
+META_LEN = 8  # room for more counters without a layout change
+
+ACT_NONE, ACT_SILU, ACT_TANH, ACT_RELU = 0, 1, 2, 3
+RMS_EPS = np.float32(1e-5)
+ENSEMBLE_DECAY = 0.25  # weight exp(-decay * age): the newest chunk counts most
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    ref: Callable
+    params: tuple[str, ...]  # buffer parameters, in order
+    writes: tuple[str, ...]  # the subset of params the kernel writes
+    consts: tuple[str, ...] = ()  # integer/float constants, fixed at capture
+    inplace: tuple[str, ...] = ()  # written params that are also read
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        return tuple(p for p in self.params if p not in self.writes or p in self.inplace)
+
+
+REGISTRY: dict[str, Kernel] = {}
+
+
+def kernel(params: str, writes: str, consts: str = "", inplace: str = ""):
+    def deco(fn):
+        name = fn.__name__.removesuffix("_ref")
+        REGISTRY[name] = Kernel(name, fn, tuple(params.split()), tuple(writes.split()),
+                                tuple(consts.split()), tuple(inplace.split()))
+        return fn
+    return deco
+
+
+def _act_(y: np.ndarray, act: int, tmp: np.ndarray) -> None:
+    if act == ACT_SILU:  # y * sigmoid(y) = y / (1 + exp(-y))
+        np.negative(y, out=tmp)
+        np.exp(tmp, out=tmp)
+        tmp += 1.0
+        np.divide(y, tmp, out=y)
+    elif act == ACT_TANH:
+        np.tanh(y, out=y)
+    elif act == ACT_RELU:
+        np.maximum(y, 0.0, out=y)
+
+
+@kernel("obs mean inv_std x", "x")
+def obs_norm_ref(obs, mean, inv_std, x):
+    """x[B,obs] = (obs - mean) * inv_std."""
+    np.subtract(obs, mean, out=x)
+    x *= inv_std
+
+
+@kernel("x w b y tmp", "y tmp", "act")
+def linear_ref(x, w, b, y, tmp, act):
+    """y[B,out] = act(x[B,in] @ w[in,out] + b[out])."""
+    np.matmul(x[:, None, :], w, out=y[:, None, :])
+    y += b
+    _act_(y, act, tmp)
+
+
+@kernel("x y", "x", inplace="x")
+def add_ref(x, y):
+    """x[B,n] += y[B,n] (residual)."""
+    x += y
+
+
+@kernel("x g y ms", "y ms")
+def rmsnorm_ref(x, g, y, ms):
+    """y[B,n] = x / sqrt(mean(x^2) + eps) * g; ms[B,1,1] is the per-row mean square."""
+    np.matmul(x[:, None, :], x[:, :, None], out=ms)
+    ms *= np.float32(1.0 / x.shape[1])
+    ms += RMS_EPS
+    np.sqrt(ms, out=ms)
+    np.divide(x, ms[:, :, 0], out=y)
+    y *= g
+
+
+@kernel("x conv_state w b out tmp", "x conv_state out tmp", inplace="x conv_state")
+def causal_conv_ref(x, conv_state, w, b, out, tmp):
+    """Depthwise causal conv over the last k inputs, then x += silu(conv).
+
+    x[B,d]; conv_state[B,k-1,d] holds the previous k-1 inputs, oldest first; w[k,d]; b[d].
+    """
+    km1 = conv_state.shape[1]
+    np.multiply(x, w[km1], out=out)
+    out += b
+    for j in range(km1):
+        np.multiply(conv_state[:, j], w[j], out=tmp)
+        out += tmp
+    for j in range(km1 - 1):  # shift left, one row at a time (no overlapping copy)
+        conv_state[:, j] = conv_state[:, j + 1]
+    conv_state[:, km1 - 1] = x
+    _act_(out, ACT_SILU, tmp)
+    x += out
+
+
+@kernel("x h w_ih w_hh b_ih b_hh gi gh h_new", "gi gh h_new")
+def gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new):
+    """GRU cell (PyTorch gate order r, z, n): h_new[B,H] from x[B,I], h[B,H].
+
+    w_ih[I,3H], w_hh[H,3H]; gi, gh[B,3H] are scratch.
+    """
+    H = h.shape[1]
+    np.matmul(x[:, None, :], w_ih, out=gi[:, None, :])
+    gi += b_ih
+    np.matmul(h[:, None, :], w_hh, out=gh[:, None, :])
+    gh += b_hh
+    rz = gi[:, :2 * H]
+    rz += gh[:, :2 * H]
+    np.negative(rz, out=rz)
+    np.exp(rz, out=rz)
+    rz += 1.0
+    np.reciprocal(rz, out=rz)  # rz = sigmoid(.)
+    r, z = gi[:, :H], gi[:, H:2 * H]
+    n = gi[:, 2 * H:]
+    gh_n = gh[:, 2 * H:]
+    gh_n *= r
+    n += gh_n
+    np.tanh(n, out=n)
+    # h_new = n + z * (h - n)  ==  (1 - z) * n + z * h
+    np.subtract(h, n, out=h_new)
+    h_new *= z
+    h_new += n
+
+
+@kernel("h h_new x", "h x", inplace="x")
+def gru_commit_ref(h, h_new, x):
+    """recurrent_state = h_new (in place); x += h_new."""
+    h[...] = h_new
+    x += h_new
+
+
+@kernel("qkv k_cache v_cache meta", "k_cache v_cache")
+def kv_write_ref(qkv, k_cache, v_cache, meta):
+    """Write this step's k, v (qkv[B,3d]) into slot position % W of k_cache, v_cache [B,W,d]."""
+    d = k_cache.shape[2]
+    slot = int(meta[0, META_POS]) % k_cache.shape[1]
+    k_cache[:, slot] = qkv[:, d:2 * d]
+    v_cache[:, slot] = qkv[:, 2 * d:]
+
+
+@kernel("qkv k_cache v_cache meta out scores smax ssum ones", "out scores smax ssum", "n_heads")
+def attn_decode_ref(qkv, k_cache, v_cache, meta, out, scores, smax, ssum, ones, n_heads):
+    """Single-query attention over the valid KV window, per head.
+
+    q = qkv[B,:d]; k_cache, v_cache[B,W,d]; T = min(kv_len + 1, W) (this step's k, v are already
+    written). scores[B,H,W,1], smax/ssum[B,H,1,1], ones[W,1] are scratch / constants.
+    """
+    B, W, d = k_cache.shape
+    hd = d // n_heads
+    T = min(int(meta[0, META_KV_LEN]) + 1, W)
+    k = k_cache.reshape(B, W, n_heads, hd).transpose(0, 2, 1, 3)[:, :, :T]  # [B,H,T,hd]
+    v = v_cache.reshape(B, W, n_heads, hd).transpose(0, 2, 1, 3)[:, :, :T]
+    q = qkv[:, :d].reshape(B, n_heads, hd, 1)
+    s = scores[:, :, :T]  # [B,H,T,1]
+    np.matmul(k, q, out=s)
+    s *= np.float32(1.0 / np.sqrt(hd))
+    np.max(s, axis=2, keepdims=True, out=smax)
+    s -= smax
+    np.exp(s, out=s)
+    p = s.transpose(0, 1, 3, 2)  # [B,H,1,T]
+    np.matmul(p, ones[:T], out=ssum)
+    o = out.reshape(B, n_heads, 1, hd)
+    np.matmul(p, v, out=o)
+    o /= ssum
+
+
+@kernel("chunk mtp_state meta action tmp", "mtp_state action tmp", inplace="mtp_state")
+def temporal_ensemble_ref(chunk, mtp_state, meta, action, tmp):
+    """Blend the pending predictions for this step (ACT-style temporal ensemble).
+
+    chunk[B,K*A] is this step's prediction of actions t..t+K-1. mtp_state[B,K,K*A] is a ring of
+    the last K chunks, slot = step % K. action[B,A] = sum_age w(age) * chunk_{t-age}[age] / sum w.
+    """
+    K = mtp_state.shape[1]
+    A = action.shape[1]
+    step = int(meta[0, META_STEP])
+    mtp_state[:, step % K] = chunk
+    action[...] = 0.0
+    wsum = 0.0
+    for age in range(min(step + 1, K)):
+        w = np.float32(np.exp(-ENSEMBLE_DECAY * age))
+        np.multiply(mtp_state[:, (step - age) % K, age * A:(age + 1) * A], w, out=tmp)
+        action += tmp
+        wsum += float(w)
+    action *= np.float32(1.0 / wsum)
+
+
+def _mix32(h: np.ndarray) -> np.ndarray:
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h
+
+
+def rng_uniform(seed: int, counter: int, index: np.ndarray, stream: int) -> np.ndarray:
+    """Counter-based uniform in (0, 1): a hash of (seed, counter, index, stream). Same in CUDA."""
+    h = index.astype(np.uint32) * np.uint32(0x9E3779B1)
+    h ^= np.uint32((seed * 0x632BE5AB + counter * 0x27D4EB2F + stream * 0x165667B1) & 0xFFFFFFFF)
+    h = _mix32(h)
+    h ^= np.uint32((counter >> 32) & 0xFFFFFFFF)
+    h = _mix32(h)
+    return ((h >> np.uint32(8)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / (1 << 24))
+
+
+@kernel("action meta", "action", "seed std", inplace="action")
+def rng_noise_ref(action, meta, seed, std):
+    """action[B,A] += std * N(0,1), Box-Muller over a counter-based hash keyed by meta's rng_counter.
+
+    The only twin with temporaries (a few A-sized arrays); it is absent from the plan when std = 0.
+    """
+    counter = int(meta[0, META_RNG])
+    idx = np.arange(action.shape[1], dtype=np.uint32)
+    u1 = rng_uniform(seed, counter, idx, 0)
+    u2 = rng_uniform(seed, counter, idx, 1)
+    z = np.sqrt(np.float32(-2.0) * np.log(u1)) * np.cos(np.float32(2 * np.pi) * u2)
+    action += np.float32(std) * z
+
+
+@kernel("meta", "meta", "kv_window", inplace="meta")
+def meta_advance_ref(meta, kv_window):
+    """Last op of a step: step += 1, position += 1, kv_len = min(kv_len + 1, W), rng_counter += 1."""
+    meta[:, META_STEP] += 1
+    meta[:, META_POS] += 1
+    kv = meta[:, META_KV_LEN]
+    kv += 1
+    np.minimum(kv, kv_window, out=kv)
+    meta[:, META_RNG] += 1

@@ -1,0 +1,287 @@
+"""Session = policy + arena + bound plans + capsule store: step, rollback, replan, cold baselines.
+
+Row 0 of the state slab is the live policy; rows 1..max_branches are replan branches, so a what-if
+never touches the live row. One lock serialises step, rollback and replan.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .backend import NumpyBackend, select
+from .buffers import Arena
+from .capsule import CapsuleInfo, CapsuleStore
+from .config import PolicyConfig
+from .history import ObsHistory
+from .policy import HybridPolicy
+from .weights import fingerprint, load_weights, save_weights, seeded_weights
+
+
+@dataclass
+class StepResult:
+    action: np.ndarray  # [action_dim] float32
+    chunk: np.ndarray  # [chunk_len, action_dim] float32
+    capsule_id: int  # capsule taken after this step; 0 when none was taken
+    step: int  # steps taken, this one included
+    latency_ms: float
+
+
+@dataclass
+class ReplanResult:
+    actions: np.ndarray  # [branches, steps_done, action_dim] float32
+    branch_capsule_ids: list[int]  # end state of each branch
+    elapsed_ms: float
+    deadline_met: bool
+    steps_done: int
+    horizon: int
+    live_capsule_id: int
+    message: str
+
+
+def as_observations(obs, shape: tuple[int, ...], what: str = "observation") -> np.ndarray:
+    """Validate shape, dtype and finiteness; returns float32. Raises ValueError, touching nothing."""
+    a = np.asarray(obs)
+    if a.dtype.kind != "f":
+        raise ValueError(f"{what}: dtype must be floating point, got {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{what}: expected shape {shape}, got {a.shape}")
+    bad = ~np.isfinite(a)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{what}: non-finite value {a[idx]} at index {idx if len(idx) > 1 else idx[0]}")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+class Session:
+    def __init__(self, cfg: PolicyConfig | None = None, backend="numpy", weights: dict | None = None):
+        self.cfg = cfg = cfg or PolicyConfig()
+        self.backend = select(backend) if isinstance(backend, str) else backend
+        self.policy = HybridPolicy(cfg)
+        self.rows = 1 + cfg.max_branches
+        self.arena = Arena(self.policy.buffer_specs(), self.rows, self.backend)
+        wspecs = self.policy.weight_specs()
+        if weights is None:
+            weights = load_weights(cfg.weights_path, wspecs) if cfg.weights_path else seeded_weights(wspecs, cfg.seed)
+        self.weights = weights
+        for name, w in weights.items():
+            self.backend.from_host(self.arena[name], w)
+        self.plan = self.policy.build_plan()
+        self.plan.validate(self.arena.views)
+        layout_text = ";".join(f"{n}@{p.offset}:{p.spec.shape}:{p.spec.dtype}"
+                               for n, p in self.arena.placements.items() if p.spec.is_state)
+        self.fingerprint = fingerprint(cfg, weights, self.plan.describe(), layout_text)
+        self.store = CapsuleStore(self.backend, self.arena.row_nbytes, cfg.capsule_capacity,
+                                  cfg.capsule_budget_mb * 2**20, self.fingerprint)
+        self.lock = threading.RLock()
+        self._live = self.backend.bind(self.plan, self.arena, 0, 1)
+        self._branch_runners: dict[int, object] = {}
+        self.history = ObsHistory()
+        self.reset()
+
+    # ---- state ----------------------------------------------------------------------------
+    @property
+    def step_count(self) -> int:
+        return self._step
+
+    @property
+    def live_capsule_id(self) -> int:
+        return self._live_id
+
+    def live_row(self):
+        return self.arena.state_bytes(0)
+
+    def state_host(self, row: int = 0) -> np.ndarray:
+        """A host copy of one state row (for checks; not on the hot path)."""
+        self.backend.sync()
+        return self.backend.to_host(self.arena.state_bytes(row))
+
+    def reset(self) -> None:
+        with self.lock:
+            self.arena.state[...] = 0
+            self._step = 0
+            self._live_id = 0
+            self.history.reset()
+
+    # ---- step -----------------------------------------------------------------------------
+    def step(self, obs, stamp_ns: int = 0) -> StepResult:
+        o = as_observations(obs, (self.cfg.obs_dim,))
+        with self.lock:
+            t0 = time.perf_counter()
+            self.backend.from_host(self.arena["obs"][0], o)
+            self._live.replay()
+            action = self.backend.to_host(self.arena["action"][0])
+            chunk = self.backend.to_host(self.arena["chunk"][0]).reshape(self.cfg.chunk_len, self.cfg.action_dim)
+            self._step += 1
+            self.history.push(o)
+            cid = 0
+            if self._step % self.cfg.capsule_every_n_steps == 0:
+                cid = self._snapshot_live(stamp_ns, "", False).id
+            return StepResult(action, chunk, cid, self._step, (time.perf_counter() - t0) * 1e3)
+
+    def _snapshot_live(self, stamp_ns: int, label: str, pin: bool) -> CapsuleInfo:
+        info = self.store.snapshot(self.live_row(), step=self._step, parent_id=self._live_id, stamp_ns=stamp_ns,
+                                   label=label, pin=pin)
+        self._live_id = info.id
+        self.history.mark(info.id)
+        if len(self.history._at_capsule) > 2 * self.store.capacity:
+            self.history.prune(self.store._info)
+        return info
+
+    def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
+        with self.lock:
+            return self._snapshot_live(stamp_ns, label, pin)
+
+    # ---- rollback -------------------------------------------------------------------------
+    def rollback(self, capsule_id: int | None = None, steps_back: int = 0) -> CapsuleInfo:
+        """Make a capsule live: by id, or ``steps_back`` steps back along the live lineage."""
+        with self.lock:
+            if capsule_id:
+                info = self.store.get(capsule_id)
+            else:
+                if steps_back < 0:
+                    raise ValueError(f"steps_back must be >= 0, got {steps_back}")
+                if self._live_id == 0:
+                    from .capsule import UnknownCapsule
+                    raise UnknownCapsule("no live capsule to roll back from (nothing stepped since reset)")
+                info = self.store.ancestor(self._live_id, self._step - steps_back)
+            self.store.restore(info.id, self.live_row())
+            self._step = info.step
+            self._live_id = info.id
+            self.history.head = self.history.node_of(info.id) if info.id in self.history._at_capsule else None
+            return info
+
+    # ---- replan ---------------------------------------------------------------------------
+    def _branch_runner(self, branches: int):
+        """Replay rows 1..branches. A backend with fixed graphs (CUDA) pads to max_branches."""
+        key = self.cfg.max_branches if getattr(self.backend, "fixed_batch", False) else branches
+        runner = self._branch_runners.get(key)
+        if runner is None:
+            runner = self._branch_runners[key] = self.backend.bind(self.plan, self.arena, 1, key)
+        return runner
+
+    def replan(self, capsule_id: int | None, observations, commit_branch: int | None = None,
+               deadline_ms: float = 50.0, cancel: Callable[[], bool] | None = None,
+               on_step: Callable[[int], None] | None = None) -> ReplanResult:
+        """Fork ``capsule_id`` (None or 0 = the live state) into B branches and step them as one batch
+        over observations[B, horizon, obs_dim]. Without commit_branch the live state is untouched."""
+        t0 = time.perf_counter()
+        arr = np.asarray(observations)
+        if arr.ndim != 3:
+            raise ValueError(f"observations: expected [branches, horizon, obs_dim], got shape {arr.shape}")
+        b, h = arr.shape[:2]
+        if not 1 <= b <= self.cfg.max_branches:
+            raise ValueError(f"branches: must be 1..{self.cfg.max_branches} (max_branches), got {b}")
+        if h < 1:
+            raise ValueError("horizon: must be >= 1")
+        obs = as_observations(arr, (b, h, self.cfg.obs_dim), "observations")
+        if commit_branch is not None and not 0 <= commit_branch < b:
+            raise ValueError(f"commit_branch: must be in 0..{b - 1}, got {commit_branch}")
+        if not deadline_ms > 0:
+            raise ValueError(f"deadline_ms: must be > 0, got {deadline_ms}")
+        with self.lock:
+            if capsule_id:
+                src_info = self.store.get(capsule_id)
+                src, base_step, parent = self.store.slot(capsule_id), src_info.step, capsule_id
+                base_node = self.history.node_of(capsule_id) if capsule_id in self.history._at_capsule else None
+            else:
+                src, base_step, parent, base_node = self.live_row(), self._step, self._live_id, self.history.head
+            for r in range(b):
+                self.backend.copy(self.arena.state[1 + r], src)
+            runner = self._branch_runner(b)
+            obs_rows, act_rows = self.arena["obs"][1:1 + b], self.arena["action"][1:1 + b]
+            actions = np.empty((b, h, self.cfg.action_dim), np.float32)
+            done, message = 0, ""
+            for t in range(h):
+                self.backend.from_host(obs_rows, obs[:, t])
+                runner.replay()
+                actions[:, t] = self.backend.to_host(act_rows)
+                done += 1
+                if on_step is not None:
+                    on_step(done)
+                if done < h and (time.perf_counter() - t0) * 1e3 > deadline_ms:
+                    message = f"deadline {deadline_ms:.1f} ms passed after {done}/{h} steps; rest abandoned"
+                    break
+                if done < h and cancel is not None and cancel():
+                    message = f"cancelled after {done}/{h} steps"
+                    break
+            ids = [self.store.snapshot(self.arena.state[1 + r], step=base_step + done, parent_id=parent,
+                                       label=f"replan branch {r}").id for r in range(b)]
+            if commit_branch is not None:
+                self.backend.copy(self.live_row(), self.arena.state[1 + commit_branch])
+                self._step = base_step + done
+                self._live_id = ids[commit_branch]
+                self.history.head = base_node
+                for t in range(done):
+                    self.history.push(obs[commit_branch, t])
+            for r, cid in enumerate(ids):
+                self.history.mark(cid, self.history.head if r == commit_branch
+                                  else _branch_nodes(self.history, base_node, obs[r, :done]))
+            self.backend.sync()
+            elapsed = (time.perf_counter() - t0) * 1e3
+            met = done == h and elapsed <= deadline_ms
+            if not message and not met:
+                message = f"finished in {elapsed:.1f} ms, over the {deadline_ms:.1f} ms deadline"
+            return ReplanResult(actions[:, :done], ids, elapsed, met, done, h, self._live_id, message or "ok")
+
+    # ---- cold baselines -------------------------------------------------------------------
+    def cold_replay(self, n: int | None = None) -> None:
+        """Recompute the live state from reset by stepping the first n observations of the live
+        branch one by one (byte-identical to the original run). No capsules are taken."""
+        with self.lock:
+            obs = self.history.observations(n)
+            head = self.history.head
+            for _ in range(self.history.steps - len(obs)):
+                head = head.parent
+            self.arena.state[0] = 0
+            for o in obs:
+                self.backend.from_host(self.arena["obs"][0], o)
+                self._live.replay()
+            self.backend.sync()
+            self._step, self._live_id, self.history.head = len(obs), 0, head
+
+    def cold_prefill(self, n: int | None = None) -> None:
+        """Recompute the live state layer by layer over the whole history (batched attention, GRU scan).
+        Matches cold_replay within float tolerance; meta matches exactly."""
+        from .prefill import prefill
+
+        with self.lock:
+            obs = self.history.observations(n)
+            head = self.history.head
+            for _ in range(self.history.steps - len(obs)):
+                head = head.parent
+            prefill(self, obs)
+            self.backend.sync()
+            self._step, self._live_id, self.history.head = len(obs), 0, head
+
+    # ---- files ----------------------------------------------------------------------------
+    def export_capsule(self, capsule_id: int, path: str | Path) -> str:
+        with self.lock:
+            return self.store.export(capsule_id, path, self.arena)
+
+    def import_capsule(self, path: str | Path, restore: bool = False) -> CapsuleInfo:
+        with self.lock:
+            info = self.store.import_(path, self.arena)
+            self.history.mark(info.id, None)  # its observations are not known here
+            if restore:
+                info = self.rollback(info.id)
+            return info
+
+    def save_weights(self, path: str | Path) -> None:
+        save_weights(path, self.weights)
+
+
+def _branch_nodes(history: ObsHistory, base, obs: np.ndarray):
+    head = history.head
+    history.head = base
+    for o in obs:
+        history.push(o)
+    node, history.head = history.head, head
+    return node
+
+
+__all__ = ["Session", "StepResult", "ReplanResult", "as_observations", "NumpyBackend"]

@@ -1,0 +1,85 @@
+"""Weights: seeded init, safetensors load/save with every name/shape/dtype checked, fingerprint."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .buffers import BufferSpec
+from .config import PolicyConfig
+
+CONST_PREFIX = "const."  # constants live beside weights but are never loaded or saved
+# Fields that change what a state row means; capsule bookkeeping and weights_path do not.
+_FINGERPRINT_EXCLUDE = {"capsule_capacity", "capsule_budget_mb", "capsule_every_n_steps", "max_branches",
+                        "weights_path"}
+
+
+class WeightsError(ValueError):
+    pass
+
+
+def seeded_weights(specs: list[BufferSpec], seed: int) -> dict[str, np.ndarray]:
+    """Deterministic random weights: each tensor from its own stream, keyed by (seed, name)."""
+    out = {}
+    for s in specs:
+        name = s.name
+        if name.startswith(CONST_PREFIX):
+            out[name] = np.ones(s.shape, s.dtype)
+            continue
+        key = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
+        rng = np.random.default_rng(key)
+        if name == "obs_mean" or name.endswith((".b", ".b1", ".b2", "b_ih", "b_hh")):
+            w = rng.standard_normal(s.shape) * 0.02
+        elif name == "obs_inv_std" or name.endswith(".g"):
+            w = np.ones(s.shape)
+        else:  # [fan_in, fan_out]; conv.w is [taps, d]
+            w = rng.standard_normal(s.shape) / np.sqrt(s.shape[0])
+        out[name] = w.astype(s.dtype)
+    return out
+
+
+def load_weights(path: str | Path, specs: list[BufferSpec]) -> dict[str, np.ndarray]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except (OSError, SafetensorError, ValueError) as e:
+        raise WeightsError(f"weights_path {path}: cannot read safetensors ({e})") from e
+    want = {s.name: s for s in specs if not s.name.startswith(CONST_PREFIX)}
+    missing = sorted(set(want) - set(tensors))
+    extra = sorted(set(tensors) - set(want))
+    if missing or extra:
+        raise WeightsError(f"weights_path {path}: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, s in want.items():
+        t = tensors[name]
+        if t.shape != s.shape or t.dtype != np.dtype(s.dtype):
+            raise WeightsError(f"weights_path {path}: {name} is {t.dtype}{list(t.shape)}, "
+                               f"expected {s.dtype}{list(s.shape)}")
+        if not np.isfinite(t).all():
+            raise WeightsError(f"weights_path {path}: {name} has non-finite values")
+    out = {n: np.ascontiguousarray(tensors[n]) for n in want}
+    out.update({s.name: np.ones(s.shape, s.dtype) for s in specs if s.name.startswith(CONST_PREFIX)})
+    return out
+
+
+def save_weights(path: str | Path, weights: dict[str, np.ndarray]) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(v) for k, v in weights.items() if not k.startswith(CONST_PREFIX)},
+              str(path))
+
+
+def fingerprint(cfg: PolicyConfig, weights: dict[str, np.ndarray], plan_text: str, layout_text: str) -> str:
+    """sha256 over what gives a state row its meaning: config, weights, plan and slab layout."""
+    h = hashlib.sha256()
+    cfg_items = {k: v for k, v in cfg.to_dict().items() if k not in _FINGERPRINT_EXCLUDE}
+    h.update(json.dumps(cfg_items, sort_keys=True).encode())
+    for name in sorted(weights):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(weights[name]).tobytes())
+    h.update(plan_text.encode())
+    h.update(layout_text.encode())
+    return h.hexdigest()
