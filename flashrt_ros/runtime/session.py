@@ -155,6 +155,19 @@ class Session:
             self.history.head = self.history.node_of(info.id) if info.id in self.history._at_capsule else None
             return info
 
+    def restore_roles(self, capsule_id: int, roles: tuple[str, ...]) -> CapsuleInfo:
+        """Ablation only: restore just the buffers of ``roles`` (e.g. ("kv", "meta"), what a KV-cache
+        server would keep), leaving the rest of the live state as it is."""
+        with self.lock:
+            info = self.store.get(capsule_id)
+            slot, row = self.store.slot(capsule_id), self.live_row()
+            for p in self.arena.placements.values():
+                if p.spec.role in roles:
+                    span = slice(p.offset, p.offset + p.spec.nbytes)
+                    self.backend.copy(row[span], slot[span])
+            self._step, self._live_id = info.step, 0
+            return info
+
     # ---- replan ---------------------------------------------------------------------------
     def _branch_runner(self, branches: int):
         """Replay rows 1..branches. A backend with fixed graphs (CUDA) pads to max_branches."""

@@ -1,0 +1,50 @@
+# flashrt_ros: `make demo` and `make test` work on a fresh machine; each builds what is missing.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .venv
+PY := $(abspath $(VENV))/bin/python
+PYTHON ?= python3
+
+# DDS must never leave this machine; every run gets its own domain and a throwaway log dir.
+export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
+ifndef ROS_DOMAIN_ID
+export ROS_DOMAIN_ID := $(shell echo $$(( 20 + $$$$ % 180 )))
+endif
+ifndef ROS_LOG_DIR
+export ROS_LOG_DIR := $(shell mktemp -d /tmp/flashrt-roslog.XXXXXX)
+endif
+export PYTHONDONTWRITEBYTECODE := 1
+
+SETUP_STAMP := $(VENV)/.stamp-setup
+
+.PHONY: help setup demo test lint bench gpu-check clean
+help:
+	@echo "make demo      run the main demo on the CPU default (creates .venv on first use)"
+	@echo "make test      run the full test suite"
+	@echo "make bench     runtime benchmark -> out/bench_runtime.json"
+	@echo "make lint      ruff"
+	@echo "make gpu-check GPU tests + benchmarks (needs a CUDA device)"
+
+setup: $(SETUP_STAMP)
+
+$(SETUP_STAMP): requirements.txt requirements-ros.txt setup.py setup.cfg
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-ros.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $@
+
+demo: $(SETUP_STAMP)
+	$(VENV)/bin/flashrt-demo
+
+test: $(SETUP_STAMP)
+	$(PY) -m pytest -q test
+
+lint: $(SETUP_STAMP)
+	$(VENV)/bin/ruff check flashrt_ros test launch
+
+bench: $(SETUP_STAMP)
+	@mkdir -p out
+	$(VENV)/bin/flashrt-bench runtime --json out/bench_runtime.json
+
+clean:
+	rm -rf build out .pytest_cache

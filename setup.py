@@ -1,0 +1,32 @@
+from glob import glob
+
+from setuptools import find_packages, setup
+
+package_name = "flashrt_ros"
+
+setup(
+    name=package_name,
+    version="0.1.0",
+    packages=find_packages(exclude=["test", "test.*"]),
+    data_files=[
+        ("share/ament_index/resource_index/packages", ["resource/" + package_name]),
+        ("share/" + package_name, ["package.xml"]),
+        ("share/" + package_name + "/launch", glob("launch/*.launch.py")),
+        ("share/" + package_name + "/config", glob("config/*.yaml")),
+        ("share/" + package_name + "/kernels", glob("kernels/*.cu") + glob("kernels/*.cuh")),
+    ],
+    install_requires=["setuptools", "numpy", "pyyaml", "safetensors"],
+    zip_safe=True,
+    maintainer="flashrt maintainers",
+    maintainer_email="flashrt@example.com",
+    description="ROS 2 host for a CUDA-graph policy runtime with execution-state capsules",
+    license="Apache-2.0",
+    tests_require=["pytest"],
+    entry_points={
+        "console_scripts": [
+            "flashrt_node = flashrt_ros.ros.node:main",
+            "flashrt-bench = flashrt_ros.tools.bench:main",
+            "flashrt-demo = flashrt_ros.tools.demo:main",
+        ],
+    },
+)

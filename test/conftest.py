@@ -1,0 +1,49 @@
+"""Shared fixtures. ROS-touching tests get their own ROS_DOMAIN_ID and log dir (see ros_env)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "test"))
+
+# Never let DDS discovery leave this machine, even for a test started by hand.
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+os.environ.setdefault("ROS_LOG_DIR", "/tmp/flashrt-test-roslog")
+
+from flashrt_ros.runtime import PolicyConfig, Session  # noqa: E402
+
+
+def small_config(**kw) -> PolicyConfig:
+    """Small but complete: every state kind, a window that wraps within a short test."""
+    base = dict(d_model=32, n_layers=2, n_heads=2, kv_window=48, chunk_len=4, capsule_capacity=96,
+                capsule_budget_mb=64.0, max_branches=8)
+    base.update(kw)
+    return PolicyConfig(**base)
+
+
+def observation_trace(n: int, obs_dim: int = 14, seed: int = 0) -> np.ndarray:
+    """A smooth synthetic joint trace: positions then velocities, [n, obs_dim] float32."""
+    t = np.arange(n)[:, None] * 0.01
+    j = np.arange(obs_dim // 2)[None, :]
+    rng = np.random.default_rng(seed)
+    pos = np.sin(2 * np.pi * (0.3 + 0.1 * j) * t + j) + 0.05 * rng.standard_normal((n, obs_dim // 2))
+    vel = np.diff(pos, axis=0, prepend=pos[:1]) * 100.0
+    out = np.concatenate([pos, vel], axis=1)
+    if out.shape[1] < obs_dim:
+        out = np.pad(out, ((0, 0), (0, obs_dim - out.shape[1])))
+    return out.astype(np.float32)
+
+
+@pytest.fixture
+def session() -> Session:
+    return Session(small_config())
+
+
+@pytest.fixture
+def trace() -> np.ndarray:
+    return observation_trace(400)

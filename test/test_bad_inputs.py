@@ -1,0 +1,113 @@
+"""Every rejected input raises a clear error and leaves the live state byte-identical."""
+import numpy as np
+import pytest
+from conftest import observation_trace, small_config
+
+from flashrt_ros.runtime import (CorruptCapsule, FingerprintMismatch, PolicyConfig, Session, StoreFullOfPins,
+                                 UnknownCapsule)
+
+
+@pytest.fixture
+def stepped(session, trace):
+    for o in trace[:20]:
+        session.step(o)
+    return session
+
+
+def unchanged(session, fn, exc, match):
+    before = session.state_host().tobytes()
+    live, step, n = session.live_capsule_id, session.step_count, len(session.store)
+    with pytest.raises(exc, match=match):
+        fn()
+    assert session.state_host().tobytes() == before
+    assert (session.live_capsule_id, session.step_count, len(session.store)) == (live, step, n)
+
+
+@pytest.mark.parametrize("obs, match", [
+    (np.zeros(13, np.float32), "shape"),
+    (np.zeros((1, 14), np.float32), "shape"),
+    (np.zeros(14, np.int32), "dtype"),
+    (np.array([np.nan] + [0.0] * 13), "non-finite"),
+    (np.array([0.0] * 5 + [np.inf] + [0.0] * 8, np.float32), "index 5"),
+    ("fourteen", "dtype"),
+])
+def test_bad_observation_is_rejected_and_state_untouched(stepped, obs, match):
+    unchanged(stepped, lambda: stepped.step(obs), ValueError, match)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(capsule_id=999), "unknown capsule"),
+    (dict(capsule_id=0, steps_back=500), "before step 0"),
+])
+def test_bad_rollback_is_rejected_and_state_untouched(stepped, kw, match):
+    unchanged(stepped, lambda: stepped.rollback(**kw), UnknownCapsule, match)
+
+
+def test_evicted_capsule_is_named_as_evicted():
+    s = Session(small_config(capsule_capacity=8))
+    for o in observation_trace(20):
+        s.step(o)
+    unchanged(s, lambda: s.rollback(3), UnknownCapsule, "evicted")
+    unchanged(s, lambda: s.rollback(steps_back=15), UnknownCapsule, "evicted")
+
+
+@pytest.mark.parametrize("obs, kw, match", [
+    (np.zeros((9, 2, 14), np.float32), {}, "branches"),
+    (np.zeros((2, 0, 14), np.float32), {}, "horizon"),
+    (np.zeros((2, 2, 13), np.float32), {}, "shape"),
+    (np.zeros((2, 14), np.float32), {}, "branches, horizon"),
+    (np.full((2, 2, 14), np.nan, np.float32), {}, "non-finite"),
+    (np.zeros((2, 2, 14), np.float32), dict(commit_branch=2), "commit_branch"),
+    (np.zeros((2, 2, 14), np.float32), dict(deadline_ms=0), "deadline_ms"),
+])
+def test_malformed_replan_is_rejected_and_state_untouched(stepped, obs, kw, match):
+    unchanged(stepped, lambda: stepped.replan(0, obs, **kw), ValueError, match)
+
+
+def test_replan_from_unknown_capsule_is_rejected(stepped):
+    unchanged(stepped, lambda: stepped.replan(12345, np.zeros((1, 1, 14), np.float32)), UnknownCapsule, "unknown")
+
+
+def test_corrupt_truncated_and_foreign_capsule_files_are_rejected(stepped, tmp_path):
+    good = tmp_path / "c.safetensors"
+    stepped.export_capsule(5, good)
+    raw = good.read_bytes()
+    (tmp_path / "trunc.safetensors").write_bytes(raw[: len(raw) // 2])
+    flipped = bytearray(raw)
+    flipped[-100] ^= 0xFF  # a state byte, not the header
+    (tmp_path / "flip.safetensors").write_bytes(bytes(flipped))
+    (tmp_path / "junk.safetensors").write_bytes(b"not a capsule at all")
+    for name, match in [("trunc", "readable"), ("flip", "checksum"), ("junk", "readable"), ("missing", "no such")]:
+        unchanged(stepped, lambda: stepped.import_capsule(tmp_path / f"{name}.safetensors", restore=True),
+                  CorruptCapsule, match)
+    other = Session(small_config(seed=1))
+    other.step(np.zeros(14, np.float32))
+    other.export_capsule(1, tmp_path / "other.safetensors")
+    unchanged(stepped, lambda: stepped.import_capsule(tmp_path / "other.safetensors", restore=True),
+              FingerprintMismatch, "fingerprint")
+
+
+def test_store_full_of_pins_is_a_clear_error(trace):
+    s = Session(small_config(capsule_capacity=4))
+    for o in trace[:4]:
+        s.step(o)
+    for cid in range(1, 5):
+        s.store.pin(cid)
+    unchanged(s, lambda: s.snapshot(), StoreFullOfPins, "pinned")
+    with pytest.raises(StoreFullOfPins):
+        s.step(trace[5])
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(d_model=0), "d_model"), (dict(n_heads=3), "n_heads"), (dict(kv_window=-1), "kv_window"),
+    (dict(action_noise_std=float("nan")), "action_noise_std"), (dict(obs_dim="14"), "obs_dim"),
+    (dict(capsule_every_n_steps=0), "capsule_every_n_steps"), (dict(max_branches=True), "max_branches"),
+])
+def test_bad_config_names_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        PolicyConfig(**kw)
+
+
+def test_budget_too_small_for_one_capsule_is_a_clear_error():
+    with pytest.raises(ValueError, match="capsule_budget_mb"):
+        Session(small_config(capsule_budget_mb=0.01))

@@ -1,0 +1,94 @@
+"""Plan table, allocation-free replay, config file, weights."""
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import ROOT, small_config
+
+from flashrt_ros.runtime import PolicyConfig, Session
+from flashrt_ros.runtime.buffers import STATE_ROLES
+from flashrt_ros.runtime.kernels import REGISTRY
+from flashrt_ros.runtime.weights import WeightsError
+
+
+def test_replay_allocates_nothing():
+    s = Session(PolicyConfig())  # the default config, full kv_window
+    for _ in range(5):
+        s.step(np.ones(14, np.float32))
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    for _ in range(100):
+        s._live.replay()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 64 * 1024, f"replay peak {peak} B"
+
+
+def test_describe_lists_every_op_with_reads_and_writes(session):
+    text = session.plan.describe()
+    lines = text.splitlines()
+    assert lines[0].split() == ["#", "op", "kernel", "reads", "writes"]
+    assert len(lines) == 1 + len(session.plan.ops)
+    assert "L1.attn" in text and "k_cache.1" in text and lines[-1].split()[1] == "meta_advance"
+    assert all(op.kernel in REGISTRY for op in session.plan.ops)
+
+
+def test_state_buffers_of_all_five_roles_live_in_one_contiguous_slab(session):
+    arena = session.arena
+    assert {s.role for s in arena.state_specs()} == set(STATE_ROLES)
+    for spec in arena.state_specs():
+        view = arena[spec.name]
+        assert np.shares_memory(view, arena.state)
+        assert view.strides[0] == arena.row_nbytes
+    assert arena.state_bytes(0).flags.c_contiguous and arena.state_bytes(0).nbytes == arena.row_nbytes
+
+
+def test_live_buffers_never_move(session, trace):
+    addrs = {n: v.__array_interface__["data"][0] for n, v in session.arena.views.items()}
+    for o in trace[:5]:
+        session.step(o)
+    session.rollback(2)
+    session.replan(0, trace[None, :3])
+    session.cold_prefill()
+    assert addrs == {n: v.__array_interface__["data"][0] for n, v in session.arena.views.items()}
+
+
+def test_config_file_matches_dataclass_defaults():
+    cfg = PolicyConfig.from_yaml(ROOT / "config" / "flashrt.yaml")
+    assert cfg == PolicyConfig()
+    params = yaml.safe_load((ROOT / "config" / "flashrt.yaml").read_text())["/**"]["ros__parameters"]
+    assert set(PolicyConfig.field_help()) <= set(params), "every field is in the shipped config"
+
+
+def test_config_from_yaml_rejects_bad_layout(tmp_path: Path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("flashrt:\n  d_model: 3\n")
+    with pytest.raises(ValueError, match="ros__parameters"):
+        PolicyConfig.from_yaml(p)
+    p.write_text("/**:\n  ros__parameters:\n    d_model: 30\n    n_heads: 4\n")
+    with pytest.raises(ValueError, match="n_heads"):
+        PolicyConfig.from_yaml(p)
+
+
+def test_weights_round_trip_and_strict_loading(tmp_path):
+    s = Session(small_config(seed=3))
+    s.save_weights(tmp_path / "w.safetensors")
+    loaded = Session(small_config(seed=3, weights_path=str(tmp_path / "w.safetensors")))
+    assert loaded.fingerprint == Session(small_config(seed=3)).fingerprint
+    from safetensors.numpy import load_file, save_file
+    w = load_file(str(tmp_path / "w.safetensors"))
+    w["head.b"] = w["head.b"][:-1]
+    save_file(w, str(tmp_path / "short.safetensors"))
+    with pytest.raises(WeightsError, match="head.b"):
+        Session(small_config(weights_path=str(tmp_path / "short.safetensors")))
+    with pytest.raises(WeightsError, match="cannot read"):
+        Session(small_config(weights_path=str(tmp_path / "nope.safetensors")))
+
+
+def test_fingerprint_changes_with_weights_and_config_but_not_capsule_settings():
+    base = Session(small_config()).fingerprint
+    assert Session(small_config(seed=1)).fingerprint != base
+    assert Session(small_config(kv_window=40)).fingerprint != base
+    assert Session(small_config(capsule_capacity=10)).fingerprint == base

@@ -1,0 +1,73 @@
+"""Replan: batch invariance, what-if vs commit, deadlines."""
+import numpy as np
+import pytest
+from conftest import observation_trace, small_config
+
+from flashrt_ros.runtime import Session
+
+
+def run(session, obs):
+    return np.stack([session.step(o).action for o in obs])
+
+
+@pytest.mark.parametrize("branches", [1, 3, 8])
+def test_replan_branches_equal_rollback_and_live_stepping_bytewise(branches, trace):
+    s = Session(small_config())
+    run(s, trace[:70])
+    cid = s.live_capsule_id
+    rng = np.random.default_rng(branches)
+    obs = (trace[70:82][None] + 0.3 * rng.standard_normal((branches, 12, 14))).astype(np.float32)
+    res = s.replan(cid, obs, deadline_ms=1e6)
+    assert res.actions.shape == (branches, 12, 7) and res.deadline_met
+    for b in range(branches):
+        s.rollback(cid)
+        assert run(s, obs[b]).tobytes() == res.actions[b].tobytes(), f"branch {b}"
+
+
+def test_replan_without_commit_leaves_live_state_byte_identical(session, trace):
+    run(session, trace[:30])
+    before, live_id, step = session.state_host(), session.live_capsule_id, session.step_count
+    session.replan(live_id - 10, np.repeat(trace[None, 100:108], 4, axis=0), deadline_ms=1e6)
+    assert session.state_host().tobytes() == before.tobytes()
+    assert (session.live_capsule_id, session.step_count) == (live_id, step)
+
+
+def test_replan_branch_end_capsules_hold_the_branch_state(session, trace):
+    run(session, trace[:30])
+    res = session.replan(0, np.stack([trace[40:46], trace[60:66]]), deadline_ms=1e6)
+    for b, cid in enumerate(res.branch_capsule_ids):
+        info = session.store.get(cid)
+        assert info.step == 36 and info.parent_id == 30
+        session.rollback(30)
+        run(session, [trace[40:46], trace[60:66]][b])
+        assert session.state_host().tobytes() == session.store.slot(cid).tobytes()
+
+
+def test_commit_makes_the_branch_live(session, trace):
+    run(session, trace[:30])
+    obs = np.stack([trace[50:58], trace[80:88], trace[90:98]])
+    res = session.replan(25, obs, commit_branch=1, deadline_ms=1e6)
+    assert session.live_capsule_id == res.branch_capsule_ids[1] == res.live_capsule_id
+    assert session.step_count == 33
+    nxt = run(session, trace[200:210])
+    session.rollback(25)
+    run(session, obs[1])
+    assert run(session, trace[200:210]).tobytes() == nxt.tobytes()
+
+
+def test_deadline_abandons_the_rest_and_says_so(session, trace):
+    run(session, trace[:10])
+    before = session.state_host()
+    res = session.replan(0, np.repeat(trace[None, :200], 8, axis=0), deadline_ms=0.5)
+    assert not res.deadline_met and res.steps_done < 200
+    assert res.actions.shape == (8, res.steps_done, 7)
+    assert "deadline" in res.message
+    assert session.state_host().tobytes() == before.tobytes()
+
+
+def test_cancel_stops_between_steps(session, trace):
+    run(session, trace[:10])
+    calls = []
+    res = session.replan(0, np.repeat(trace[None, :20], 2, axis=0), deadline_ms=1e6,
+                         cancel=lambda: len(calls) >= 3, on_step=calls.append)
+    assert res.steps_done == 3 and "cancelled" in res.message and not res.deadline_met
