@@ -1,10 +1,16 @@
 """Every rejected input raises a clear error and leaves the live state byte-identical."""
 import numpy as np
 import pytest
-from conftest import observation_trace, small_config
 
-from flashrt_ros.runtime import (CorruptCapsule, FingerprintMismatch, PolicyConfig, Session, StoreFullOfPins,
-                                 UnknownCapsule)
+from conftest import observation_trace, small_config
+from flashrt_ros.runtime import (
+    CorruptCapsule,
+    FingerprintMismatch,
+    PolicyConfig,
+    Session,
+    StoreFullOfPins,
+    UnknownCapsule,
+)
 
 
 @pytest.fixture
@@ -78,8 +84,8 @@ def test_corrupt_truncated_and_foreign_capsule_files_are_rejected(stepped, tmp_p
     (tmp_path / "flip.safetensors").write_bytes(bytes(flipped))
     (tmp_path / "junk.safetensors").write_bytes(b"not a capsule at all")
     for name, match in [("trunc", "readable"), ("flip", "checksum"), ("junk", "readable"), ("missing", "no such")]:
-        unchanged(stepped, lambda: stepped.import_capsule(tmp_path / f"{name}.safetensors", restore=True),
-                  CorruptCapsule, match)
+        path = tmp_path / f"{name}.safetensors"
+        unchanged(stepped, lambda p=path: stepped.import_capsule(p, restore=True), CorruptCapsule, match)
     other = Session(small_config(seed=1))
     other.step(np.zeros(14, np.float32))
     other.export_capsule(1, tmp_path / "other.safetensors")

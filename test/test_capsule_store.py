@@ -1,9 +1,9 @@
 """CapsuleStore against a plain-Python model, plus export/import."""
 import numpy as np
-from conftest import observation_trace, small_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import observation_trace, small_config
 from flashrt_ros.runtime import CapsuleError, Session
 
 OPS = st.lists(st.tuples(st.sampled_from(["step", "snapshot", "rollback", "fork", "drop", "pin", "unpin",
@@ -18,18 +18,19 @@ def test_store_matches_a_plain_python_model(ops, tmp_path):
     model: dict[int, tuple[bytes, bool]] = {}  # id -> (bytes, pinned), in age order
     seen_ids: set[int] = set()
 
-    def add(info, data):
+    def add(info, data, protect=None):
         assert info.id not in seen_ids, "ids are never reused"
         seen_ids.add(info.id)
-        if len(model) == s.store.capacity:  # the model evicts the oldest unpinned
-            victim = next(c for c, (_, p) in model.items() if not p)
+        if len(model) == s.store.capacity:  # evict the oldest unpinned (never a fork's source)
+            victim = next(c for c, (_, p) in model.items() if not p and c != protect)
             del model[victim]
         model[info.id] = (data, info.pinned)
 
     for i, (op, r) in enumerate(ops):
         ids = list(model)
         pick = ids[r % len(ids)] if ids else 12345
-        pinned_full = len(model) == s.store.capacity and all(p for _, p in model.values())
+        evictable = [c for c, (_, p) in model.items() if not p and not (op == "fork" and c == pick)]
+        pinned_full = len(model) == s.store.capacity and not evictable
         try:
             if op == "step":
                 res = s.step(obs[i])
@@ -42,7 +43,7 @@ def test_store_matches_a_plain_python_model(ops, tmp_path):
                 assert s.state_host().tobytes() == model[pick][0]
             elif op == "fork":
                 data = model.get(pick, (None,))[0]
-                add(s.store.fork(pick), data)
+                add(s.store.fork(pick), data, protect=pick)
             elif op == "drop":
                 s.store.drop(pick)
                 del model[pick]

@@ -1,8 +1,8 @@
 """The determinism contract of DESIGN.md, clause by clause, on the NumPy backend."""
 import numpy as np
 import pytest
-from conftest import observation_trace, small_config
 
+from conftest import observation_trace, small_config
 from flashrt_ros.runtime import Session
 
 

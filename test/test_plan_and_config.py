@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, small_config
 
+from conftest import ROOT, small_config
 from flashrt_ros.runtime import PolicyConfig, Session
 from flashrt_ros.runtime.buffers import STATE_ROLES
 from flashrt_ros.runtime.kernels import REGISTRY

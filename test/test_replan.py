@@ -1,8 +1,8 @@
 """Replan: batch invariance, what-if vs commit, deadlines."""
 import numpy as np
 import pytest
-from conftest import observation_trace, small_config
 
+from conftest import small_config
 from flashrt_ros.runtime import Session
 
 

@@ -1,6 +1,13 @@
 """The ROS-free runtime: importable and testable with NumPy alone."""
-from .capsule import (CapsuleError, CapsuleInfo, CapsuleStore, CorruptCapsule, FingerprintMismatch,
-                      StoreFullOfPins, UnknownCapsule)
+from .capsule import (
+                      CapsuleError,
+                      CapsuleInfo,
+                      CapsuleStore,
+                      CorruptCapsule,
+                      FingerprintMismatch,
+                      StoreFullOfPins,
+                      UnknownCapsule,
+)
 from .config import PolicyConfig
 from .session import ReplanResult, Session, StepResult
 

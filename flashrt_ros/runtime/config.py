@@ -66,11 +66,11 @@ class PolicyConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def replace(self, **changes: Any) -> "PolicyConfig":
+    def replace(self, **changes: Any) -> PolicyConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, params: dict[str, Any], *, strict: bool = False) -> "PolicyConfig":
+    def from_dict(cls, params: dict[str, Any], *, strict: bool = False) -> PolicyConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(params) - names
         if strict and unknown:
@@ -78,7 +78,7 @@ class PolicyConfig:
         return cls(**{k: v for k, v in params.items() if k in names})
 
     @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> "PolicyConfig":
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> PolicyConfig:
         """Read the ``ros__parameters`` of ``/**`` (or the single node key) in a ROS params file."""
         params = load_ros_params(path)
         params.update(overrides)

@@ -12,7 +12,7 @@ import numpy as np
 class _Node:
     __slots__ = ("obs", "parent", "step")
 
-    def __init__(self, obs: np.ndarray, parent: "_Node | None"):
+    def __init__(self, obs: np.ndarray, parent: _Node | None):
         self.obs = obs
         self.parent = parent
         self.step = 1 if parent is None else parent.step + 1
@@ -30,7 +30,7 @@ class ObsHistory:
     def push(self, obs: np.ndarray) -> None:
         self.head = _Node(obs, self.head)
 
-    def mark(self, capsule_id: int, head: "_Node | None | bool" = False) -> None:
+    def mark(self, capsule_id: int, head: _Node | None | bool = False) -> None:
         """Remember the history node that capsule ``capsule_id`` was taken at (default: the head)."""
         self._at_capsule[capsule_id] = self.head if head is False else head
 

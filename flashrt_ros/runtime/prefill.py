@@ -51,9 +51,14 @@ def _attention(xp, q, k, v, n_heads: int, window: int):
 
 def prefill(session, obs: np.ndarray) -> None:
     """Write the state after the observations obs[n, obs_dim] into the live row."""
+    with np.errstate(over="ignore"):
+        _prefill(session, obs)
+
+
+def _prefill(session, obs: np.ndarray) -> None:
     cfg, arena, xp = session.cfg, session.arena, session.backend.xp
     n = len(obs)
-    d, W, K, A, km1 = cfg.d_model, cfg.kv_window, cfg.chunk_len, cfg.action_dim, cfg.conv_kernel - 1
+    d, W, K, km1 = cfg.d_model, cfg.kv_window, cfg.chunk_len, cfg.conv_kernel - 1
 
     def w(name):
         return arena[name]

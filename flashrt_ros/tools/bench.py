@@ -1,0 +1,34 @@
+"""flashrt-bench: `runtime` (NumPy or CUDA session) and `ros` (through DDS, separate processes)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import write_json
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="flashrt-bench", description=__doc__)
+    sub = ap.add_subparsers(dest="which", required=True)
+    rt = sub.add_parser("runtime", help="capsule copies, rollback + re-plan vs cold recompute")
+    rt.add_argument("--json", help="also write the JSON here")
+    rt.add_argument("--histories", default="2048,4096,8192,16384", help="comma-separated history lengths")
+    rt.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
+    rt.add_argument("--config", help="params file (default: built-in defaults = config/flashrt.yaml)")
+    ros = sub.add_parser("ros", help="service / action / step latency through ROS 2, separate processes")
+    ros.add_argument("--json", help="also write the JSON here")
+    ros.add_argument("--calls", type=int, default=500, help="calls per measured kind")
+    args = ap.parse_args(argv)
+    if args.which == "runtime":
+        from .bench_runtime import run
+    else:
+        from .bench_ros import run
+    try:
+        write_json(run(args), args.json)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

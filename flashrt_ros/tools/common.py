@@ -1,0 +1,58 @@
+"""Small helpers shared by the command-line tools: progress lines, percentiles, JSON output."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def progress(msg: str) -> None:
+    """One status line on stderr, so stdout stays clean JSON / tables."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def pct(samples, *qs) -> dict[str, float]:
+    a = np.asarray(samples, dtype=np.float64)
+    if a.size == 0:
+        return {f"p{q}": None for q in qs}
+    return {f"p{q}": round(float(np.percentile(a, q)), 4) for q in qs}
+
+
+def p50_p99(samples) -> dict[str, float]:
+    return pct(samples, 50, 99)
+
+
+def timed_ms(fn, reps: int, warmup: int = 1) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def write_json(obj, path: str | None) -> None:
+    text = json.dumps(obj, indent=2)
+    print(text)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+
+
+def synthetic_trace(n: int, obs_dim: int, seed: int = 0, rate_hz: float = 100.0) -> np.ndarray:
+    """A smooth joint trace (positions then velocities) with sensor noise: [n, obs_dim] float32."""
+    half = max(1, obs_dim // 2)
+    t = np.arange(n)[:, None] / rate_hz
+    j = np.arange(half)[None, :]
+    rng = np.random.default_rng(seed)
+    pos = np.sin(2 * np.pi * (0.3 + 0.1 * j) * t + j) + 0.02 * rng.standard_normal((n, half))
+    vel = np.diff(pos, axis=0, prepend=pos[:1]) * rate_hz
+    out = np.concatenate([pos, vel], axis=1)[:, :obs_dim]
+    if out.shape[1] < obs_dim:
+        out = np.pad(out, ((0, 0), (0, obs_dim - out.shape[1])))
+    return out.astype(np.float32)
