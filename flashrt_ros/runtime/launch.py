@@ -1,0 +1,185 @@
+"""Launch table: plan op -> CUDA C kernel, grid, block and argument list.
+
+Shared by the CUDA backend (CuPy arrays) and the CPU shim used in tests (NumPy arrays), so the
+tests exercise exactly the launches a GPU gets. Every launcher asserts its sizes: CUDA kernels
+trust what they are given. Batched buffers go as (array, row stride in elements).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+I32, I64, U32, F32 = np.int32, np.int64, np.uint32, np.float32
+ATTN_THREADS = 128  # must match kernels/attention.cu
+ATTN_MAX_HD = 64
+
+
+@dataclass(frozen=True)
+class Launch:
+    source: str  # kernels/<source>
+    function: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple  # arrays and NumPy scalars
+
+
+def rs(a) -> np.int64:
+    """Row stride in elements."""
+    return I64(a.strides[0] // a.itemsize)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _flat(n: int, threads: int = 128) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    return (max(1, _cdiv(n, threads)), 1, 1), (threads, 1, 1)
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise ValueError(f"launch: {what}")
+
+
+def _f32(*arrays) -> None:
+    for a in arrays:
+        _check(a.dtype == np.float32, f"expected float32, got {a.dtype}")
+
+
+def obs_norm(obs, mean, inv_std, x):
+    B, n = x.shape
+    _f32(obs, mean, inv_std, x)
+    _check(obs.shape == (B, n) and mean.shape == inv_std.shape == (n,), f"obs_norm shapes {obs.shape} {mean.shape}")
+    return Launch("dense.cu", "obs_norm_f32", *_flat(B * n), (obs, rs(obs), mean, inv_std, x, rs(x), I32(B), I32(n)))
+
+
+def linear(x, w, b, y, tmp, act):
+    B, n_in = x.shape
+    n_out = w.shape[1]
+    _f32(x, w, b, y)
+    _check(w.shape == (n_in, n_out) and b.shape == (n_out,) and y.shape == (B, n_out),
+           f"linear shapes x{x.shape} w{w.shape} b{b.shape} y{y.shape}")
+    return Launch("dense.cu", "linear_f32", *_flat(B * n_out),
+                  (x, rs(x), w, b, y, rs(y), I32(B), I32(n_in), I32(n_out), I32(act)))
+
+
+def add(x, y):
+    B, n = x.shape
+    _f32(x, y)
+    _check(y.shape == (B, n), f"add shapes {x.shape} {y.shape}")
+    return Launch("dense.cu", "add_f32", *_flat(B * n), (x, rs(x), y, rs(y), I32(B), I32(n)))
+
+
+def rmsnorm(x, g, y, ms):
+    B, n = x.shape
+    _f32(x, g, y)
+    _check(g.shape == (n,) and y.shape == (B, n), f"rmsnorm shapes {x.shape} {g.shape} {y.shape}")
+    return Launch("dense.cu", "rmsnorm_f32", (B, 1, 1), (32, 1, 1), (x, rs(x), g, y, rs(y), I32(B), I32(n)))
+
+
+def causal_conv(x, conv_state, w, b, out, tmp):
+    B, d = x.shape
+    k = w.shape[0]
+    _f32(x, conv_state, w, b, out)
+    _check(k >= 2 and conv_state.shape == (B, k - 1, d) and w.shape == (k, d) and b.shape == (d,)
+           and out.shape == (B, d), f"causal_conv shapes x{x.shape} state{conv_state.shape} w{w.shape}")
+    _check(conv_state.strides[1:] == (d * 4, 4), "conv_state rows must be contiguous")
+    return Launch("recurrent.cu", "causal_conv_f32", *_flat(B * d),
+                  (x, rs(x), conv_state, rs(conv_state), w, b, out, rs(out), I32(B), I32(d), I32(k)))
+
+
+def gru_cell(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new):
+    B, n_in = x.shape
+    H = h.shape[1]
+    _f32(x, h, w_ih, w_hh, b_ih, b_hh, h_new)
+    _check(h.shape == (B, H) and w_ih.shape == (n_in, 3 * H) and w_hh.shape == (H, 3 * H)
+           and b_ih.shape == b_hh.shape == (3 * H,) and h_new.shape == (B, H), "gru_cell shapes")
+    return Launch("recurrent.cu", "gru_cell_f32", *_flat(B * H),
+                  (x, rs(x), h, rs(h), w_ih, w_hh, b_ih, b_hh, h_new, rs(h_new), I32(B), I32(n_in), I32(H)))
+
+
+def gru_commit(h, h_new, x):
+    B, H = h.shape
+    _f32(h, h_new, x)
+    _check(h_new.shape == x.shape == (B, H), "gru_commit shapes")
+    return Launch("recurrent.cu", "gru_commit_f32", *_flat(B * H),
+                  (h, rs(h), h_new, rs(h_new), x, rs(x), I32(B), I32(H)))
+
+
+def kv_write(qkv, k_cache, v_cache, meta):
+    B, W, d = k_cache.shape
+    _f32(qkv, k_cache, v_cache)
+    _check(meta.dtype == np.int64, "meta must be int64")
+    _check(qkv.shape == (B, 3 * d) and v_cache.shape == (B, W, d) and rs(k_cache) == rs(v_cache),
+           f"kv_write shapes qkv{qkv.shape} k{k_cache.shape} v{v_cache.shape}")
+    return Launch("attention.cu", "kv_write_f32", *_flat(B * d),
+                  (qkv, rs(qkv), k_cache, v_cache, rs(k_cache), meta, rs(meta), I32(B), I32(W), I32(d)))
+
+
+def attn_decode(qkv, k_cache, v_cache, meta, out, scores, smax, ssum, ones, n_heads):
+    B, W, d = k_cache.shape
+    hd = d // n_heads
+    _f32(qkv, k_cache, v_cache, out, scores)
+    _check(d % n_heads == 0 and hd <= ATTN_MAX_HD, f"head_dim {d}/{n_heads} must be an integer <= {ATTN_MAX_HD}")
+    _check(qkv.shape == (B, 3 * d) and out.shape == (B, d) and scores.shape[:3] == (B, n_heads, W)
+           and rs(k_cache) == rs(v_cache), f"attn_decode shapes qkv{qkv.shape} scores{scores.shape}")
+    return Launch("attention.cu", "attn_decode_f32", (B * n_heads, 1, 1), (ATTN_THREADS, 1, 1),
+                  (qkv, rs(qkv), k_cache, v_cache, rs(k_cache), meta, rs(meta), out, rs(out), scores, rs(scores),
+                   I32(B), I32(W), I32(d), I32(n_heads)))
+
+
+def temporal_ensemble(chunk, mtp_state, meta, action, tmp):
+    B, A = action.shape
+    K = mtp_state.shape[1]
+    _f32(chunk, mtp_state, action)
+    _check(chunk.shape == (B, K * A) and mtp_state.shape == (B, K, K * A), "temporal_ensemble shapes")
+    return Launch("head.cu", "temporal_ensemble_f32", (B, 1, 1), (64, 1, 1),
+                  (chunk, rs(chunk), mtp_state, rs(mtp_state), meta, rs(meta), action, rs(action),
+                   I32(B), I32(K), I32(A)))
+
+
+def rng_noise(action, meta, seed, std):
+    B, A = action.shape
+    _f32(action)
+    return Launch("head.cu", "rng_noise_f32", *_flat(B * A, 64),
+                  (action, rs(action), meta, rs(meta), I32(B), I32(A), U32(seed & 0xFFFFFFFF), F32(std)))
+
+
+def meta_advance(meta, kv_window):
+    B = meta.shape[0]
+    _check(meta.dtype == np.int64 and meta.shape[1] >= 4, "meta must be int64 [B, >=4]")
+    return Launch("head.cu", "meta_advance_i64", *_flat(B, 32), (meta, rs(meta), I32(B), I32(kv_window)))
+
+
+LAUNCHERS = {f.__name__: f for f in (obs_norm, linear, add, rmsnorm, causal_conv, gru_cell, gru_commit, kv_write,
+                                     attn_decode, temporal_ensemble, rng_noise, meta_advance)}
+
+
+def op_views(op, arena, start: int, count: int) -> list:
+    """The op's buffers, row-sliced to [start, start + count) (weights whole)."""
+    out = []
+    for a in op.args:
+        v = arena[a]
+        out.append(v if arena.placements[a].spec.role == "weight" else v[start:start + count])
+    return out
+
+
+def launches_for(plan, arena, start: int, count: int) -> list[Launch]:
+    return [LAUNCHERS[op.kernel](*op_views(op, arena, start, count), **op.const_dict()) for op in plan.ops]
+
+
+def kernel_dir() -> Path:
+    """kernels/ of the source tree, or share/flashrt_ros/kernels of an install."""
+    here = Path(__file__).resolve()
+    candidates = [here.parents[2] / "kernels"]
+    try:
+        from ament_index_python.packages import get_package_share_directory
+        candidates.append(Path(get_package_share_directory("flashrt_ros")) / "kernels")
+    except Exception:  # noqa: BLE001 - not installed through ament; the source tree is enough
+        pass
+    for c in candidates:
+        if (c / "common.cuh").exists():
+            return c
+    raise FileNotFoundError(f"CUDA kernel sources not found in {[str(c) for c in candidates]}")

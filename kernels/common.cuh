@@ -1,0 +1,43 @@
+// Included by every kernel file. Under nvcc / NVRTC it only adds helpers; for the CPU test build
+// the shim header (test/cuda_on_cpu/cpu_shim.h) is force-included first and defines CUDA_CPU_SHIM.
+//
+// Conventions (must match flashrt_ros/runtime/kernels.py and runtime/launch.py):
+//  - float32 everywhere, int64 meta; no cuBLAS (CuPy refuses it inside a graph capture).
+//  - batched buffers are passed as (pointer to row 0, row stride in elements): state rows are views
+//    into one slab, so their row stride is the slab row, not the buffer size.
+//  - step-dependent values come from meta[row * meta_stride + META_*], never from arguments:
+//    a CUDA graph freezes its arguments at capture.
+//  - every reduction runs in a fixed order per row whatever the batch size (batch invariance).
+#pragma once
+#if !defined(__CUDACC__) && !defined(__CUDACC_RTC__) && !defined(CUDA_CPU_SHIM)
+#error "compile with nvcc / NVRTC, or force-include cpu_shim.h"
+#endif
+#if defined(__CUDACC_RTC__)
+  #define INFINITY __int_as_float(0x7f800000)
+#elif defined(__CUDACC__)
+  #include <cmath>
+#endif
+
+#define META_STEP 0
+#define META_POS 1
+#define META_KV_LEN 2
+#define META_RNG 3
+
+#define ACT_NONE 0
+#define ACT_SILU 1
+#define ACT_TANH 2
+#define ACT_RELU 3
+
+#define SCORE_FLOOR (-60.0f)   // softmax logits below max - 60 are clamped (no subnormals)
+#define RMS_EPS 1e-5f
+
+typedef long long i64;
+
+__device__ __forceinline__ float sigmoid_f(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+__device__ __forceinline__ float activate(float v, int act) {
+  if (act == ACT_SILU) return v / (1.0f + expf(-v));
+  if (act == ACT_TANH) return tanhf(v);
+  if (act == ACT_RELU) return v > 0.0f ? v : 0.0f;
+  return v;
+}

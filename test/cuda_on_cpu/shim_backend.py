@@ -1,0 +1,35 @@
+"""A whole-plan backend for tests: NumPy memory, every op launched as its CUDA C kernel on the CPU.
+
+It binds the plan through the same launch table the CUDA backend uses (flashrt_ros.runtime.launch),
+so a 200-step run here exercises every kernel, argument and row stride a GPU would see.
+"""
+from __future__ import annotations
+
+from functools import cache
+
+from cuda_on_cpu.cpu_module import CpuRawModule
+
+from flashrt_ros.runtime.backend import NumpyBackend
+from flashrt_ros.runtime.launch import kernel_dir, launches_for
+
+
+@cache
+def module(source: str) -> CpuRawModule:
+    return CpuRawModule(kernel_dir() / source)
+
+
+class ShimReplay:
+    def __init__(self, plan, arena, start: int, count: int):
+        self.launches = launches_for(plan, arena, start, count)
+        self.calls = [(module(la.source).get_function(la.function), la) for la in self.launches]
+
+    def replay(self) -> None:
+        for fn, la in self.calls:
+            fn(la.grid, la.block, la.args)
+
+
+class ShimBackend(NumpyBackend):
+    name = "shim"
+
+    def bind(self, plan, arena, start: int, count: int) -> ShimReplay:
+        return ShimReplay(plan, arena, start, count)

@@ -1,0 +1,169 @@
+"""Every CUDA C kernel in kernels/*.cu, run on the CPU through the shim, against its NumPy twin.
+
+Batched buffers are strided views (row stride larger than the row, NaN in the gaps) like the state
+slab's, and outputs start NaN-poisoned, so a wrong stride, an out-of-range read or an unwritten output
+shows up. Tolerance: both sides are float32; they differ only in summation order (sequential fma vs
+BLAS blocking) and libm (expf/tanhf), so errors stay at a few ulps of O(1) values times sqrt(n):
+rtol = atol = 2e-5 (the GRU/attention chains included).
+"""
+import numpy as np
+import pytest
+from cuda_on_cpu.cpu_module import CpuRawModule, ShimError
+from cuda_on_cpu.shim_backend import module
+
+from flashrt_ros.runtime import kernels as K
+from flashrt_ros.runtime.launch import LAUNCHERS, kernel_dir
+
+TOL = dict(rtol=2e-5, atol=2e-5)
+ONLY_NUMPY_SCRATCH = {"tmp", "gi", "gh", "ms", "smax", "ssum", "scores", "out"}  # written by the twin alone
+COMPARE = {"causal_conv": ("x", "conv_state", "out")}  # kernels whose `out` both sides write
+
+
+def rows(rng, B, shape, gap=3, dtype=np.float32, fill=None):
+    """A [B, *shape] view whose rows sit `gap` elements apart beyond their size; gaps hold NaN."""
+    n = int(np.prod(shape))
+    base = np.full((B, n + gap), np.nan if dtype == np.float32 else -7, dtype)
+    v = base[:, :n].reshape((B,) + tuple(shape))
+    v[...] = rng.standard_normal(v.shape).astype(dtype) if fill is None else fill
+    return v
+
+
+def meta_rows(B, step, kv_len, W=None):
+    m = np.full((B, 8 + 5), -7, np.int64)[:, :8]
+    m[:, :] = 0
+    m[:, K.META_STEP] = step
+    m[:, K.META_POS] = step
+    m[:, K.META_KV_LEN] = kv_len
+    m[:, K.META_RNG] = step + 11 * 2**33  # counters past 32 bits exercise the high word
+    return m
+
+
+def case(name, rng, B, n):
+    """(buffers by param name, consts) for kernel `name` at batch B and size n."""
+    f = rng.standard_normal
+    if name == "obs_norm":
+        return dict(obs=rows(rng, B, (n,)), mean=f(n).astype(np.float32), inv_std=f(n).astype(np.float32),
+                    x=rows(rng, B, (n,), fill=np.nan)), {}
+    if name == "linear":
+        m = n + 5
+        return dict(x=rows(rng, B, (n,)), w=(f((n, m)) / np.sqrt(n)).astype(np.float32), b=f(m).astype(np.float32),
+                    y=rows(rng, B, (m,), fill=np.nan), tmp=rows(rng, B, (m,))), dict(act=(n + B) % 4)
+    if name == "add":
+        return dict(x=rows(rng, B, (n,)), y=rows(rng, B, (n,))), {}
+    if name == "rmsnorm":
+        return dict(x=rows(rng, B, (n,)), g=f(n).astype(np.float32), y=rows(rng, B, (n,), fill=np.nan),
+                    ms=np.zeros((B, 1, 1), np.float32)), {}
+    if name == "causal_conv":
+        k = 4
+        return dict(x=rows(rng, B, (n,)), conv_state=rows(rng, B, (k - 1, n)), w=f((k, n)).astype(np.float32),
+                    b=f(n).astype(np.float32), out=rows(rng, B, (n,), fill=np.nan), tmp=rows(rng, B, (n,))), {}
+    if name == "gru_cell":
+        H = n
+        s = 1 / np.sqrt(H)
+        return dict(x=rows(rng, B, (n + 3,)), h=rows(rng, B, (H,)), w_ih=(f((n + 3, 3 * H)) * s).astype(np.float32),
+                    w_hh=(f((H, 3 * H)) * s).astype(np.float32), b_ih=f(3 * H).astype(np.float32),
+                    b_hh=f(3 * H).astype(np.float32), gi=rows(rng, B, (3 * H,)), gh=rows(rng, B, (3 * H,)),
+                    h_new=rows(rng, B, (H,), fill=np.nan)), {}
+    if name == "gru_commit":
+        return dict(h=rows(rng, B, (n,)), h_new=rows(rng, B, (n,)), x=rows(rng, B, (n,))), {}
+    H = 2 if n % 2 == 0 else 1
+    d = n if n % 2 == 0 else n  # head_dim = d / H
+    W = 40
+    if name == "kv_write":
+        return dict(qkv=rows(rng, B, (3 * d,)), k_cache=rows(rng, B, (W, d)), v_cache=rows(rng, B, (W, d)),
+                    meta=meta_rows(B, 57, 40)), {}
+    if name == "attn_decode":
+        kv_len = 17 if n < 40 else 39
+        return dict(qkv=rows(rng, B, (3 * d,)), k_cache=rows(rng, B, (W, d)), v_cache=rows(rng, B, (W, d)),
+                    meta=meta_rows(B, 99, kv_len), out=rows(rng, B, (d,), fill=np.nan),
+                    scores=rows(rng, B, (H, W, 1)), smax=np.zeros((B, H, 1, 1), np.float32),
+                    ssum=np.zeros((B, H, 1, 1), np.float32), ones=np.ones((W, 1), np.float32)), dict(n_heads=H)
+    Kc, A = 5, n
+    if name == "temporal_ensemble":
+        return dict(chunk=rows(rng, B, (Kc * A,)), mtp_state=rows(rng, B, (Kc, Kc * A)), meta=meta_rows(B, 2 + n, 0),
+                    action=rows(rng, B, (A,), fill=np.nan), tmp=rows(rng, B, (A,))), {}
+    if name == "rng_noise":
+        return dict(action=rows(rng, B, (A,)), meta=meta_rows(B, 123, 0)), dict(seed=2**31 + 5, std=0.3)
+    if name == "meta_advance":
+        return dict(meta=meta_rows(B, 9, 39)), dict(kv_window=40)
+    raise KeyError(name)
+
+
+def run_twin_and_shim(name, bufs, consts):
+    spec = K.REGISTRY[name]
+    a = {k: v.copy() for k, v in bufs.items()}  # copies keep their own (contiguous) layout
+    b = {k: _clone_layout(v) for k, v in bufs.items()}
+    spec.ref(*(a[p] for p in spec.params), **consts)
+    la = LAUNCHERS[name](*(b[p] for p in spec.params), **consts)
+    module(la.source).get_function(la.function)(la.grid, la.block, la.args)
+    return spec, a, b
+
+
+def _root(v):
+    while v.base is not None:
+        v = v.base
+    return v
+
+
+def _clone_layout(v):
+    """A copy with the same strides (and NaN gaps) as v."""
+    if v.base is None:
+        return v.copy()
+    root = _root(v)
+    offset = v.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    return np.ndarray(v.shape, v.dtype, buffer=root.copy(), offset=offset, strides=v.strides)
+
+
+@pytest.mark.parametrize("B", [1, 3, 8])
+@pytest.mark.parametrize("n", [7, 33, 64])
+@pytest.mark.parametrize("name", sorted(K.REGISTRY))
+def test_cuda_kernel_on_cpu_matches_numpy_twin(name, B, n):
+    rng = np.random.default_rng(hash((name, B, n)) % 2**32)
+    bufs, consts = case(name, rng, B, n)
+    spec, twin, shim = run_twin_and_shim(name, bufs, consts)
+    compare = COMPARE.get(name) or [p for p in spec.writes if p not in ONLY_NUMPY_SCRATCH] or ["out"]
+    for p in compare:
+        got, want = shim[p], twin[p]
+        assert np.isfinite(got).all() or not np.isfinite(want).all(), f"{name}.{p}: unwritten (NaN) outputs"
+        if got.dtype.kind == "i":
+            assert np.array_equal(got, want), f"{name}.{p}"
+        else:
+            np.testing.assert_allclose(got, want, err_msg=f"{name}.{p}", **TOL)
+        if got.dtype == np.float32 and got.base is not None:  # the gaps between rows stay untouched
+            assert np.isnan(_root(got)[:, -3:]).all(), f"{name}.{p}: wrote outside its rows"
+
+
+def test_shim_rejects_wrong_scalar_sizes_like_a_strict_cupy():
+    la = LAUNCHERS["add"](np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32))
+    fn = module(la.source).get_function(la.function)
+    bad = la.args[:-1] + (np.int64(3),)
+    with pytest.raises(TypeError, match="parameter is 4 B"):
+        fn(la.grid, la.block, bad)
+    with pytest.raises(TypeError, match="NumPy scalars"):
+        fn(la.grid, la.block, la.args[:-1] + (3,))
+
+
+def test_shim_reports_partial_warp_shuffles(tmp_path):
+    # rmsnorm reduces with full-mask shuffles: a 20-thread block is undefined on a GPU
+    la = LAUNCHERS["rmsnorm"](np.ones((1, 8), np.float32), np.ones(8, np.float32), np.ones((1, 8), np.float32),
+                              np.zeros((1, 1, 1), np.float32))
+    with pytest.raises(ShimError, match="absent"):
+        module(la.source).get_function(la.function)(la.grid, (20, 1, 1), la.args)
+
+
+def test_every_kernel_name_has_a_launcher_and_a_cuda_function():
+    names = {n for src in kernel_dir().glob("*.cu") for n in CpuRawModule(src).names}
+    assert set(K.REGISTRY) == set(LAUNCHERS)
+    rng = np.random.default_rng(0)
+    for name in K.REGISTRY:
+        bufs, consts = case(name, rng, 2, 8)
+        la = LAUNCHERS[name](*(bufs[p] for p in K.REGISTRY[name].params), **consts)
+        assert la.function in names
+
+
+def test_launchers_reject_mismatched_shapes():
+    with pytest.raises(ValueError, match="linear shapes"):
+        LAUNCHERS["linear"](np.zeros((2, 4), np.float32), np.zeros((5, 3), np.float32), np.zeros(3, np.float32),
+                            np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32), act=0)
+    with pytest.raises(ValueError, match="float32"):
+        LAUNCHERS["add"](np.zeros((2, 4), np.float64), np.zeros((2, 4), np.float64))
