@@ -56,3 +56,39 @@ extern "C" __global__ void gru_commit_f32(float* __restrict__ h, i64 h_rs, const
   h[b * h_rs + j] = v;
   x[b * x_rs + j] += v;
 }
+
+// GRU over a whole sequence for cold prefill: hs[t] = GRU(x_t, hs[t-1]), h0 = 0, with the input gates
+// gi[n, 3H] (b_ih included) precomputed by one GEMM. One block, one thread per hidden unit (blockDim a
+// multiple of 32 >= H); h lives in shared memory and a barrier separates the steps.
+#define GRU_SCAN_MAX_H 1024
+extern "C" __global__ void gru_scan_f32(const float* __restrict__ gi, const float* __restrict__ w_hh,
+                                        const float* __restrict__ b_hh, float* __restrict__ hs, int n, int H) {
+  __shared__ float h[GRU_SCAN_MAX_H];
+  const int j = threadIdx.x, G = 3 * H;
+  if (j < H) h[j] = 0.0f;
+  __syncthreads();
+  for (int t = 0; t < n; ++t) {
+    float hn = 0.0f;
+    if (j < H) {
+      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f;
+      for (int i = 0; i < H; ++i) {
+        const float hi = h[i];
+        const float* w = w_hh + (i64)i * G + j;
+        s0 = fmaf(hi, w[0], s0);
+        s1 = fmaf(hi, w[H], s1);
+        s2 = fmaf(hi, w[2 * H], s2);
+      }
+      const float* g = gi + (i64)t * G;
+      const float r = sigmoid_f(g[j] + s0 + b_hh[j]);
+      const float z = sigmoid_f(g[H + j] + s1 + b_hh[H + j]);
+      const float nn = tanhf(g[2 * H + j] + r * (s2 + b_hh[2 * H + j]));
+      hn = nn + z * (h[j] - nn);
+    }
+    __syncthreads();
+    if (j < H) {
+      h[j] = hn;
+      hs[(i64)t * H + j] = hn;
+    }
+    __syncthreads();
+  }
+}

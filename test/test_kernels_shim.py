@@ -167,3 +167,19 @@ def test_launchers_reject_mismatched_shapes():
                             np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32), act=0)
     with pytest.raises(ValueError, match="float32"):
         LAUNCHERS["add"](np.zeros((2, 4), np.float64), np.zeros((2, 4), np.float64))
+
+
+@pytest.mark.parametrize("n, H", [(1, 8), (37, 33), (20, 64)])
+def test_gru_scan_kernel_matches_the_stepwise_scan(n, H):
+    from flashrt_ros.runtime.backend import NumpyBackend
+    from flashrt_ros.runtime.prefill import gru_scan
+
+    rng = np.random.default_rng(n * H)
+    gi = rng.standard_normal((n, 3 * H)).astype(np.float32)
+    w_hh = (rng.standard_normal((H, 3 * H)) / np.sqrt(H)).astype(np.float32)
+    b_hh = rng.standard_normal(3 * H).astype(np.float32)
+    want = gru_scan(NumpyBackend(), gi, w_hh, b_hh)
+    got = np.full((n, H), np.nan, np.float32)
+    module("recurrent.cu").get_function("gru_scan_f32")(
+        (1, 1, 1), ((H + 31) // 32 * 32, 1, 1), (gi, w_hh, b_hh, got, np.int32(n), np.int32(H)))
+    np.testing.assert_allclose(got, want, **TOL)

@@ -19,14 +19,15 @@ def runs():
 
 def test_shim_plan_matches_numpy_over_200_steps(runs):
     shim, ref, _, a_shim, a_ref = runs
-    # 200 recurrent steps through 2 layers amplify ulp-level differences; still far below signal (~0.1-1)
-    np.testing.assert_allclose(a_shim, a_ref, rtol=0, atol=5e-4)
+    # summation order and libm differ; measured max |diff| 8e-7 over 200 steps (actions ~0.3): 1e-5 leaves
+    # headroom for recurrent amplification while a wrong op or stride gives differences of order 0.1
+    np.testing.assert_allclose(a_shim, a_ref, rtol=0, atol=1e-5)
     for spec in ref.arena.state_specs():
         s, r = shim.arena.row_view(spec.name, shim.state_host()), ref.arena.row_view(spec.name, ref.state_host())
         if spec.role == "meta":
             assert np.array_equal(s, r)
         else:
-            np.testing.assert_allclose(s, r, rtol=0, atol=5e-4, err_msg=spec.name)
+            np.testing.assert_allclose(s, r, rtol=0, atol=2e-5, err_msg=spec.name)
 
 
 def test_shim_restore_is_byte_exact_against_itself(runs):

@@ -5,6 +5,7 @@ same plan as CUDA C kernels captured into CUDA graphs. ``select("auto" | "numpy"
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
@@ -17,6 +18,10 @@ log = logging.getLogger("flashrt_ros.runtime")
 class NumpyBackend:
     name = "numpy"
     xp = np
+
+    def activate(self):
+        """Context in which array-module ops run in order with the backend's own (nothing for NumPy)."""
+        return contextlib.nullcontext()
 
     def zeros(self, shape, dtype):
         return np.zeros(shape, dtype)

@@ -61,8 +61,10 @@ class CapsuleStore:
         self.budget_bytes = int(budget_bytes)
         self.fingerprint = fingerprint
         self.slots = backend.zeros((self.capacity, row_nbytes), np.uint8)  # [capacity, row_nbytes]
-        self.slots.fill(1)  # fault every page in now, not on the first snapshot of each slot
-        self.slots.fill(0)
+        with backend.activate():
+            self.slots.fill(1)  # fault every page in now, not on the first snapshot of each slot
+            self.slots.fill(0)
+        backend.sync()
         self._free = list(range(self.capacity - 1, -1, -1))
         self._info: dict[int, CapsuleInfo] = {}  # insertion order = age
         self._slot: dict[int, int] = {}

@@ -41,6 +41,11 @@ class ObsHistory:
         for cid in [c for c in self._at_capsule if c not in live_ids]:
             del self._at_capsule[cid]
 
+    def truncate(self, n: int) -> None:
+        """Move the head back to step n of the live branch."""
+        while self.head is not None and self.head.step > n:
+            self.head = self.head.parent
+
     def reset(self) -> None:
         self.head = None
         self._at_capsule.clear()

@@ -49,9 +49,27 @@ def _attention(xp, q, k, v, n_heads: int, window: int):
     return out.transpose(1, 0, 2).reshape(n, d)
 
 
+def gru_scan(backend, gi, w_hh, b_hh):
+    """hs[n, H]: the GRU recurrence over precomputed input gates; a fused kernel where the backend has one."""
+    if hasattr(backend, "gru_scan"):
+        return backend.gru_scan(gi, w_hh, b_hh)
+    xp = backend.xp
+    n, H = gi.shape[0], gi.shape[1] // 3
+    h = xp.zeros((H,), xp.float32)
+    hs = xp.empty((n, H), xp.float32)
+    for t in range(n):
+        gh = h @ w_hh + b_hh
+        g = gi[t]
+        rz = 1.0 / (1.0 + xp.exp(-(g[:2 * H] + gh[:2 * H])))
+        nn = xp.tanh(g[2 * H:] + rz[:H] * gh[2 * H:])
+        h = nn + rz[H:] * (h - nn)
+        hs[t] = h
+    return hs
+
+
 def prefill(session, obs: np.ndarray) -> None:
     """Write the state after the observations obs[n, obs_dim] into the live row."""
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"), session.backend.activate():
         _prefill(session, obs)
 
 
@@ -83,17 +101,8 @@ def _prefill(session, obs: np.ndarray) -> None:
         x = x + _silu(xp, conv)
         # GRU: input projections batched, the recurrence sequential
         gi = x @ w(p + "gru.w_ih") + w(p + "gru.b_ih")  # [n, 3d]
-        w_hh, b_hh = w(p + "gru.w_hh"), w(p + "gru.b_hh")
-        h = xp.zeros((d,), xp.float32)
-        hs = xp.empty((n, d), xp.float32)
-        for t in range(n):
-            gh = h @ w_hh + b_hh
-            g = gi[t]
-            rz = 1.0 / (1.0 + xp.exp(-(g[:2 * d] + gh[:2 * d])))
-            nn = xp.tanh(g[2 * d:] + rz[:d] * gh[2 * d:])
-            h = nn + rz[d:] * (h - nn)
-            hs[t] = h
-        live(f"recurrent_state.{layer}")[...] = h
+        hs = gru_scan(session.backend, gi, w(p + "gru.w_hh"), w(p + "gru.b_hh"))  # [n, d]
+        live(f"recurrent_state.{layer}")[...] = hs[-1]
         x = x + hs
         # windowed causal attention
         qkv = _rmsnorm(xp, x, w(p + "attn_norm.g")) @ w(p + "qkv.w") + w(p + "qkv.b")  # [n, 3d]

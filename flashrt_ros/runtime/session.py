@@ -101,7 +101,7 @@ class Session:
         return self.backend.to_host(self.arena.state_bytes(row))
 
     def reset(self) -> None:
-        with self.lock:
+        with self.lock, self.backend.activate():
             self.arena.state[...] = 0
             self._step = 0
             self._live_id = 0
@@ -245,17 +245,13 @@ class Session:
     def cold_replay(self, n: int | None = None) -> None:
         """Recompute the live state from reset by stepping the first n observations of the live
         branch one by one (byte-identical to the original run). No capsules are taken."""
-        with self.lock:
-            obs = self.history.observations(n)
-            head = self.history.head
-            for _ in range(self.history.steps - len(obs)):
-                head = head.parent
+        with self.lock, self.backend.activate():
+            obs = self._rewind_history(n)
             self.arena.state[0] = 0
             for o in obs:
                 self.backend.from_host(self.arena["obs"][0], o)
                 self._live.replay()
             self.backend.sync()
-            self._step, self._live_id, self.history.head = len(obs), 0, head
 
     def cold_prefill(self, n: int | None = None) -> None:
         """Recompute the live state layer by layer over the whole history (batched attention, GRU scan).
@@ -263,13 +259,15 @@ class Session:
         from .prefill import prefill
 
         with self.lock:
-            obs = self.history.observations(n)
-            head = self.history.head
-            for _ in range(self.history.steps - len(obs)):
-                head = head.parent
-            prefill(self, obs)
+            prefill(self, self._rewind_history(n))
             self.backend.sync()
-            self._step, self._live_id, self.history.head = len(obs), 0, head
+
+    def _rewind_history(self, n: int | None) -> np.ndarray:
+        """The first n observations of the live branch; the live step becomes n (no capsule is live)."""
+        obs = self.history.observations(n)
+        self.history.truncate(len(obs))
+        self._step, self._live_id = len(obs), 0
+        return obs
 
     # ---- files ----------------------------------------------------------------------------
     def export_capsule(self, capsule_id: int, path: str | Path) -> str:

@@ -1,0 +1,73 @@
+"""The capture-discipline mode passes the real plan and catches what a CUDA capture would reject."""
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import observation_trace, small_config
+
+from flashrt_ros.runtime import Session
+from flashrt_ros.runtime import launch as launch_mod
+from flashrt_ros.runtime.capture_check import CaptureCheckBackend, CaptureViolation
+from flashrt_ros.runtime.kernels import META_KV_LEN, REGISTRY
+
+
+def checked_session(**kw):
+    return Session(small_config(action_noise_std=0.0, **kw), CaptureCheckBackend())
+
+
+def test_real_plan_passes_capture_discipline_through_steps_rollbacks_and_replans():
+    s = checked_session()
+    obs = observation_trace(120)
+    for o in obs[:100]:  # past the window: slot wrap-around included
+        s.step(o)
+    s.rollback(steps_back=30)
+    s.replan(0, np.stack([obs[100:110]] * 3), deadline_ms=1e6)
+    s.replan(0, np.stack([obs[100:104]] * 8), commit_branch=2, deadline_ms=1e6)
+
+
+def test_changing_scalar_argument_is_caught(monkeypatch):
+    real = launch_mod.LAUNCHERS["attn_decode"]
+
+    def bakes_in_kv_len(qkv, k_cache, v_cache, meta, *rest, n_heads):
+        la = real(qkv, k_cache, v_cache, meta, *rest, n_heads=n_heads)
+        T = np.int32(min(int(meta[0, META_KV_LEN]) + 1, k_cache.shape[1]))  # read at launch: frozen by a graph
+        return dataclasses.replace(la, args=la.args + (T,))
+
+    monkeypatch.setitem(launch_mod.LAUNCHERS, "attn_decode", bakes_in_kv_len)
+    s = checked_session()
+    with pytest.raises(CaptureViolation, match="changing scalar"):
+        s.step(np.zeros(14, np.float32))
+
+
+def test_buffer_address_change_is_caught():
+    s = checked_session()
+    s.step(np.zeros(14, np.float32))
+    s.arena.views["xn"] = np.zeros_like(s.arena.views["xn"])  # rebinding a name: the graph keeps the old one
+    with pytest.raises(CaptureViolation, match="buffer address changed"):
+        s.step(np.zeros(14, np.float32))
+
+
+def test_allocation_during_replay_is_caught(monkeypatch):
+    add = REGISTRY["add"]
+
+    def allocating_add(x, y):
+        x += np.ascontiguousarray(y) + np.zeros(1 << 16, np.float32)[: y.shape[-1]]
+
+    monkeypatch.setitem(REGISTRY, "add", dataclasses.replace(add, ref=allocating_add))
+    s = checked_session()
+    with pytest.raises(CaptureViolation, match="allocation during replay"):
+        s.step(np.zeros(14, np.float32))
+
+
+def test_host_sync_during_replay_is_caught(monkeypatch):
+    s = checked_session()
+    add = REGISTRY["add"]
+
+    def syncing_add(x, y):
+        if s.backend.to_host(y).any():  # a .get() inside the step
+            x += y
+
+    monkeypatch.setitem(REGISTRY, "add", dataclasses.replace(add, ref=syncing_add))
+    s2 = Session(small_config(), s.backend)
+    with pytest.raises(CaptureViolation, match="host sync"):
+        s2.step(np.zeros(14, np.float32))
