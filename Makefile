@@ -46,5 +46,13 @@ bench: $(SETUP_STAMP)
 	@mkdir -p out
 	$(VENV)/bin/flashrt-bench runtime --json out/bench_runtime.json
 
+# On a GPU machine; works without .venv (the device image has cupy, numpy, pytest, safetensors).
+GPU_PY ?= $(if $(wildcard $(VENV)/bin/python),$(PY),python3)
+gpu-check:
+	@mkdir -p out
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m pytest -q -m gpu test/test_gpu.py
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m flashrt_ros.tools.bench gpu --json out/bench_gpu.json
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m flashrt_ros.tools.bench runtime --backend cuda --json out/bench_runtime_cuda.json
+
 clean:
 	rm -rf build out .pytest_cache

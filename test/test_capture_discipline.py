@@ -3,8 +3,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import observation_trace, small_config
 
+from conftest import observation_trace, small_config
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime import launch as launch_mod
 from flashrt_ros.runtime.capture_check import CaptureCheckBackend, CaptureViolation

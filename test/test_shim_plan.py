@@ -1,9 +1,9 @@
 """The whole policy step as CUDA C kernels on the CPU (the shim backend) against the NumPy backend."""
 import numpy as np
 import pytest
-from conftest import observation_trace, small_config
 from cuda_on_cpu.shim_backend import ShimBackend
 
+from conftest import observation_trace, small_config
 from flashrt_ros.runtime import Session
 
 

@@ -37,7 +37,7 @@ def _signature(launch) -> list:
 
 
 class CheckedReplay:
-    def __init__(self, backend: "CaptureCheckBackend", plan, arena, start: int, count: int):
+    def __init__(self, backend: CaptureCheckBackend, plan, arena, start: int, count: int):
         self.backend, self.plan, self.arena, self.start, self.count = backend, plan, arena, start, count
         self.inner = NumpyReplay(plan, arena, start, count)
         self.captured = [_signature(la) for la in launches_for(plan, arena, start, count)]

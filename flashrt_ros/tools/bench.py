@@ -15,12 +15,16 @@ def main(argv=None) -> int:
     rt.add_argument("--histories", default="2048,4096,8192,16384", help="comma-separated history lengths")
     rt.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
     rt.add_argument("--config", help="params file (default: built-in defaults = config/flashrt.yaml)")
+    gpu = sub.add_parser("gpu", help="CUDA graph vs eager launches, capsule copy vs raw device copy")
+    gpu.add_argument("--json", help="also write the JSON here")
     ros = sub.add_parser("ros", help="service / action / step latency through ROS 2, separate processes")
     ros.add_argument("--json", help="also write the JSON here")
     ros.add_argument("--calls", type=int, default=500, help="calls per measured kind")
     args = ap.parse_args(argv)
     if args.which == "runtime":
         from .bench_runtime import run
+    elif args.which == "gpu":
+        from .bench_gpu import run
     else:
         from .bench_ros import run
     try:

@@ -46,11 +46,13 @@ def history_point(cfg: PolicyConfig, backend: str, history: int) -> dict:
 
     progress(f"history {history}: snapshot / restore / memcpy")
     row = s.live_row()
-    dst = xp.empty_like(row)
-    dst[...] = 1  # fault the pages in, as the store's slots are
+    with s.backend.activate():
+        dst = xp.empty_like(row)
+        dst[...] = 1  # fault the pages in, as the store's slots are
+    s.backend.sync()
     snap, mem, rest = [], [], []
     for _ in range(15):  # interleaved so that all three see the same machine state
-        snap += timed_ms(lambda: s.store.drop(s.snapshot().id), 1, warmup=0)
+        snap += timed_ms(lambda: (s.store.drop(s.snapshot().id), s.backend.sync()), 1, warmup=0)
         mem += timed_ms(lambda: (s.backend.copy(dst, row), s.backend.sync()), 1, warmup=0)
         rest += timed_ms(lambda: (s.store.restore(base.id, row), s.backend.sync()), 1, warmup=0)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from functools import cache
 
 from cuda_on_cpu.cpu_module import CpuRawModule
-
 from flashrt_ros.runtime.backend import NumpyBackend
 from flashrt_ros.runtime.launch import kernel_dir, launches_for
 
