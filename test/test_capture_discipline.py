@@ -29,9 +29,9 @@ def test_changing_scalar_argument_is_caught(monkeypatch):
     real = launch_mod.LAUNCHERS["attn_decode"]
 
     def bakes_in_kv_len(qkv, k_cache, v_cache, meta, *rest, n_heads):
-        la = real(qkv, k_cache, v_cache, meta, *rest, n_heads=n_heads)
+        partial, combine = real(qkv, k_cache, v_cache, meta, *rest, n_heads=n_heads)
         T = np.int32(min(int(meta[0, META_KV_LEN]) + 1, k_cache.shape[1]))  # read at launch: frozen by a graph
-        return dataclasses.replace(la, args=la.args + (T,))
+        return dataclasses.replace(partial, args=partial.args + (T,)), combine
 
     monkeypatch.setitem(launch_mod.LAUNCHERS, "attn_decode", bakes_in_kv_len)
     s = checked_session()

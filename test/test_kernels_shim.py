@@ -12,10 +12,10 @@ from cuda_on_cpu.cpu_module import CpuRawModule, ShimError
 from cuda_on_cpu.shim_backend import module
 
 from flashrt_ros.runtime import kernels as K
-from flashrt_ros.runtime.launch import LAUNCHERS, kernel_dir
+from flashrt_ros.runtime.launch import LAUNCHERS, attn_splits, kernel_dir
 
 TOL = dict(rtol=2e-5, atol=2e-5)
-ONLY_NUMPY_SCRATCH = {"tmp", "gi", "gh", "ms", "smax", "ssum", "scores", "out"}  # written by the twin alone
+ONLY_NUMPY_SCRATCH = {"tmp", "gi", "gh", "ms", "smax", "ssum", "scores", "part", "out"}  # written by the twin alone
 COMPARE = {"causal_conv": ("x", "conv_state", "out")}  # kernels whose `out` both sides write
 
 
@@ -72,12 +72,14 @@ def case(name, rng, B, n):
     if name == "kv_write":
         return dict(qkv=rows(rng, B, (3 * d,)), k_cache=rows(rng, B, (W, d)), v_cache=rows(rng, B, (W, d)),
                     meta=meta_rows(B, 57, 40)), {}
-    if name == "attn_decode":
-        kv_len = 17 if n < 40 else 39
+    if name == "attn_decode":  # n=64: a 300-slot window, 3 splits of 128, the last one partial
+        W, kv_len = {7: (40, 17), 33: (40, 39)}.get(n, (300, 257))
+        S = attn_splits(W)
         return dict(qkv=rows(rng, B, (3 * d,)), k_cache=rows(rng, B, (W, d)), v_cache=rows(rng, B, (W, d)),
                     meta=meta_rows(B, 99, kv_len), out=rows(rng, B, (d,), fill=np.nan),
                     scores=rows(rng, B, (H, W, 1)), smax=np.zeros((B, H, 1, 1), np.float32),
-                    ssum=np.zeros((B, H, 1, 1), np.float32), ones=np.ones((W, 1), np.float32)), dict(n_heads=H)
+                    ssum=np.zeros((B, H, 1, 1), np.float32), part=rows(rng, B, (H, S, d // H + 2), fill=np.nan),
+                    ones=np.ones((W, 1), np.float32)), dict(n_heads=H)
     Kc, A = 5, n
     if name == "temporal_ensemble":
         return dict(chunk=rows(rng, B, (Kc * A,)), mtp_state=rows(rng, B, (Kc, Kc * A)), meta=meta_rows(B, 2 + n, 0),
@@ -94,8 +96,9 @@ def run_twin_and_shim(name, bufs, consts):
     a = {k: v.copy() for k, v in bufs.items()}  # copies keep their own (contiguous) layout
     b = {k: _clone_layout(v) for k, v in bufs.items()}
     spec.ref(*(a[p] for p in spec.params), **consts)
-    la = LAUNCHERS[name](*(b[p] for p in spec.params), **consts)
-    module(la.source).get_function(la.function)(la.grid, la.block, la.args)
+    launches = LAUNCHERS[name](*(b[p] for p in spec.params), **consts)
+    for la in launches if isinstance(launches, tuple) else (launches,):
+        module(la.source).get_function(la.function)(la.grid, la.block, la.args)
     return spec, a, b
 
 
@@ -157,8 +160,9 @@ def test_every_kernel_name_has_a_launcher_and_a_cuda_function():
     rng = np.random.default_rng(0)
     for name in K.REGISTRY:
         bufs, consts = case(name, rng, 2, 8)
-        la = LAUNCHERS[name](*(bufs[p] for p in K.REGISTRY[name].params), **consts)
-        assert la.function in names
+        launches = LAUNCHERS[name](*(bufs[p] for p in K.REGISTRY[name].params), **consts)
+        for la in launches if isinstance(launches, tuple) else (launches,):
+            assert la.function in names
 
 
 def test_launchers_reject_mismatched_shapes():

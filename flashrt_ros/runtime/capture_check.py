@@ -16,7 +16,7 @@ import tracemalloc
 import numpy as np
 
 from .backend import NumpyBackend
-from .launch import launches_for
+from .launch import op_launches
 from .plan import NumpyReplay
 
 ALLOC_LIMIT = 64 * 1024  # bytes of transient Python/NumPy memory a replay may touch (views, not arrays)
@@ -40,7 +40,11 @@ class CheckedReplay:
     def __init__(self, backend: CaptureCheckBackend, plan, arena, start: int, count: int):
         self.backend, self.plan, self.arena, self.start, self.count = backend, plan, arena, start, count
         self.inner = NumpyReplay(plan, arena, start, count)
-        self.captured = [_signature(la) for la in launches_for(plan, arena, start, count)]
+        self.captured = self._signatures()
+
+    def _signatures(self) -> list[list]:
+        return [[_signature(la) for la in op_launches(op, self.arena, self.start, self.count)]
+                for op in self.plan.ops]
 
     def replay(self) -> None:
         started = not tracemalloc.is_tracing()
@@ -58,16 +62,16 @@ class CheckedReplay:
                 tracemalloc.stop()
         if peak - before > ALLOC_LIMIT:
             raise CaptureViolation(f"allocation during replay: {peak - before} bytes (a graph cannot allocate)")
-        now = [_signature(la) for la in launches_for(self.plan, self.arena, self.start, self.count)]
-        for i, (cap, cur) in enumerate(zip(self.captured, now)):
-            if cap == cur:
+        for i, (cap_op, cur_op) in enumerate(zip(self.captured, self._signatures())):
+            if cap_op == cur_op:
                 continue
             op = self.plan.ops[i]
-            for j, (a, b) in enumerate(zip(cap[3:], cur[3:])):
-                if a != b:
-                    kind = "buffer address changed" if a[0] == "ptr" else "changing scalar argument"
-                    raise CaptureViolation(f"op {i} ({op.label or op.kernel}): {kind} at kernel arg {j} "
-                                           "between capture and replay")
+            for cap, cur in zip(cap_op, cur_op):
+                for j, (a, b) in enumerate(zip(cap[3:], cur[3:])):
+                    if a != b:
+                        kind = "buffer address changed" if a[0] == "ptr" else "changing scalar argument"
+                        raise CaptureViolation(f"op {i} ({op.label or op.kernel}): {kind} at {cap[0]} arg {j} "
+                                               "between capture and replay")
             raise CaptureViolation(f"op {i} ({op.label or op.kernel}): launch shape changed since capture")
 
 

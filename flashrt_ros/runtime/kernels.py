@@ -164,12 +164,13 @@ def kv_write_ref(qkv, k_cache, v_cache, meta):
     v_cache[:, slot] = qkv[:, 2 * d:]
 
 
-@kernel("qkv k_cache v_cache meta out scores smax ssum ones", "out scores smax ssum", "n_heads")
-def attn_decode_ref(qkv, k_cache, v_cache, meta, out, scores, smax, ssum, ones, n_heads):
+@kernel("qkv k_cache v_cache meta out scores smax ssum part ones", "out scores smax ssum part", "n_heads")
+def attn_decode_ref(qkv, k_cache, v_cache, meta, out, scores, smax, ssum, part, ones, n_heads):
     """Single-query attention over the valid KV window, per head.
 
     q = qkv[B,:d]; k_cache, v_cache[B,W,d]; T = min(kv_len + 1, W) (this step's k, v are already
-    written). scores[B,H,W,1], smax/ssum[B,H,1,1], ones[W,1] are scratch / constants.
+    written). scores[B,H,W,1], smax/ssum[B,H,1,1], ones[W,1] are scratch / constants; part[B,H,S,hd+2]
+    holds the CUDA kernel's per-split partials (split-K) and is unused here.
     """
     B, W, d = k_cache.shape
     hd = d // n_heads

@@ -14,6 +14,7 @@ import numpy as np
 I32, I64, U32, F32 = np.int32, np.int64, np.uint32, np.float32
 ATTN_THREADS = 128  # must match kernels/attention.cu
 ATTN_MAX_HD = 64
+ATTN_SPLIT = 128  # KV slots per attention block (split-K), as in kernels/attention.cu
 
 
 @dataclass(frozen=True)
@@ -118,16 +119,25 @@ def kv_write(qkv, k_cache, v_cache, meta):
                   (qkv, rs(qkv), k_cache, v_cache, rs(k_cache), meta, rs(meta), I32(B), I32(W), I32(d)))
 
 
-def attn_decode(qkv, k_cache, v_cache, meta, out, scores, smax, ssum, ones, n_heads):
+def attn_splits(W: int) -> int:
+    return _cdiv(W, ATTN_SPLIT)
+
+
+def attn_decode(qkv, k_cache, v_cache, meta, out, scores, smax, ssum, part, ones, n_heads):
+    """Two launches: per-split partial softmax-attention, then the in-order combine."""
     B, W, d = k_cache.shape
     hd = d // n_heads
-    _f32(qkv, k_cache, v_cache, out, scores)
+    S = attn_splits(W)
+    _f32(qkv, k_cache, v_cache, out, scores, part)
     _check(d % n_heads == 0 and hd <= ATTN_MAX_HD, f"head_dim {d}/{n_heads} must be an integer <= {ATTN_MAX_HD}")
     _check(qkv.shape == (B, 3 * d) and out.shape == (B, d) and scores.shape[:3] == (B, n_heads, W)
-           and rs(k_cache) == rs(v_cache), f"attn_decode shapes qkv{qkv.shape} scores{scores.shape}")
-    return Launch("attention.cu", "attn_decode_f32", (B * n_heads, 1, 1), (ATTN_THREADS, 1, 1),
-                  (qkv, rs(qkv), k_cache, v_cache, rs(k_cache), meta, rs(meta), out, rs(out), scores, rs(scores),
-                   I32(B), I32(W), I32(d), I32(n_heads)))
+           and part.shape == (B, n_heads, S, hd + 2) and rs(k_cache) == rs(v_cache),
+           f"attn_decode shapes qkv{qkv.shape} scores{scores.shape} part{part.shape}")
+    return (Launch("attention.cu", "attn_partial_f32", (B * n_heads, S, 1), (ATTN_THREADS, 1, 1),
+                   (qkv, rs(qkv), k_cache, v_cache, rs(k_cache), meta, rs(meta), scores, rs(scores), part, rs(part),
+                    I32(B), I32(W), I32(d), I32(n_heads))),
+            Launch("attention.cu", "attn_combine_f32", (B * n_heads, 1, 1), (max(32, _cdiv(hd, 32) * 32), 1, 1),
+                   (part, rs(part), out, rs(out), I32(B), I32(d), I32(n_heads), I32(S))))
 
 
 def temporal_ensemble(chunk, mtp_state, meta, action, tmp):
@@ -166,8 +176,13 @@ def op_views(op, arena, start: int, count: int) -> list:
     return out
 
 
+def op_launches(op, arena, start: int, count: int) -> tuple[Launch, ...]:
+    la = LAUNCHERS[op.kernel](*op_views(op, arena, start, count), **op.const_dict())
+    return la if isinstance(la, tuple) else (la,)
+
+
 def launches_for(plan, arena, start: int, count: int) -> list[Launch]:
-    return [LAUNCHERS[op.kernel](*op_views(op, arena, start, count), **op.const_dict()) for op in plan.ops]
+    return [la for op in plan.ops for la in op_launches(op, arena, start, count)]
 
 
 def kernel_dir() -> Path:

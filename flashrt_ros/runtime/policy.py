@@ -8,6 +8,7 @@ from __future__ import annotations
 from .buffers import BufferSpec
 from .config import PolicyConfig
 from .kernels import ACT_NONE, ACT_SILU, ACT_TANH, META_LEN
+from .launch import attn_splits
 from .plan import GraphPlan
 
 MLP_RATIO = 2
@@ -50,6 +51,7 @@ class HybridPolicy:
             ("attn", (d,)), ("proj", (d,)), ("mlp_h", (MLP_RATIO * d,)), ("mlp_tmp", (MLP_RATIO * d,)),
             ("chunk_tmp", (K * A,)), ("act_tmp", (A,)), ("ms", (1, 1)),
             ("scores", (H, W, 1)), ("smax", (H, 1, 1)), ("ssum", (H, 1, 1)),
+            ("attn_part", (H, attn_splits(W), d // H + 2)),  # CUDA split-K partials
         ]
         return io + [BufferSpec(n, s, F32, "scratch") for n, s in scratch]
 
@@ -92,7 +94,7 @@ class HybridPolicy:
             plan.add("rmsnorm", "x", p + "attn_norm.g", "xn", "ms", label=f"L{layer}.attn_norm")
             plan.add("linear", "xn", p + "qkv.w", p + "qkv.b", "qkv", "qkv_tmp", act=ACT_NONE, label=f"L{layer}.qkv")
             plan.add("kv_write", "qkv", k, v, "meta", label=f"L{layer}.kv_write")
-            plan.add("attn_decode", "qkv", k, v, "meta", "attn", "scores", "smax", "ssum", "const.ones",
+            plan.add("attn_decode", "qkv", k, v, "meta", "attn", "scores", "smax", "ssum", "attn_part", "const.ones",
                      n_heads=c.n_heads, label=f"L{layer}.attn")
             plan.add("linear", "attn", p + "out.w", p + "out.b", "proj", "tmp_d", act=ACT_NONE, label=f"L{layer}.out")
             plan.add("add", "x", "proj", label=f"L{layer}.attn_residual")

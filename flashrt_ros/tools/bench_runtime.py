@@ -111,7 +111,7 @@ def kv_layout_point(cfg: PolicyConfig, history: int) -> dict:
     meta[0, 2] = history
     out = np.empty((1, d), np.float32)
     scratch = (np.empty((1, H, history, 1), np.float32), np.empty((1, H, 1, 1), np.float32),
-               np.empty((1, H, 1, 1), np.float32), np.ones((history, 1), np.float32))
+               np.empty((1, H, 1, 1), np.float32), None, np.ones((history, 1), np.float32))  # part: CUDA only
     attn = REGISTRY["attn_decode"].ref
 
     def run_per_layer():
