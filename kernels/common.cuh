@@ -41,3 +41,9 @@ __device__ __forceinline__ float activate(float v, int act) {
   if (act == ACT_RELU) return v > 0.0f ? v : 0.0f;
   return v;
 }
+
+// Sum over the 32 lanes of a warp in a fixed xor-tree order; every lane gets the total.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}

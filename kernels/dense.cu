@@ -11,17 +11,20 @@ extern "C" __global__ void obs_norm_f32(const float* __restrict__ obs, i64 obs_r
   x[b * x_rs + i] = (obs[b * obs_rs + i] - mean[i]) * inv_std[i];
 }
 
-// y[b, o] = act(b[o] + sum_i x[b, i] * w[i, o])          w: [in, out] row-major; one thread per (b, o)
+// y[b, o] = act(b[o] + sum_i x[b, i] * w[i, o])          w: [in, out] row-major
+// One warp per (b, o): lanes split the inputs, then a fixed shuffle tree. Short dependency chains keep a
+// single-row GEMV latency-friendly; the order per row does not depend on B (batch invariance).
 extern "C" __global__ void linear_f32(const float* __restrict__ x, i64 x_rs, const float* __restrict__ w,
                                       const float* __restrict__ bias, float* __restrict__ y, i64 y_rs,
                                       int B, int n_in, int n_out, int act) {
-  int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= B * n_out) return;
-  int b = idx / n_out, o = idx % n_out;
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (warp >= B * n_out) return;  // whole warps exit: blockDim is a multiple of 32
+  const int b = warp / n_out, o = warp % n_out;
   const float* xb = x + b * x_rs;
   float acc = 0.0f;
-  for (int i = 0; i < n_in; ++i) acc = fmaf(xb[i], w[(i64)i * n_out + o], acc);
-  y[b * y_rs + o] = activate(acc + bias[o], act);
+  for (int i = lane; i < n_in; i += 32) acc = fmaf(xb[i], w[(i64)i * n_out + o], acc);
+  acc = warp_sum(acc);
+  if (lane == 0) y[b * y_rs + o] = activate(acc + bias[o], act);
 }
 
 // x[b, i] += y[b, i]
@@ -41,7 +44,7 @@ extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, i64 x_rs, co
   const float* xb = x + b * x_rs;
   float ss = 0.0f;
   for (int i = lane; i < n; i += 32) ss = fmaf(xb[i], xb[i], ss);
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  ss = warp_sum(ss);
   float inv = 1.0f / sqrtf(ss / (float)n + RMS_EPS);
   for (int i = lane; i < n; i += 32) y[b * y_rs + i] = xb[i] * inv * g[i];
 }

@@ -20,30 +20,43 @@ extern "C" __global__ void causal_conv_f32(float* __restrict__ x, i64 x_rs, floa
   x[b * x_rs + c] = xc + a;
 }
 
-// GRU cell, PyTorch gate order (r, z, n). w_ih: [I, 3H], w_hh: [H, 3H] (input-major, so threads of
-// neighbouring j read neighbouring weights). h_new[b, j] = n + z * (h - n).   one thread per (b, j)
+// GRU cell, PyTorch gate order (r, z, n). w_ih: [I, 3H], w_hh: [H, 3H] (input-major).
+// One warp per (b, j): lanes split the six dot products, a fixed shuffle tree sums them, lane 0 applies
+// the gates. h_new[b, j] = n + z * (h - n).
 extern "C" __global__ void gru_cell_f32(const float* __restrict__ x, i64 x_rs, const float* __restrict__ h,
                                         i64 h_rs, const float* __restrict__ w_ih, const float* __restrict__ w_hh,
                                         const float* __restrict__ b_ih, const float* __restrict__ b_hh,
                                         float* __restrict__ h_new, i64 hn_rs, int B, int I, int H) {
-  int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= B * H) return;
-  int b = idx / H, j = idx % H;
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (warp >= B * H) return;  // whole warps exit: blockDim is a multiple of 32
+  const int b = warp / H, j = warp % H, G = 3 * H;
   const float* xb = x + b * x_rs;
   const float* hb = h + b * h_rs;
-  const int G = 3 * H;
-  float gi[3], gh[3];
-  for (int g = 0; g < 3; ++g) {
-    float si = 0.0f, sh = 0.0f;
-    for (int i = 0; i < I; ++i) si = fmaf(xb[i], w_ih[(i64)i * G + g * H + j], si);
-    for (int i = 0; i < H; ++i) sh = fmaf(hb[i], w_hh[(i64)i * G + g * H + j], sh);
-    gi[g] = si + b_ih[g * H + j];
-    gh[g] = sh + b_hh[g * H + j];
+  float gi[3] = {0.0f, 0.0f, 0.0f}, gh[3] = {0.0f, 0.0f, 0.0f};
+  for (int i = lane; i < I; i += 32) {
+    const float xi = xb[i];
+    const float* w = w_ih + (i64)i * G + j;
+    gi[0] = fmaf(xi, w[0], gi[0]);
+    gi[1] = fmaf(xi, w[H], gi[1]);
+    gi[2] = fmaf(xi, w[2 * H], gi[2]);
   }
-  float r = sigmoid_f(gi[0] + gh[0]);
-  float z = sigmoid_f(gi[1] + gh[1]);
-  float n = tanhf(gi[2] + r * gh[2]);
-  h_new[b * hn_rs + j] = n + z * (hb[j] - n);
+  for (int i = lane; i < H; i += 32) {
+    const float hi = hb[i];
+    const float* w = w_hh + (i64)i * G + j;
+    gh[0] = fmaf(hi, w[0], gh[0]);
+    gh[1] = fmaf(hi, w[H], gh[1]);
+    gh[2] = fmaf(hi, w[2 * H], gh[2]);
+  }
+  for (int g = 0; g < 3; ++g) {
+    gi[g] = warp_sum(gi[g]) + b_ih[g * H + j];
+    gh[g] = warp_sum(gh[g]) + b_hh[g * H + j];
+  }
+  if (lane == 0) {
+    const float r = sigmoid_f(gi[0] + gh[0]);
+    const float z = sigmoid_f(gi[1] + gh[1]);
+    const float n = tanhf(gi[2] + r * gh[2]);
+    h_new[b * hn_rs + j] = n + z * (hb[j] - n);
+  }
 }
 
 // recurrent_state = h_new; x += h_new   (separate from the cell: every thread of the cell reads all of h)

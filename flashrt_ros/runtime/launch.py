@@ -62,7 +62,7 @@ def linear(x, w, b, y, tmp, act):
     _f32(x, w, b, y)
     _check(w.shape == (n_in, n_out) and b.shape == (n_out,) and y.shape == (B, n_out),
            f"linear shapes x{x.shape} w{w.shape} b{b.shape} y{y.shape}")
-    return Launch("dense.cu", "linear_f32", *_flat(B * n_out),
+    return Launch("dense.cu", "linear_f32", *_flat(B * n_out * 32),  # a warp per output
                   (x, rs(x), w, b, y, rs(y), I32(B), I32(n_in), I32(n_out), I32(act)))
 
 
@@ -97,7 +97,7 @@ def gru_cell(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new):
     _f32(x, h, w_ih, w_hh, b_ih, b_hh, h_new)
     _check(h.shape == (B, H) and w_ih.shape == (n_in, 3 * H) and w_hh.shape == (H, 3 * H)
            and b_ih.shape == b_hh.shape == (3 * H,) and h_new.shape == (B, H), "gru_cell shapes")
-    return Launch("recurrent.cu", "gru_cell_f32", *_flat(B * H),
+    return Launch("recurrent.cu", "gru_cell_f32", *_flat(B * H * 32),  # a warp per hidden unit
                   (x, rs(x), h, rs(h), w_ih, w_hh, b_ih, b_hh, h_new, rs(h_new), I32(B), I32(n_in), I32(H)))
 
 

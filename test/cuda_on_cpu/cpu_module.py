@@ -66,7 +66,8 @@ class CpuRawKernel:
 
 
 class CpuRawModule:
-    def __init__(self, path: str | os.PathLike, include_dirs=(), cxx: str = "g++", extra_flags=("-O2",)):
+    def __init__(self, path: str | os.PathLike, include_dirs=(), cxx: str = "g++",
+                 extra_flags=("-O2", "-U_FORTIFY_SOURCE")):  # fortified longjmp rejects fiber stacks
         path = Path(path).resolve()
         src = path.read_text()
         self.names = _KERNEL_RE.findall(src)
