@@ -16,16 +16,21 @@ endif
 export PYTHONDONTWRITEBYTECODE := 1
 
 SETUP_STAMP := $(VENV)/.stamp-setup
+IFACE_STAMP := $(VENV)/.stamp-interfaces
+IFACE_SRC := $(wildcard flashrt_interfaces/*.txt flashrt_interfaces/*.xml flashrt_interfaces/msg/* \
+                        flashrt_interfaces/srv/* flashrt_interfaces/action/*)
 
-.PHONY: help setup demo test lint bench gpu-check clean
+.PHONY: help setup interfaces demo test lint bench bench-ros gpu-check clean
 help:
 	@echo "make demo      run the main demo on the CPU default (creates .venv on first use)"
 	@echo "make test      run the full test suite"
 	@echo "make bench     runtime benchmark -> out/bench_runtime.json"
+	@echo "make bench-ros latency through ROS 2 -> out/bench_ros.json"
 	@echo "make lint      ruff"
 	@echo "make gpu-check GPU tests + benchmarks (needs a CUDA device)"
 
-setup: $(SETUP_STAMP)
+setup: $(SETUP_STAMP) $(IFACE_STAMP)
+interfaces: $(IFACE_STAMP)
 
 $(SETUP_STAMP): requirements.txt requirements-ros.txt setup.py setup.cfg
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,10 +38,16 @@ $(SETUP_STAMP): requirements.txt requirements-ros.txt setup.py setup.cfg
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $@
 
-demo: $(SETUP_STAMP)
+# flashrt_interfaces (ament_cmake) built with plain cmake into the venv: no colcon, no /opt/ros.
+$(IFACE_STAMP): $(SETUP_STAMP) $(IFACE_SRC) scripts/build_interfaces.sh
+	@mkdir -p build
+	scripts/build_interfaces.sh $(VENV) build/interfaces
+	@touch $@
+
+demo: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(VENV)/bin/flashrt-demo
 
-test: $(SETUP_STAMP)
+test: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(PY) -m pytest -q test
 
 lint: $(SETUP_STAMP)
@@ -45,6 +56,10 @@ lint: $(SETUP_STAMP)
 bench: $(SETUP_STAMP)
 	@mkdir -p out
 	$(VENV)/bin/flashrt-bench runtime --json out/bench_runtime.json
+
+bench-ros: $(SETUP_STAMP) $(IFACE_STAMP)
+	@mkdir -p out
+	$(VENV)/bin/flashrt-bench ros --json out/bench_ros.json
 
 # On a GPU machine; works without .venv (the device image has cupy, numpy, pytest, safetensors).
 GPU_PY ?= $(if $(wildcard $(VENV)/bin/python),$(PY),python3)

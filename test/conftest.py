@@ -47,3 +47,38 @@ def session() -> Session:
 @pytest.fixture
 def trace() -> np.ndarray:
     return observation_trace(400)
+
+
+@pytest.fixture
+def ros_domain(tmp_path):
+    """A private ROS_DOMAIN_ID and log dir; rclpy initialised on that domain in this process."""
+    import rclpy
+    from domain_coordinator import domain_id
+    from ros_harness import ros_env
+
+    with domain_id() as did:
+        env = ros_env(did, tmp_path / "roslog")
+        os.environ["ROS_DOMAIN_ID"] = str(did)
+        rclpy.init(domain_id=did)
+        try:
+            yield env
+        finally:
+            rclpy.try_shutdown()
+
+
+@pytest.fixture
+def flashrt(ros_domain, tmp_path):
+    """A running flashrt node (separate process) and a planner node in the test process."""
+    from ros_harness import NodeProcess, Planner
+
+    proc = NodeProcess(ros_domain, tmp_path / "node.log", capsule_dir=str(tmp_path / "capsules"))
+    planner = Planner()
+    try:
+        planner.wait_ready()
+        yield proc, planner
+    finally:
+        planner.close()
+        rc = proc.stop()
+        out = proc.output()
+        assert "Traceback" not in out, out[-3000:]
+        assert rc == 0, f"node exited with {rc}:\n{out[-3000:]}"

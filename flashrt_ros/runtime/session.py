@@ -108,13 +108,17 @@ class Session:
             self.history.reset()
 
     # ---- step -----------------------------------------------------------------------------
-    def step(self, obs, stamp_ns: int = 0) -> StepResult:
+    def step(self, obs, stamp_ns: int = 0, on_action: Callable[[np.ndarray], None] | None = None) -> StepResult:
+        """One policy step. ``on_action`` gets the action as soon as it exists, before the capsule copy,
+        so a robot can actuate first."""
         o = as_observations(obs, (self.cfg.obs_dim,))
         with self.lock:
             t0 = time.perf_counter()
             self.backend.from_host(self.arena["obs"][0], o)
             self._live.replay()
             action = self.backend.to_host(self.arena["action"][0])
+            if on_action is not None:
+                on_action(action)
             chunk = self.backend.to_host(self.arena["chunk"][0]).reshape(self.cfg.chunk_len, self.cfg.action_dim)
             self._step += 1
             self.history.push(o)

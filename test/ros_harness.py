@@ -1,0 +1,132 @@
+"""Real ROS 2 processes for tests: the flashrt node in a subprocess, a planner/sensor node in the test.
+
+Every test gets its own ROS_DOMAIN_ID (domain_coordinator), ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST and
+a private ROS_LOG_DIR, so runs never talk to each other or leave this machine.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = ROOT / "config" / "flashrt.yaml"
+FAST = {"kv_window": 256, "capsule_capacity": 48, "observation_reliable": True, "backend": "numpy"}
+
+
+def ros_env(domain_id: int, log_dir: Path) -> dict:
+    env = dict(os.environ)
+    env.update(ROS_DOMAIN_ID=str(domain_id), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", ROS_LOG_DIR=str(log_dir),
+               PYTHONUNBUFFERED="1", RCUTILS_LOGGING_BUFFERED_STREAM="0")
+    return env
+
+
+def param_args(params: dict) -> list[str]:
+    out = []
+    for k, v in params.items():
+        if isinstance(v, bool):
+            v = str(v).lower()
+        elif isinstance(v, (list, tuple)):
+            v = "[" + ",".join(str(x) for x in v) + "]"
+        out += ["-p", f"{k}:={v}"]
+    return out
+
+
+class NodeProcess:
+    """`python -m flashrt_ros.ros.node` with the launch file's arguments (params file + namespace)."""
+
+    def __init__(self, env: dict, log_path: Path, namespace: str = "/test", **params):
+        self.namespace = namespace
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "-r", f"__ns:={namespace}",
+               "--params-file", str(PARAMS), *param_args({**FAST, **params})]
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return self.log_path.read_text()
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+def joint_state(obs: np.ndarray, stamp_ns: int, n_joints: int = 7):
+    from builtin_interfaces.msg import Time
+    from sensor_msgs.msg import JointState
+    msg = JointState()
+    msg.header.stamp = Time(sec=stamp_ns // 10**9, nanosec=stamp_ns % 10**9)
+    msg.name = [f"joint{i}" for i in range(n_joints)]
+    msg.position = [float(v) for v in obs[:n_joints]]
+    msg.velocity = [float(v) for v in obs[n_joints:2 * n_joints]]
+    return msg
+
+
+class Planner:
+    """The test's own rclpy node: publishes observations, records policy_step, calls services."""
+
+    def __init__(self, namespace: str = "/test", name: str = "test_planner"):
+        import rclpy
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        from sensor_msgs.msg import JointState
+
+        from flashrt_interfaces.msg import PolicyStep
+        from flashrt_ros.ros.client import FlashRTClient
+        self.rclpy = rclpy
+        self.namespace = namespace
+        self.node = rclpy.create_node(name)
+        self.client = FlashRTClient(self.node, namespace)
+        self.steps: list = []
+        qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+        self.node.create_subscription(PolicyStep, f"{namespace}/policy_step", self.steps.append, qos)
+        self.pub = self.node.create_publisher(JointState, f"{namespace}/observation", qos)
+        self.stamp = 1_000_000_000
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        self.client.wait_until_ready(timeout)
+        deadline = time.monotonic() + timeout
+        while (self.pub.get_subscription_count() == 0
+               or self.node.count_publishers(f"{self.namespace}/policy_step") == 0):
+            self.spin(0.05)
+            if time.monotonic() > deadline:
+                raise TimeoutError("observation / policy_step not matched")
+
+    def spin(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.rclpy.spin_once(self.node, timeout_sec=min(0.01, max(0.0, end - time.monotonic())))
+
+    def publish(self, msg) -> None:
+        self.pub.publish(msg)
+
+    def step(self, obs: np.ndarray, timeout: float = 5.0):
+        """Publish one observation and wait for its policy_step (flow control: nothing is overwritten)."""
+        n = len(self.steps)
+        self.stamp += 10_000_000
+        self.publish(joint_state(obs, self.stamp))
+        deadline = time.monotonic() + timeout
+        while len(self.steps) == n:
+            self.rclpy.spin_once(self.node, timeout_sec=0.01)
+            if time.monotonic() > deadline:
+                raise TimeoutError("no policy_step for the observation")
+        return self.steps[-1]
+
+    def run(self, obs: np.ndarray) -> np.ndarray:
+        return np.stack([np.asarray(self.step(o).action, np.float32) for o in obs])
+
+    def close(self) -> None:
+        self.node.destroy_node()
