@@ -67,11 +67,17 @@ def ros_domain(tmp_path):
 
 
 @pytest.fixture
-def flashrt(ros_domain, tmp_path):
+def node_params():
+    """Override in a test module to start the node with other parameters."""
+    return {}
+
+
+@pytest.fixture
+def flashrt(ros_domain, tmp_path, node_params):
     """A running flashrt node (separate process) and a planner node in the test process."""
     from ros_harness import NodeProcess, Planner
 
-    proc = NodeProcess(ros_domain, tmp_path / "node.log", capsule_dir=str(tmp_path / "capsules"))
+    proc = NodeProcess(ros_domain, tmp_path / "node.log", capsule_dir=str(tmp_path / "capsules"), **node_params)
     planner = Planner()
     try:
         planner.wait_ready()

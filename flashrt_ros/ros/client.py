@@ -46,7 +46,7 @@ class FlashRTClient:
 
     def wait_until_ready(self, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
-        for name, c in self.clients.items():
+        for c in self.clients.values():
             if not c.wait_for_service(timeout_sec=max(0.0, deadline - time.monotonic())):
                 raise FlashRTTimeout(f"service '{c.srv_name}' not available after {timeout_s} s")
         if not self.replan_client.wait_for_server(timeout_sec=max(0.1, deadline - time.monotonic())):
