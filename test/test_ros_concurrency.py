@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+
 from conftest import observation_trace
 
 pytestmark = pytest.mark.ros

@@ -4,10 +4,9 @@ import re
 
 import numpy as np
 import pytest
-from conftest import ROOT
 
-from flashrt_ros.ros.convert import (float_array_to_obs, joint_state_to_obs, replan_observations,
-                                     safe_relative_path)
+from conftest import ROOT
+from flashrt_ros.ros.convert import float_array_to_obs, joint_state_to_obs, replan_observations, safe_relative_path
 
 
 def test_interfaces_import_with_the_contract_fields():

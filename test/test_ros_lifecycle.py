@@ -2,8 +2,9 @@
 import time
 
 import pytest
-from conftest import observation_trace
 from ros_harness import NodeProcess, Planner
+
+from conftest import observation_trace
 
 pytestmark = pytest.mark.ros
 

@@ -199,6 +199,8 @@ def main(args=None) -> int:
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
+        if node._observation_sub is not None:  # stop the replan worker before the executor goes
+            node.on_deactivate(None)
         executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()

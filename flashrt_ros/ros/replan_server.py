@@ -27,6 +27,7 @@ class ReplanServer:
         self._queue: queue.Queue = queue.Queue()
         self._results: dict[bytes, Replan.Result] = {}
         self.busy = threading.Event()  # a goal is accepted and not yet delivered
+        self._closed = False
         self._worker = threading.Thread(target=self._work, name="flashrt_replan", daemon=True)
         self._worker.start()
         self.server = ActionServer(node, Replan, "replan", execute_callback=self._deliver,
@@ -34,7 +35,9 @@ class ReplanServer:
                                    handle_accepted_callback=self._on_accepted)
 
     def destroy(self) -> None:
+        self._closed = True
         self._queue.put(None)
+        self._worker.join(timeout=5.0)  # a replan in flight finishes (it is bounded by its deadline)
         self.server.destroy()
 
     # ---- executor thread ------------------------------------------------------------------
@@ -84,14 +87,15 @@ class ReplanServer:
     def _work(self) -> None:
         while True:
             goal_handle = self._queue.get()
-            if goal_handle is None:
+            if goal_handle is None or self._closed:
                 return
             try:
                 self._results[bytes(goal_handle.goal_id.uuid)] = self._run(goal_handle)
             except Exception as e:  # noqa: BLE001 - never let the worker die; report instead
                 self.node.get_logger().error(f"replan failed unexpectedly: {e!r}")
                 self._results[bytes(goal_handle.goal_id.uuid)] = Replan.Result(success=False, message=repr(e))
-            goal_handle.execute()
+            if not self._closed:  # shutting down: no executor left to deliver to
+                goal_handle.execute()
 
     def _run(self, goal_handle) -> Replan.Result:
         t0 = time.perf_counter()

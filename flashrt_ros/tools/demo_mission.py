@@ -1,0 +1,105 @@
+"""The mission on this machine, in three processes over DDS: the flashrt node (as the launch file starts
+it), a 100 Hz joint-state sensor, and a planner that rolls back and re-plans every 0.5 s."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .common import progress
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ros_env() -> dict:
+    env = dict(os.environ)
+    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"  # never let discovery leave this machine
+    env.setdefault("ROS_DOMAIN_ID", str(20 + os.getpid() % 180))
+    env.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="flashrt-roslog."))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def params_file(config: str | None) -> str:
+    if config:
+        return config
+    local = ROOT / "config" / "flashrt.yaml"
+    if local.exists():
+        return str(local)
+    from ament_index_python.packages import get_package_share_directory
+    return str(Path(get_package_share_directory("flashrt_ros")) / "config" / "flashrt.yaml")
+
+
+def run(args) -> dict:
+    env = ros_env()
+    py = sys.executable
+    work = Path(tempfile.mkdtemp(prefix="flashrt-demo."))
+    node_cmd = [py, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file", params_file(args.config),
+                "-p", f"backend:={args.backend}", "-p", f"capsule_dir:={work / 'capsules'}"]
+    progress(f"ROS_DOMAIN_ID={env['ROS_DOMAIN_ID']}, discovery LOCALHOST, logs in {env['ROS_LOG_DIR']}")
+    t0 = time.monotonic()
+    node_log = open(work / "node.log", "w")
+    node = subprocess.Popen(node_cmd, env=env, stdout=node_log, stderr=subprocess.STDOUT)
+    procs = [node]
+    try:
+        planner_json = work / "planner.json"
+        planner = subprocess.Popen([py, "-m", "flashrt_ros.tools.planner", "--duration", str(args.duration),
+                                    "--json", str(planner_json)], env=env)
+        procs.append(planner)
+        sensor = subprocess.Popen([py, "-m", "flashrt_ros.tools.sensor_sim", "--rate", "100",
+                                   "--duration", str(args.duration + 30)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        procs.append(sensor)
+        progress("node, 100 Hz sensor and planner started; the planner prints a line per round")
+        rc = planner.wait(timeout=args.duration + 90)
+        summary = json.loads(planner_json.read_text()) if planner_json.exists() else {}
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        node_log.close()
+    node_out = (work / "node.log").read_text()
+    summary["node_exit_code"] = node.returncode
+    summary["node_traceback"] = "Traceback" in node_out
+    summary["wall_s"] = round(time.monotonic() - t0, 1)
+    summary["ok"] = bool(rc == 0 and node.returncode == 0 and not summary["node_traceback"]
+                         and summary.get("steps", 0) > 0)
+    _print_summary(summary, work)
+    return summary
+
+
+def _print_summary(s: dict, work: Path) -> None:
+    def pp(d):
+        return f"{d['p50']:.2f} / {d['p99']:.2f} ms" if d and d.get("p50") is not None else "n/a"
+    rows = [
+        ("backend", s.get("backend", "?")),
+        ("steps (one per observation)", s.get("steps", 0)),
+        ("rejected observations", s.get("rejected", 0)),
+        ("held during replans", s.get("held_observations", 0)),
+        ("step latency p50 / p99 (node)", pp(s.get("step_latency_ms"))),
+        ("rollback p50 / p99 (node)", pp(s.get("rollback_ms"))),
+        ("replan 4x8 p50 / p99 (round trip)", pp(s.get("replan_ms"))),
+        ("replan deadline misses (50 ms)", s.get("deadline_misses", "?")),
+        ("commits", s.get("commits", 0)),
+        ("byte-exact re-plan checks", f"{s.get('byte_exact_checks', {}).get('passed', 0)} / "
+                                      f"{s.get('byte_exact_checks', {}).get('run', 0)}"),
+        ("node exit", f"{s['node_exit_code']}{' (traceback!)' if s['node_traceback'] else ''}"),
+        ("wall time", f"{s['wall_s']} s"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    print("\nflashrt mission summary")
+    print("-" * (w + 30))
+    for k, v in rows:
+        print(f"{k.ljust(w)}  {v}")
+    print("-" * (w + 30))
+    print(f"logs: {work}  ->  {'OK' if s['ok'] else 'FAILED'}")

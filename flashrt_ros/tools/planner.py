@@ -1,0 +1,112 @@
+"""A planner process for the demo: about every 0.5 s it rolls the robot back 20 steps, asks for a 4 x 8
+what-if Replan, re-asks the same Replan to check the answer is byte-identical, and every few rounds
+commits one branch. Prints a live line; writes a JSON summary.
+
+    python -m flashrt_ros.tools.planner --duration 20 --json out/planner.json [--namespace /robot1]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+from flashrt_interfaces.msg import PolicyStep
+
+from ..ros.client import FlashRTClient
+from .common import p50_p99, synthetic_trace
+
+ROLLBACK_STEPS = 20
+BRANCHES, HORIZON = 4, 8
+COMMIT_EVERY = 4
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="planner", description=__doc__)
+    ap.add_argument("--duration", type=float, default=15.0)
+    ap.add_argument("--period", type=float, default=0.5, help="seconds between rounds")
+    ap.add_argument("--namespace", default="")
+    ap.add_argument("--json", help="write the summary here")
+    args, ros_args = ap.parse_known_args(argv)
+    rclpy.init(args=ros_args)
+    node = rclpy.create_node("flashrt_demo_planner")
+    ns = args.namespace.rstrip("/")
+    client = FlashRTClient(node, ns)
+    steps: list[PolicyStep] = []
+    diag: dict = {}
+    node.create_subscription(PolicyStep, f"{ns}/policy_step", steps.append,
+                             QoSProfile(depth=500, reliability=ReliabilityPolicy.RELIABLE))
+
+    def on_diag(msg: DiagnosticArray) -> None:
+        for st in msg.status:
+            if st.name.endswith("flashrt: runtime"):
+                diag.update({kv.key: kv.value for kv in st.values})
+
+    node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
+    client.wait_until_ready(30.0)
+    trace = synthetic_trace(4000, 14, seed=3)
+    rng = np.random.default_rng(0)
+    rollback_ms, replan_ms, replan_node_ms, misses, checks = [], [], [], 0, [0, 0]
+    commits = 0
+    t0 = time.monotonic()
+    rounds = 0
+    try:
+        while time.monotonic() - t0 < args.duration:
+            next_round = time.monotonic() + args.period
+            rounds += 1
+            r = client.rollback(steps_back=ROLLBACK_STEPS)
+            if r.success:
+                rollback_ms.append(r.elapsed_ms)
+            start = int(rng.integers(0, len(trace) - HORIZON))
+            obs = np.stack([trace[start:start + HORIZON] + 0.05 * b for b in range(BRANCHES)])
+            base = r.capsule.id if r.success else 0
+            commit = rounds % COMMIT_EVERY == 0
+            out = client.replan(obs, capsule_id=base, commit_branch=0 if commit else -1)
+            replan_ms.append(out.rtt_ms)
+            replan_node_ms.append(out.result.elapsed_ms if out.accepted else float("nan"))
+            misses += int(not (out.accepted and out.result.deadline_met))
+            if commit:
+                commits += int(out.accepted and out.result.success)
+            elif base:
+                again = client.replan(obs, capsule_id=base)
+                if out.result.deadline_met and again.result.deadline_met:  # compare complete answers only
+                    checks[0] += 1
+                    checks[1] += int(np.asarray(again.result.actions, np.float32).tobytes()
+                                     == np.asarray(out.result.actions, np.float32).tobytes())
+            rclpy.spin_once(node, timeout_sec=0.0)
+            print(f"t={time.monotonic() - t0:5.1f}s steps={len(steps):5d}  rollback {r.elapsed_ms:5.2f} ms  "
+                  f"replan {BRANCHES}x{HORIZON} {out.rtt_ms:6.2f} ms (node {out.result.elapsed_ms:5.2f}) "
+                  f"{'commit' if commit else 'what-if'}"
+                  f"{'' if out.result.deadline_met else ' DEADLINE MISSED'}  byte-exact {checks[1]}/{checks[0]}",
+                  flush=True)
+            while time.monotonic() < next_round:
+                rclpy.spin_once(node, timeout_sec=max(0.0, next_round - time.monotonic()))
+        end = time.monotonic() + 1.5  # one more /diagnostics period
+        while time.monotonic() < end:
+            rclpy.spin_once(node, timeout_sec=0.1)
+    finally:
+        summary = {
+            "steps": len(steps), "rejected": int(diag.get("rejected_inputs", 0)),
+            "step_latency_ms": p50_p99([m.step_latency_ms for m in steps]),
+            "rollback_ms": p50_p99(rollback_ms), "replan_ms": p50_p99(replan_ms),
+            "replan_node_ms": p50_p99(replan_node_ms),
+            "deadline_misses": misses, "step_deadline_misses": int(diag.get("step_deadline_misses", 0)),
+            "byte_exact_checks": {"run": checks[0], "passed": checks[1]},
+            "rounds": rounds, "commits": commits, "held_observations": int(diag.get("held_observations", 0)),
+            "backend": diag.get("backend", "?"),
+        }
+        if args.json:
+            Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        node.destroy_node()
+        rclpy.try_shutdown()
+    return 0 if checks[0] == checks[1] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
