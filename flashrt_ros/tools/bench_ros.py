@@ -73,7 +73,7 @@ def run(args) -> dict:
         pub = node.create_publisher(JointState, "observation", qos)
         while pub.get_subscription_count() == 0 or node.count_publishers("policy_step") == 0:
             rclpy.spin_once(node, timeout_sec=0.05)
-        trace = synthetic_trace(args.calls + 700, 14)  # noqa: the default obs_dim
+        trace = synthetic_trace(args.calls + 700, 14)  # the shipped config's obs_dim
         names = [f"joint{i}" for i in range(7)]
 
         def step(o):
@@ -110,7 +110,8 @@ def run(args) -> dict:
             if (i + 1) % 100 == 0:
                 progress(f"step latency: {i + 1}/{args.calls}")
         return {"calls": args.calls, "trigger_rtt": p50_p99(trig), "rollback_rtt": p50_p99(roll),
-                "replan_rtt": p50_p99(rep), "replan_in_node_ms": p50_p99(rep_node), "replan_deadline_met": f"{sum(deadline_met)}/{len(deadline_met)}",
+                "replan_rtt": p50_p99(rep), "replan_in_node_ms": p50_p99(rep_node),
+                "replan_deadline_met": f"{sum(deadline_met)}/{len(deadline_met)}",
                 "step_latency": p50_p99(lat), "units": "ms"}
     finally:
         node.destroy_node()
