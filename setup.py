@@ -27,6 +27,7 @@ setup(
             "flashrt_node = flashrt_ros.ros.node:main",
             "flashrt-bench = flashrt_ros.tools.bench:main",
             "flashrt-demo = flashrt_ros.tools.demo:main",
+            "flashrt-replay = flashrt_ros.tools.replay:main",
         ],
     },
 )

@@ -17,6 +17,9 @@ def main(argv=None) -> int:
     rt.add_argument("--config", help="params file (default: built-in defaults = config/flashrt.yaml)")
     gpu = sub.add_parser("gpu", help="CUDA graph vs eager launches, capsule copy vs raw device copy")
     gpu.add_argument("--json", help="also write the JSON here")
+    rp = sub.add_parser("replay", help="flashrt-replay offline on a 10,000-step 100 Hz bag")
+    rp.add_argument("--json", help="also write the JSON here")
+    rp.add_argument("--steps", type=int, default=10_000)
     ros = sub.add_parser("ros", help="service / action / step latency through ROS 2, separate processes")
     ros.add_argument("--json", help="also write the JSON here")
     ros.add_argument("--calls", type=int, default=500, help="calls per measured kind")
@@ -25,6 +28,8 @@ def main(argv=None) -> int:
         from .bench_runtime import run
     elif args.which == "gpu":
         from .bench_gpu import run
+    elif args.which == "replay":
+        from .bench_replay import run
     else:
         from .bench_ros import run
     try:
