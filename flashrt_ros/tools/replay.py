@@ -48,6 +48,30 @@ class Rejections:
         return {"count": sum(self.reasons.values()), "reasons": dict(self.reasons)}
 
 
+class ObservationStream:
+    """The bag's observation messages converted exactly as the node converts them; rejects are counted
+    with their reasons and skipped. Yields (bag stamp, observation stamp, message, observation)."""
+
+    def __init__(self, src, ts, obs_dim: int):
+        self.src, self.ts, self.obs_dim = src, ts, obs_dim
+        self.obs_type = "joint_state" if src.msgtype == JOINT_STATE else "float32_array"
+        self.messages = 0
+        self.rejected = Rejections()
+
+    def __iter__(self):
+        for stamp, msg, err in iter_messages(self.src, self.ts):
+            self.messages += 1
+            if err is None:
+                try:
+                    obs = message_to_obs(msg, self.obs_type, self.obs_dim)
+                except ValueError as e:
+                    err = str(e)
+            if err is not None:
+                self.rejected.add(err)
+                continue
+            yield stamp, header_stamp_ns(msg, stamp), msg, obs
+
+
 class RollbackChecks:
     """Every N steps: go back D steps, re-feed the same D observations, expect the same action bytes."""
 
@@ -72,20 +96,10 @@ def run_offline(args, src, ts, cfg: PolicyConfig) -> tuple[list[StepRecord], dic
     from ..runtime import Session
 
     session = Session(cfg, args.backend)
-    obs_type = "joint_state" if src.msgtype == JOINT_STATE else "float32_array"
-    records, rejected, checks, messages = [], Rejections(), RollbackChecks(args.rollback_every, args.rollback_depth), 0
+    stream = ObservationStream(src, ts, cfg.obs_dim)
+    records, checks = [], RollbackChecks(args.rollback_every, args.rollback_depth)
     t0 = time.perf_counter()
-    for stamp, msg, err in iter_messages(src, ts):
-        messages += 1
-        if err is None:
-            try:
-                obs = message_to_obs(msg, obs_type, cfg.obs_dim)
-            except ValueError as e:
-                err = str(e)
-        if err is not None:
-            rejected.add(err)
-            continue
-        stamp_ns = header_stamp_ns(msg, stamp)
+    for _, stamp_ns, _, obs in stream:
         res = session.step(obs, stamp_ns)
         records.append(StepRecord(stamp_ns, res.step, res.capsule_id, res.action, res.chunk.ravel(),
                                   cfg.chunk_len, res.latency_ms))
@@ -94,15 +108,14 @@ def run_offline(args, src, ts, cfg: PolicyConfig) -> tuple[list[StepRecord], dic
             session.rollback(steps_back=checks.depth)
             again = [session.step(o).action for o in checks.recent]
             checks.record(all(a.tobytes() == r.action.tobytes() for a, r in zip(again, records[-checks.depth:])))
-        if messages % 2000 == 0:
-            progress(f"offline: {messages}/{src.count} messages")
-    wall = time.perf_counter() - t0
-    return records, _summary(messages, records, rejected, checks, wall)
+        if stream.messages % 2000 == 0:
+            progress(f"offline: {stream.messages}/{src.count} messages")
+    return records, _summary(stream, records, checks, time.perf_counter() - t0)
 
 
-def _summary(messages, records, rejected, checks, wall_s) -> dict:
+def _summary(stream: ObservationStream, records, checks, wall_s) -> dict:
     actions = b"".join(r.action.astype(np.float32).tobytes() for r in records)
-    return {"messages": messages, "steps": len(records), "rejected": rejected.summary(),
+    return {"messages": stream.messages, "steps": len(records), "rejected": stream.rejected.summary(),
             "actions_sha256": hashlib.sha256(actions).hexdigest(),
             "step_latency_ms": p50_p99([r.latency_ms for r in records]),
             "rollback_checks": {"run": checks.run, "passed": checks.passed},

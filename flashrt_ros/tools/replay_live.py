@@ -15,10 +15,9 @@ import time
 
 import numpy as np
 
-from ..ros.convert import message_to_obs
-from .bags import JOINT_STATE, BagError, StepRecord, header_stamp_ns, iter_messages
+from .bags import JOINT_STATE, BagError, StepRecord
 from .demo_mission import params_file, ros_env
-from .replay import Rejections, RollbackChecks, _summary
+from .replay import ObservationStream, RollbackChecks, _summary
 
 ANSWER_TIMEOUT_S = 10.0
 
@@ -49,7 +48,7 @@ def run_live(args, src, ts, cfg) -> tuple[list[StepRecord], dict]:
 
     from ..ros.client import FlashRTClient
 
-    obs_type = "joint_state" if src.msgtype == JOINT_STATE else "float32_array"
+    obs_type = "joint_state" if src.msgtype == JOINT_STATE else "float32_array"  # what the node subscribes
     node_cmd = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file",
                 args.config or params_file(None), "-p", f"backend:={args.backend}",
                 "-p", "observation_reliable:=true", "-p", f"observation_type:={obs_type}"]
@@ -77,20 +76,10 @@ def run_live(args, src, ts, cfg) -> tuple[list[StepRecord], dict]:
                     raise BagError(f"live: the node did not answer an observation within {ANSWER_TIMEOUT_S} s")
             return got[-1]
 
-        records, rejected, checks, messages = [], Rejections(), RollbackChecks(args.rollback_every,
-                                                                              args.rollback_depth), 0
+        stream = ObservationStream(src, ts, cfg.obs_dim)
+        records, checks = [], RollbackChecks(args.rollback_every, args.rollback_depth)
         t0, first_stamp = time.perf_counter(), None
-        for stamp, msg, err in iter_messages(src, ts):
-            messages += 1
-            if err is None:
-                try:
-                    message_to_obs(msg, obs_type, cfg.obs_dim)
-                except ValueError as e:
-                    err = str(e)
-            if err is not None:
-                rejected.add(err)
-                continue
-            stamp_ns = header_stamp_ns(msg, stamp)
+        for stamp, stamp_ns, msg, _ in stream:
             first_stamp = stamp if first_stamp is None else first_stamp
             if args.rate > 0:
                 wait = t0 + (stamp - first_stamp) / 1e9 / args.rate - time.perf_counter()
@@ -106,8 +95,7 @@ def run_live(args, src, ts, cfg) -> tuple[list[StepRecord], dict]:
                 again = [np.asarray(send(m).action, np.float32) for m in checks.recent] if r.success else []
                 checks.record(r.success and all(a.tobytes() == rec.action.tobytes()
                                                 for a, rec in zip(again, records[-checks.depth:])))
-        wall = time.perf_counter() - t0
-        return records, _summary(messages, records, rejected, checks, wall)
+        return records, _summary(stream, records, checks, time.perf_counter() - t0)
     finally:
         node.destroy_node()
         rclpy.try_shutdown()
