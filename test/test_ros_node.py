@@ -145,3 +145,32 @@ def test_export_import_round_trip_over_ros(flashrt, tmp_path):
     assert imp.success and imp.capsule.step == 10
     assert planner.run(obs[10:20]).tobytes() == first[10:].tobytes()
     assert hashlib.sha256(data).hexdigest() != exp.sha256  # the checksum covers the state bytes, not the file
+
+
+def test_sizes_are_read_only_while_configured_and_diagnostics_report(flashrt):
+    from diagnostic_msgs.msg import DiagnosticArray
+    from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+    from rcl_interfaces.srv import SetParameters
+
+    _, planner = flashrt
+    diags = []
+    planner.node.create_subscription(DiagnosticArray, "/diagnostics", diags.append, 10)
+    planner.run(observation_trace(5))
+    cli = planner.node.create_client(SetParameters, "/test/flashrt/set_parameters")
+    assert cli.wait_for_service(timeout_sec=10)
+
+    def set_param(name, value):
+        v = (ParameterValue(type=ParameterType.PARAMETER_INTEGER, integer_value=value) if isinstance(value, int)
+             else ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value))
+        req = SetParameters.Request(parameters=[Parameter(name=name, value=v)])
+        return planner.client._spin_until(cli.call_async(req), 10).results[0]
+
+    frozen = set_param("kv_window", 64)
+    assert not frozen.successful and "read-only while configured" in frozen.reason
+    assert set_param("replan_deadline_ms", 30.0).successful
+    planner.spin(1.5)
+    status = next(s for d in diags for s in d.status if s.name.endswith("flashrt: runtime"))
+    values = {kv.key: kv.value for kv in status.values}
+    assert int(values["steps"]) == 5 and float(values["step_latency_p99_ms"]) > 0
+    assert {"rejected_inputs", "held_observations", "capsules_used", "capsule_budget_bytes",
+            "step_deadline_misses"} <= set(values)
