@@ -119,3 +119,29 @@ def test_noise_is_reproducible_from_a_capsule():
     quiet = Session(small_config(seed=7))
     run(quiet, obs[:20])
     assert np.abs(run(quiet, obs[20:]) - a).max() > 1e-3
+
+
+def test_history_limit_bounds_memory_and_refuses_cold_recompute_beyond_it():
+    s = Session(small_config(history_limit=50))
+    run(s, observation_trace(180))
+    kept = s.history.observations  # the chain is cut one limit below a multiple of the limit
+    with pytest.raises(ValueError, match="only the last"):
+        kept(s.step_count)
+    node, n = s.history.head, 0
+    while node is not None:
+        node, n = node.parent, n + 1
+    assert 50 <= n < 100
+    before = s.state_host()
+    with pytest.raises(ValueError, match="no cold recompute"):
+        s.cold_replay()
+    assert s.state_host().tobytes() == before.tobytes()
+
+
+def test_prefill_from_a_recorded_history_matches_stepping():
+    obs = observation_trace(120)
+    stepped = Session(small_config())
+    run(stepped, obs)
+    s = Session(small_config())
+    s.prefill_from(obs)
+    assert s.step_count == 120
+    np.testing.assert_allclose(run(s, obs[:5]), run(stepped, obs[:5]), atol=1e-4)

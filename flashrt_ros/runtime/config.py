@@ -33,6 +33,8 @@ class PolicyConfig:
     capsule_budget_mb: float = _f(768.0, "upper bound on capsule ring memory; capacity is clipped to fit", min=0.0)
     capsule_every_n_steps: int = _f(1, "take a capsule after every N-th step (1 = every step)", min=1)
     max_branches: int = _f(8, "rows of the batched replan plan: branches per Replan goal", min=1)
+    history_limit: int = _f(100_000, "observations kept for the cold-recompute baselines (~17 min at 100 Hz); "
+                               "older ones are dropped", min=1)
     weights_path: str = _f("", "safetensors weights; empty = seeded random weights")
 
     def __post_init__(self) -> None:

@@ -2,7 +2,8 @@
 
 Every step adds a node (its observation, its parent). Rollback moves the head to the node a capsule
 was taken at; a committed replan grows a new branch from there. Unreachable branches are freed by
-the garbage collector once no capsule refers to them.
+the garbage collector once no capsule refers to them, and the live branch keeps at most about
+``limit`` (up to 2 x limit) observations, so a robot running for hours does not grow without bound.
 """
 from __future__ import annotations
 
@@ -12,34 +13,52 @@ import numpy as np
 class _Node:
     __slots__ = ("obs", "parent", "step")
 
-    def __init__(self, obs: np.ndarray, parent: _Node | None):
+    def __init__(self, obs: np.ndarray, parent: _Node | None, step: int):
         self.obs = obs
         self.parent = parent
-        self.step = 1 if parent is None else parent.step + 1
+        self.step = step  # steps taken once this observation was stepped
+
+
+class HistoryIncomplete(ValueError):
+    pass
 
 
 class ObsHistory:
-    def __init__(self):
+    def __init__(self, limit: int):
+        self.limit = limit
         self.head: _Node | None = None
         self._at_capsule: dict[int, _Node | None] = {}
 
-    @property
-    def steps(self) -> int:
-        return 0 if self.head is None else self.head.step
+    def push(self, obs: np.ndarray, step: int) -> None:
+        self.head = _Node(obs, self.head, step)
+        if step % self.limit == 0:  # amortised O(1): cut the chain one limit below the head
+            node = self.head
+            for _ in range(self.limit - 1):
+                if node.parent is None:
+                    return
+                node = node.parent
+            node.parent = None
 
-    def push(self, obs: np.ndarray) -> None:
-        self.head = _Node(obs, self.head)
+    def branch(self, base: _Node | None, base_step: int, obs: np.ndarray) -> _Node | None:
+        """The node reached by stepping obs[k, obs_dim] from ``base``, leaving the head alone."""
+        node = base
+        for i, o in enumerate(obs):
+            node = _Node(o, node, base_step + i + 1)
+        return node
 
-    def mark(self, capsule_id: int, head: _Node | None | bool = False) -> None:
-        """Remember the history node that capsule ``capsule_id`` was taken at (default: the head)."""
-        self._at_capsule[capsule_id] = self.head if head is False else head
+    def mark(self, capsule_id: int, node: _Node | None) -> None:
+        """Remember where capsule ``capsule_id`` sits in the history (None: unknown, e.g. imported)."""
+        self._at_capsule[capsule_id] = node
 
-    def node_of(self, capsule_id: int):
-        return self._at_capsule[capsule_id]
+    def node_of(self, capsule_id: int) -> _Node | None:
+        return self._at_capsule.get(capsule_id)
 
-    def prune(self, live_ids) -> None:
+    def forget_except(self, live_ids) -> None:
         for cid in [c for c in self._at_capsule if c not in live_ids]:
             del self._at_capsule[cid]
+
+    def __len__(self) -> int:
+        return len(self._at_capsule)
 
     def truncate(self, n: int) -> None:
         """Move the head back to step n of the live branch."""
@@ -50,15 +69,19 @@ class ObsHistory:
         self.head = None
         self._at_capsule.clear()
 
-    def observations(self, n: int | None = None) -> np.ndarray:
-        """The first ``n`` observations of the live branch (all when None), oldest first: [n, obs_dim]."""
+    def observations(self, live_step: int, n: int | None = None) -> np.ndarray:
+        """The first ``n`` observations of the live branch (all when None), oldest first: [n, obs_dim].
+        Raises HistoryIncomplete when they are not all kept (history_limit, imported capsule)."""
         out, node = [], self.head
         while node is not None:
             out.append(node.obs)
             node = node.parent
         out.reverse()
+        if len(out) != live_step:
+            raise HistoryIncomplete(f"only the last {len(out)} of {live_step} observations of the live state are "
+                                    "known (history_limit, or an imported capsule): no cold recompute")
         if n is not None:
-            if n > len(out):
+            if not 0 <= n <= len(out):
                 raise ValueError(f"history holds {len(out)} steps, asked for {n}")
             out = out[:n]
         return np.stack(out) if out else np.zeros((0, 0), np.float32)

@@ -80,7 +80,7 @@ class Session:
         self.lock = threading.RLock()
         self._live = self.backend.bind(self.plan, self.arena, 0, 1)
         self._branch_runners: dict[int, object] = {}
-        self.history = ObsHistory()
+        self.history = ObsHistory(cfg.history_limit)
         self.reset()
 
     # ---- state ----------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class Session:
                 on_action(action)
             chunk = self.backend.to_host(self.arena["chunk"][0]).reshape(self.cfg.chunk_len, self.cfg.action_dim)
             self._step += 1
-            self.history.push(o)
+            self.history.push(o, self._step)
             cid = 0
             if self._step % self.cfg.capsule_every_n_steps == 0:
                 cid = self._snapshot_live(stamp_ns, "", False).id
@@ -131,10 +131,13 @@ class Session:
         info = self.store.snapshot(self.live_row(), step=self._step, parent_id=self._live_id, stamp_ns=stamp_ns,
                                    label=label, pin=pin)
         self._live_id = info.id
-        self.history.mark(info.id)
-        if len(self.history._at_capsule) > 2 * self.store.capacity:
-            self.history.prune(self.store._info)
+        self._mark_history(info.id, self.history.head)
         return info
+
+    def _mark_history(self, capsule_id: int, node) -> None:
+        self.history.mark(capsule_id, node)
+        if len(self.history) > 2 * self.store.capacity:  # forget evicted capsules' places
+            self.history.forget_except({c.id for c in self.store.list()})
 
     def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
         with self.lock:
@@ -156,7 +159,7 @@ class Session:
             self.store.restore(info.id, self.live_row())
             self._step = info.step
             self._live_id = info.id
-            self.history.head = self.history.node_of(info.id) if info.id in self.history._at_capsule else None
+            self.history.head = self.history.node_of(info.id)
             return info
 
     def restore_roles(self, capsule_id: int, roles: tuple[str, ...]) -> CapsuleInfo:
@@ -204,7 +207,7 @@ class Session:
             if capsule_id:
                 src_info = self.store.get(capsule_id)
                 src, base_step, parent = self.store.slot(capsule_id), src_info.step, capsule_id
-                base_node = self.history.node_of(capsule_id) if capsule_id in self.history._at_capsule else None
+                base_node = self.history.node_of(capsule_id)
             else:
                 src, base_step, parent, base_node = self.live_row(), self._step, self._live_id, self.history.head
             for r in range(b):
@@ -228,16 +231,13 @@ class Session:
                     break
             ids = [self.store.snapshot(self.arena.state[1 + r], step=base_step + done, parent_id=parent,
                                        label=f"replan branch {r}").id for r in range(b)]
+            for r, cid in enumerate(ids):
+                self._mark_history(cid, self.history.branch(base_node, base_step, obs[r, :done]))
             if commit_branch is not None:
                 self.backend.copy(self.live_row(), self.arena.state[1 + commit_branch])
                 self._step = base_step + done
                 self._live_id = ids[commit_branch]
-                self.history.head = base_node
-                for t in range(done):
-                    self.history.push(obs[commit_branch, t])
-            for r, cid in enumerate(ids):
-                self.history.mark(cid, self.history.head if r == commit_branch
-                                  else _branch_nodes(self.history, base_node, obs[r, :done]))
+                self.history.head = self.history.node_of(self._live_id)
             self.backend.sync()
             elapsed = (time.perf_counter() - t0) * 1e3
             met = done == h and elapsed <= deadline_ms
@@ -266,9 +266,20 @@ class Session:
             prefill(self, self._rewind_history(n))
             self.backend.sync()
 
+    def prefill_from(self, observations) -> None:
+        """Start from a recorded history: reset, then recompute the state after observations[n, obs_dim]
+        with cold_prefill (no capsules are taken)."""
+        obs = as_observations(observations, (len(observations), self.cfg.obs_dim), "observations")
+        with self.lock:
+            self.reset()
+            for i, o in enumerate(obs):
+                self.history.push(o, i + 1)
+            self._step = len(obs)
+            self.cold_prefill()
+
     def _rewind_history(self, n: int | None) -> np.ndarray:
         """The first n observations of the live branch; the live step becomes n (no capsule is live)."""
-        obs = self.history.observations(n)
+        obs = self.history.observations(self._step, n)
         self.history.truncate(len(obs))
         self._step, self._live_id = len(obs), 0
         return obs
@@ -281,22 +292,13 @@ class Session:
     def import_capsule(self, path: str | Path, restore: bool = False) -> CapsuleInfo:
         with self.lock:
             info = self.store.import_(path, self.arena)
-            self.history.mark(info.id, None)  # its observations are not known here
+            self._mark_history(info.id, None)  # its observations are not known here
             if restore:
                 info = self.rollback(info.id)
             return info
 
     def save_weights(self, path: str | Path) -> None:
         save_weights(path, self.weights)
-
-
-def _branch_nodes(history: ObsHistory, base, obs: np.ndarray):
-    head = history.head
-    history.head = base
-    for o in obs:
-        history.push(o)
-    node, history.head = history.head, head
-    return node
 
 
 __all__ = ["Session", "StepResult", "ReplanResult", "as_observations", "NumpyBackend"]

@@ -13,7 +13,7 @@ from .config import PolicyConfig
 CONST_PREFIX = "const."  # constants live beside weights but are never loaded or saved
 # Fields that change what a state row means; capsule bookkeeping and weights_path do not.
 _FINGERPRINT_EXCLUDE = {"capsule_capacity", "capsule_budget_mb", "capsule_every_n_steps", "max_branches",
-                        "weights_path"}
+                        "weights_path", "history_limit"}
 
 
 class WeightsError(ValueError):
