@@ -92,3 +92,14 @@ def test_fingerprint_changes_with_weights_and_config_but_not_capsule_settings():
     assert Session(small_config(seed=1)).fingerprint != base
     assert Session(small_config(kv_window=40)).fingerprint != base
     assert Session(small_config(capsule_capacity=10)).fingerprint == base
+
+
+@pytest.mark.skipif(__import__("flashrt_ros.runtime.backend", fromlist=["x"]).cuda_probe() is None,
+                    reason="this machine has a CUDA device: the fallback path does not apply")
+def test_backend_auto_falls_back_to_numpy_and_cuda_fails_loudly_without_a_device():
+    from flashrt_ros.runtime.backend import BackendUnavailable, select
+    assert select("auto").name == "numpy"
+    with pytest.raises(BackendUnavailable, match="backend 'cuda' requested but unavailable"):
+        Session(small_config(), "cuda")
+    with pytest.raises(ValueError, match="backend: expected auto, numpy or cuda"):
+        select("tpu")
