@@ -15,7 +15,7 @@ import numpy as np
 
 from .backend import NumpyBackend, select
 from .buffers import Arena
-from .capsule import CapsuleInfo, CapsuleStore
+from .capsule import CapsuleInfo, CapsuleStore, UnknownCapsule
 from .config import PolicyConfig
 from .history import ObsHistory
 from .policy import HybridPolicy
@@ -153,7 +153,6 @@ class Session:
                 if steps_back < 0:
                     raise ValueError(f"steps_back must be >= 0, got {steps_back}")
                 if self._live_id == 0:
-                    from .capsule import UnknownCapsule
                     raise UnknownCapsule("no live capsule to roll back from (nothing stepped since reset)")
                 info = self.store.ancestor(self._live_id, self._step - steps_back)
             self.store.restore(info.id, self.live_row())
