@@ -100,9 +100,6 @@ class Arena:
     def state_specs(self) -> list[BufferSpec]:
         return [s for s in self.specs if s.is_state]
 
-    def weight_specs(self) -> list[BufferSpec]:
-        return [s for s in self.specs if s.role == "weight"]
-
     def row_view(self, name: str, row_bytes) -> np.ndarray:
         """One state buffer inside a host copy of a state row (export, import, debugging)."""
         p = self.placements[name]
