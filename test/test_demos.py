@@ -1,0 +1,31 @@
+"""The demos run end to end and report success (short durations)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def test_runtime_demo_shows_byte_exact_replay_and_the_kv_only_ablation(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.demo", "--runtime", "--steps", "120",
+                          "--json", str(tmp_path / "d.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    s = json.loads((tmp_path / "d.json").read_text())
+    assert s["ok"] and s["replay_byte_exact"] and s["replan"]["branch0_equals_live_stepping"]
+    assert s["full_restore_max_abs_diff"] == 0.0 and s["kv_only_max_abs_diff"] > 1e-3
+    assert "KV-only restore" in res.stdout
+
+
+@pytest.mark.ros
+def test_mission_demo_runs_three_processes_and_exits_cleanly(ros_domain, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.demo", "--duration", "5", "--json",
+                          str(tmp_path / "m.json")], cwd=ROOT, env=ros_domain, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    s = json.loads((tmp_path / "m.json").read_text())
+    assert s["ok"] and s["node_exit_code"] == 0 and not s["node_traceback"]
+    assert s["steps"] > 200 and s["rounds"] >= 8 and s["commits"] >= 1
+    assert s["byte_exact_checks"]["run"] == s["byte_exact_checks"]["passed"]
+    assert {"step_latency_ms", "rollback_ms", "replan_ms", "deadline_misses", "rejected"} <= set(s)
