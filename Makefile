@@ -48,6 +48,7 @@ demo: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(VENV)/bin/flashrt-demo
 
 test: $(SETUP_STAMP) $(IFACE_STAMP)
+	$(VENV)/bin/ruff check -q flashrt_ros test launch
 	$(PY) -m pytest -q test
 
 lint: $(SETUP_STAMP)
