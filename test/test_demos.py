@@ -26,6 +26,6 @@ def test_mission_demo_runs_three_processes_and_exits_cleanly(ros_domain, tmp_pat
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     s = json.loads((tmp_path / "m.json").read_text())
     assert s["ok"] and s["node_exit_code"] == 0 and not s["node_traceback"]
-    assert s["steps"] > 200 and s["rounds"] >= 8 and s["commits"] >= 1
+    assert s["steps"] > 200 and s["rounds"] >= 5 and s["commits"] >= 1
     assert s["byte_exact_checks"]["run"] == s["byte_exact_checks"]["passed"]
     assert {"step_latency_ms", "rollback_ms", "replan_ms", "deadline_misses", "rejected"} <= set(s)
