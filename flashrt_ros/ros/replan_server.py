@@ -105,7 +105,7 @@ class ReplanServer:
             return Replan.Result(success=False, message="cancelled before it ran",
                                  live_capsule_id=session.live_capsule_id)
         try:
-            obs = self._validate(goal)
+            obs = self._validate(goal)  # again: the capsule may have been evicted since the goal was accepted
             deadline = goal.deadline_ms or self.node.get_parameter("replan_deadline_ms").value
 
             def feedback(steps_done: int) -> None:

@@ -54,6 +54,7 @@ class ObsHistory:
         return self._at_capsule.get(capsule_id)
 
     def forget_except(self, live_ids) -> None:
+        """Drop the places of capsules not in ``live_ids`` (any container: the store itself works)."""
         for cid in [c for c in self._at_capsule if c not in live_ids]:
             del self._at_capsule[cid]
 

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .kernels import ENSEMBLE_DECAY, META_KV_LEN, META_POS, META_RNG, META_STEP, RMS_EPS  # noqa: F401
+from .kernels import META_KV_LEN, META_POS, META_RNG, META_STEP, RMS_EPS
 
 QUERY_CHUNK = 256
 

@@ -137,7 +137,7 @@ class Session:
     def _mark_history(self, capsule_id: int, node) -> None:
         self.history.mark(capsule_id, node)
         if len(self.history) > 2 * self.store.capacity:  # forget evicted capsules' places
-            self.history.forget_except({c.id for c in self.store.list()})
+            self.history.forget_except(self.store)
 
     def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
         with self.lock:
