@@ -83,7 +83,8 @@ def test_corrupt_truncated_and_foreign_capsule_files_are_rejected(stepped, tmp_p
     flipped[-100] ^= 0xFF  # a state byte, not the header
     (tmp_path / "flip.safetensors").write_bytes(bytes(flipped))
     (tmp_path / "junk.safetensors").write_bytes(b"not a capsule at all")
-    for name, match in [("trunc", "readable"), ("flip", "checksum"), ("junk", "readable"), ("missing", "no such")]:
+    cases = [("trunc", "readable"), ("flip", "checksum"), ("junk", "readable|header"), ("missing", "no such")]
+    for name, match in cases:
         path = tmp_path / f"{name}.safetensors"
         unchanged(stepped, lambda p=path: stepped.import_capsule(p, restore=True), CorruptCapsule, match)
     other = Session(small_config(seed=1))
@@ -93,15 +94,17 @@ def test_corrupt_truncated_and_foreign_capsule_files_are_rejected(stepped, tmp_p
               FingerprintMismatch, "fingerprint")
 
 
-def test_store_full_of_pins_is_a_clear_error(trace):
-    s = Session(small_config(capsule_capacity=4))
+def test_pins_are_refused_before_they_could_wedge_the_live_step(trace):
+    s = Session(small_config(capsule_capacity=4, max_branches=1))
     for o in trace[:4]:
         s.step(o)
-    for cid in range(1, 5):
-        s.store.pin(cid)
-    unchanged(s, lambda: s.snapshot(), StoreFullOfPins, "pinned")
-    with pytest.raises(StoreFullOfPins):
-        s.step(trace[5])
+    s.pin(1)
+    s.pin(2)  # 4 slots - (1 live + 1 branch) reserved = 2 pins at most
+    unchanged(s, lambda: s.pin(3), StoreFullOfPins, "pinned")
+    unchanged(s, lambda: s.snapshot(pin=True), StoreFullOfPins, "pinned")
+    for o in trace[4:20]:  # the live step still takes a capsule every step
+        assert s.step(o).capsule_id == s.live_capsule_id > 0
+    assert {c.id for c in s.list_capsules(pinned_only=True)} == {1, 2}
 
 
 @pytest.mark.parametrize("kw, field", [

@@ -1,10 +1,11 @@
 """CapsuleStore against a plain-Python model, plus export/import."""
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import observation_trace, small_config
-from flashrt_ros.runtime import CapsuleError, Session
+from flashrt_ros.runtime import CapsuleError, Session, StoreFullOfPins
 
 OPS = st.lists(st.tuples(st.sampled_from(["step", "snapshot", "rollback", "fork", "drop", "pin", "unpin",
                                            "export_import"]), st.integers(0, 10**6)), min_size=1, max_size=60)
@@ -13,7 +14,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["step", "snapshot", "rollback", "fork"
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_store_matches_a_plain_python_model(ops, tmp_path):
-    s = Session(small_config(capsule_capacity=6, capsule_every_n_steps=2))
+    s = Session(small_config(capsule_capacity=6, capsule_every_n_steps=2, max_branches=2))
     obs = observation_trace(len(ops) + 1)
     model: dict[int, tuple[bytes, bool]] = {}  # id -> (bytes, pinned), in age order
     seen_ids: set[int] = set()
@@ -31,13 +32,20 @@ def test_store_matches_a_plain_python_model(ops, tmp_path):
         pick = ids[r % len(ids)] if ids else 12345
         evictable = [c for c, (_, p) in model.items() if not p and not (op == "fork" and c == pick)]
         pinned_full = len(model) == s.store.capacity and not evictable
+        n_pinned = sum(p for _, p in model.values())
+        pin_refused = n_pinned + 1 > s.store.capacity - s.store.reserve  # pins never take the reserve
         try:
             if op == "step":
                 res = s.step(obs[i])
                 if res.capsule_id:
                     add(s.store.get(res.capsule_id), s.state_host().tobytes())
             elif op == "snapshot":
-                add(s.snapshot(pin=r % 3 == 0), s.state_host().tobytes())
+                pin = r % 3 == 0
+                if pin and pin_refused:
+                    with pytest.raises(StoreFullOfPins):
+                        s.snapshot(pin=True)
+                    continue
+                add(s.snapshot(pin=pin), s.state_host().tobytes())
             elif op == "rollback":
                 s.rollback(pick)
                 assert s.state_host().tobytes() == model[pick][0]
@@ -48,6 +56,10 @@ def test_store_matches_a_plain_python_model(ops, tmp_path):
                 s.store.drop(pick)
                 del model[pick]
             elif op in ("pin", "unpin"):
+                if op == "pin" and pin_refused and pick in model and not model[pick][1]:
+                    with pytest.raises(StoreFullOfPins):
+                        s.pin(pick)
+                    continue
                 s.store.set_pinned(pick, op == "pin")
                 model[pick] = (model[pick][0], op == "pin")
             elif op == "export_import":
@@ -71,8 +83,9 @@ def test_export_import_round_trip_restores_bytes_and_metadata(session, trace, tm
     got = fresh.import_capsule(tmp_path / "seven.safetensors", restore=True)
     assert got.step == info.step == 7 and got.stamp_ns == info.stamp_ns
     assert fresh.state_host().tobytes() == session.store.slot(7).tobytes()
-    import hashlib
-    assert hashlib.sha256(fresh.state_host().tobytes()).hexdigest() == sha
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "seven.safetensors"), framework="numpy") as f:
+        assert f.metadata()["state_sha256"] == sha
     session.rollback(7)
     a = np.stack([session.step(o).action for o in trace[50:60]])
     b = np.stack([fresh.step(o).action for o in trace[50:60]])

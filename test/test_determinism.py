@@ -21,7 +21,7 @@ def test_same_capsule_same_observations_gives_identical_bytes(session, trace):
 
 def test_restore_after_dirty_branch_is_byte_exact(session, trace):
     run(session, trace[:60])
-    cid = session.store.pin(session.live_capsule_id).id  # survives the 200+ snapshots below
+    cid = session.pin(session.live_capsule_id).id  # survives the 200+ snapshots below
     slab_at_capsule = session.state_host()
     first = run(session, trace[60:124])  # the next 64 actions
     # dirty every buffer: a different branch, a what-if replan over all rows, more steps
@@ -57,7 +57,7 @@ def test_forks_from_one_capsule_are_each_deterministic(session, trace):
 
 def test_kv_only_restore_diverges_and_full_restore_does_not(session, trace):
     run(session, trace[:80])
-    cid = session.store.pin(session.live_capsule_id).id
+    cid = session.pin(session.live_capsule_id).id
     reference = run(session, trace[80:96])
     run(session, trace[96:200])  # move every state kind away from the capsule
     session.restore_roles(cid, ("kv", "meta"))

@@ -22,7 +22,7 @@ def gpu():
 def test_graph_replay_equals_eager_launches_bit_for_bit(gpu):
     obs = observation_trace(80)
     actions(gpu, obs[:40])
-    cid = gpu.store.pin(gpu.live_capsule_id).id
+    cid = gpu.pin(gpu.live_capsule_id).id
     graph = actions(gpu, obs[40:80])
     gpu.rollback(cid)
     eager = []
@@ -36,7 +36,7 @@ def test_graph_replay_equals_eager_launches_bit_for_bit(gpu):
 def test_cuda_restore_is_byte_exact_after_dirty_branches(gpu):
     obs = observation_trace(200, seed=2)
     actions(gpu, obs[:50])
-    cid = gpu.store.pin(gpu.live_capsule_id).id
+    cid = gpu.pin(gpu.live_capsule_id).id
     slab = gpu.state_host()
     first = actions(gpu, obs[50:114])
     gpu.replan(0, np.ones((8, 6, 14), np.float32))
@@ -50,7 +50,7 @@ def test_cuda_restore_is_byte_exact_after_dirty_branches(gpu):
 def test_cuda_replan_branches_equal_live_stepping_bytewise(gpu, branches):
     obs = observation_trace(120, seed=branches)
     actions(gpu, obs[:60])
-    cid = gpu.store.pin(gpu.live_capsule_id).id
+    cid = gpu.pin(gpu.live_capsule_id).id
     plan = np.stack([obs[60:70] + 0.1 * b for b in range(branches)]).astype(np.float32)
     res = gpu.replan(cid, plan, deadline_ms=1e6)
     for b in range(branches):
@@ -71,7 +71,7 @@ def test_cuda_matches_numpy_within_tolerance_over_200_steps():
 def test_cuda_kv_only_restore_diverges_and_full_restore_does_not(gpu):
     obs = observation_trace(300, seed=4)
     actions(gpu, obs[:80])
-    cid = gpu.store.pin(gpu.live_capsule_id).id
+    cid = gpu.pin(gpu.live_capsule_id).id
     ref = actions(gpu, obs[80:96])
     actions(gpu, obs[96:200])
     gpu.restore_roles(cid, ("kv", "meta"))

@@ -32,7 +32,7 @@ def test_shim_plan_matches_numpy_over_200_steps(runs):
 
 def test_shim_restore_is_byte_exact_against_itself(runs):
     shim, _, obs, _, _ = runs
-    cid = shim.store.pin(shim.live_capsule_id).id
+    cid = shim.pin(shim.live_capsule_id).id
     first = np.stack([shim.step(o).action for o in obs[200:215]])
     shim.replan(0, np.ones((3, 4, 14), np.float32))  # dirty the branch rows too
     shim.rollback(cid)
@@ -42,7 +42,7 @@ def test_shim_restore_is_byte_exact_against_itself(runs):
 
 def test_shim_replan_branches_equal_shim_live_stepping(runs):
     shim, _, obs, _, _ = runs
-    cid = shim.store.pin(shim.live_capsule_id).id
+    cid = shim.pin(shim.live_capsule_id).id
     branches = np.stack([obs[200:206], obs[210:216], obs[220:226]])
     res = shim.replan(cid, branches, deadline_ms=1e6)
     for b in range(3):

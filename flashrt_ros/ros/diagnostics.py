@@ -22,9 +22,11 @@ def diagnostics_message(node, stats, session, step_deadline_ms: float) -> Diagno
         "replan_deadline_misses": stats.replan_deadline_misses,
     }
     if session is not None:
-        values.update(capsules_used=len(session.store), capsule_slots=session.store.capacity,
-                      capsule_bytes_used=session.store.bytes_used, capsule_budget_bytes=session.store.budget_bytes,
-                      live_capsule_id=session.live_capsule_id)
+        u = session.store_usage()
+        values.update(capsules_used=u.capsules, capsules_pinned=u.pinned, capsule_capacity=u.capacity,
+                      capsule_bytes_used=u.bytes_used, capsule_budget_bytes=u.budget_bytes,
+                      rollback_depth_steps=u.rollback_depth_steps, kv_log_entries_used=u.log_entries_used,
+                      kv_log_entries_total=u.log_entries_total, live_capsule_id=session.live_capsule_id)
     level, message = DiagnosticStatus.OK, "ok"
     if session is None:
         level, message = DiagnosticStatus.WARN, "not configured"

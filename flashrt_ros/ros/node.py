@@ -24,7 +24,7 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray, Header
 
 from flashrt_interfaces.msg import PolicyStep
 
-from ..runtime.capsule import CapsuleError
+from ..runtime.errors import CapsuleError
 from ..runtime.session import Session
 from .convert import message_to_obs, stamp_to_ns
 from .diagnostics import diagnostics_message

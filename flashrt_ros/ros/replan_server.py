@@ -17,7 +17,7 @@ from rclpy.action import ActionServer, CancelResponse, GoalResponse
 
 from flashrt_interfaces.action import Replan
 
-from ..runtime.capsule import CapsuleError
+from ..runtime.errors import CapsuleError
 from .convert import replan_observations
 
 
@@ -60,7 +60,7 @@ class ReplanServer:
         if not (math.isfinite(goal.deadline_ms) and goal.deadline_ms >= 0):
             raise ValueError(f"deadline_ms must be >= 0 (0 = node default), got {goal.deadline_ms}")
         if goal.capsule_id:
-            self.node.session.store.get(goal.capsule_id)
+            self.node.session.capsule_info(goal.capsule_id)
         return obs
 
     def _on_accepted(self, goal_handle) -> None:

@@ -11,7 +11,7 @@ from std_srvs.srv import Trigger
 from flashrt_interfaces.msg import CapsuleInfo
 from flashrt_interfaces.srv import DropCapsule, ExportCapsule, ImportCapsule, ListCapsules, Rollback, Snapshot
 
-from ..runtime.capsule import CapsuleError
+from ..runtime.errors import CapsuleError
 from .convert import capsule_info_to_msg, safe_relative_path
 
 EXPECTED = (CapsuleError, ValueError, OSError)
@@ -75,17 +75,18 @@ class CapsuleServices:
         return response
 
     def list_capsules(self, request, response):
-        store = self.session.store
-        response.capsules = [info_msg(i) for i in store.list(pinned_only=request.pinned_only)]
-        response.live_capsule_id = self.session.live_capsule_id
-        response.bytes_used = store.bytes_used
-        response.bytes_budget = store.budget_bytes
+        with self.session.lock:  # one consistent view while the replan worker changes the store
+            capsules = self.session.list_capsules(pinned_only=request.pinned_only)
+            usage = self.session.store_usage()
+            response.live_capsule_id = self.session.live_capsule_id
+        response.capsules = [info_msg(i) for i in capsules]
+        response.bytes_used = usage.bytes_used
+        response.bytes_budget = usage.budget_bytes
         return response
 
     def drop_capsule(self, request, response):
         try:
-            with self.session.lock:
-                self.session.store.drop(request.capsule_id)
+            self.session.drop(request.capsule_id)
         except EXPECTED as e:
             return self._fail(response, "drop_capsule", e)
         response.success, response.message = True, f"capsule {request.capsule_id} dropped"

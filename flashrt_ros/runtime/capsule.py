@@ -6,35 +6,34 @@ the oldest unpinned capsule is evicted. Ids are monotonic and never reused; 0 me
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-FORMAT = "flashrt-capsule/1"
+from .capsule_file import CapsulePayload, read_capsule_file, write_capsule_file
+from .errors import CapsuleError, CapsuleInUse, CorruptCapsule, FingerprintMismatch, StoreFullOfPins, UnknownCapsule
+
+__all__ = ["CapsuleError", "CapsuleInUse", "CapsuleInfo", "CapsuleStore", "CorruptCapsule", "FingerprintMismatch",
+           "StoreFullOfPins", "StoreUsage", "UnknownCapsule", "write_capsule_file"]
 
 
-class CapsuleError(Exception):
-    """Base of every capsule failure; the live state is untouched when one is raised."""
+@dataclass(frozen=True)
+class StoreUsage:
+    capsules: int
+    pinned: int
+    capacity: int  # capsules the store can hold
+    bytes_used: int
+    budget_bytes: int
+    oldest_step: int  # step of the oldest restorable capsule (-1: none)
+    newest_step: int
+    log_entries_used: int  # KV log entries holding some capsule's window
+    log_entries_total: int
 
-
-class UnknownCapsule(CapsuleError, KeyError):
-    def __str__(self):  # KeyError would quote the message
-        return str(self.args[0])
-
-
-class FingerprintMismatch(CapsuleError):
-    pass
-
-
-class CorruptCapsule(CapsuleError):
-    pass
-
-
-class StoreFullOfPins(CapsuleError):
-    pass
+    @property
+    def rollback_depth_steps(self) -> int:
+        """How many steps back the oldest restorable capsule is (0 when there is none)."""
+        return max(0, self.newest_step - self.oldest_step) if self.capsules else 0
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,8 @@ class CapsuleInfo:
 
 
 class CapsuleStore:
-    def __init__(self, backend, row_nbytes: int, capacity: int, budget_bytes: float, fingerprint: str):
+    def __init__(self, backend, row_nbytes: int, capacity: int, budget_bytes: float, fingerprint: str,
+                 kv_window: int, reserve: int = 1):
         fit = int(budget_bytes // row_nbytes)
         if fit < 1:
             raise ValueError(f"capsule_budget_mb: {budget_bytes / 2**20:.1f} MB cannot hold one capsule "
@@ -60,6 +60,8 @@ class CapsuleStore:
         self.capacity = min(capacity, fit)
         self.budget_bytes = int(budget_bytes)
         self.fingerprint = fingerprint
+        self.kv_window = kv_window
+        self.reserve = reserve  # slots pins may never take: the live step's and a replan's capsules
         self.slots = backend.zeros((self.capacity, row_nbytes), np.uint8)  # [capacity, row_nbytes]
         with backend.activate():
             self.slots.fill(1)  # fault every page in now, not on the first snapshot of each slot
@@ -141,8 +143,23 @@ class CapsuleStore:
         del self._info[cid]
         self._free.append(self._slot.pop(cid))
 
+    def check_pin_allowed(self) -> None:
+        pinned = sum(i.pinned for i in self._info.values())
+        if pinned + 1 > self.capacity - self.reserve:
+            raise StoreFullOfPins(f"pin refused: {pinned} of {self.capacity} capsules are pinned and "
+                                  f"{self.reserve} must stay free for the live step and a replan; unpin one")
+
+    def usage(self) -> StoreUsage:
+        steps = [i.step for i in self._info.values()]
+        return StoreUsage(len(self._info), sum(i.pinned for i in self._info.values()), self.capacity,
+                          self.bytes_used, self.budget_bytes, min(steps, default=-1), max(steps, default=-1),
+                          len(self._info) * self.kv_window, self.capacity * self.kv_window)
+
     def set_pinned(self, cid: int, pinned: bool) -> CapsuleInfo:
-        info = replace(self.get(cid), pinned=pinned)
+        cur = self.get(cid)
+        if pinned and not cur.pinned:
+            self.check_pin_allowed()
+        info = replace(cur, pinned=pinned)
         self._info[cid] = info
         return info
 
@@ -168,59 +185,22 @@ class CapsuleStore:
         return info
 
     # ---- files ----------------------------------------------------------------------------
-    def export(self, cid: int, path: str | Path, arena) -> str:
-        """safetensors: one tensor per state buffer + metadata (info, fingerprint, sha256). Returns sha256."""
-        from safetensors.numpy import save_file
-
+    def export_payload(self, cid: int, arena) -> CapsulePayload:
+        """A host copy of the capsule, ready for write_capsule_file (no file I/O here)."""
         info = self.get(cid)
         row = self.backend.to_host(self.slots[self._slot[cid]])
-        digest = hashlib.sha256(row.tobytes()).hexdigest()
-        tensors = {s.name: np.ascontiguousarray(arena.row_view(s.name, row)) for s in arena.state_specs()}
-        meta = {"format": FORMAT, "info": json.dumps(asdict(info)), "fingerprint": info.fingerprint,
-                "sha256": digest}
-        tmp = Path(str(path) + ".tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        tmp.replace(path)
-        return digest
+        tensors = {s.name: np.array(arena.row_view(s.name, row)) for s in arena.state_specs()}
+        return CapsulePayload(tensors, asdict(info))
 
-    def read_file(self, path: str | Path, arena) -> tuple[np.ndarray, dict]:
-        """Validate a capsule file completely; returns (host row bytes, info dict). Touches nothing."""
-        from safetensors import SafetensorError, safe_open
+    def read_file(self, path: str | Path, arena) -> CapsulePayload:
+        """Validate a capsule file completely; touches nothing (safe without the session lock)."""
+        return read_capsule_file(path, arena.state_specs(), self.fingerprint, self.kv_window)
 
-        try:
-            with safe_open(str(path), framework="numpy") as f:
-                meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except FileNotFoundError:
-            raise CorruptCapsule(f"{path}: no such file") from None
-        except (OSError, SafetensorError, ValueError, RuntimeError) as e:
-            raise CorruptCapsule(f"{path}: not a readable safetensors file ({e})") from None
-        if meta.get("format") != FORMAT:
-            raise CorruptCapsule(f"{path}: not a flashrt capsule (format {meta.get('format')!r})")
-        if meta.get("fingerprint") != self.fingerprint:
-            raise FingerprintMismatch(f"{path}: fingerprint {str(meta.get('fingerprint'))[:12]} does not match "
-                                      f"this policy's {self.fingerprint[:12]} (other config, weights or plan)")
-        try:
-            info = json.loads(meta["info"])
-            expected_sha = meta["sha256"]
-        except (KeyError, ValueError) as e:
-            raise CorruptCapsule(f"{path}: bad metadata ({e})") from None
-        specs = arena.state_specs()
-        if set(tensors) != {s.name for s in specs}:
-            raise CorruptCapsule(f"{path}: buffers {sorted(tensors)[:4]}... do not match the state table")
+    def add_imported(self, payload: CapsulePayload, arena) -> CapsuleInfo:
         row = np.zeros(self.row_nbytes, np.uint8)
-        for s in specs:
-            t = tensors[s.name]
-            if t.shape != s.shape or t.dtype != np.dtype(s.dtype):
-                raise CorruptCapsule(f"{path}: {s.name} is {t.dtype}{list(t.shape)}, expected {s.dtype}{list(s.shape)}")
-            arena.row_view(s.name, row)[...] = t
-        if hashlib.sha256(row.tobytes()).hexdigest() != expected_sha:
-            raise CorruptCapsule(f"{path}: checksum mismatch: the state bytes were altered")
-        return row, info
-
-    def import_(self, path: str | Path, arena, label: str | None = None) -> CapsuleInfo:
-        row, info = self.read_file(path, arena)
+        for name, t in payload.tensors.items():
+            arena.row_view(name, row)[...] = t
         slot = self._take_slot()
         self.backend.from_host(self.slots[slot], row)
-        return self._add(slot, 0, int(info.get("step", 0)), int(info.get("stamp_ns", 0)),
-                         label if label is not None else str(info.get("label", "")), False)
+        info = payload.info
+        return self._add(slot, 0, info["step"], info["stamp_ns"], info["label"], False)

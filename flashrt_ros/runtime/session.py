@@ -5,6 +5,7 @@ never touches the live row. One lock serialises step, rollback and replan.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import numpy as np
 
 from .backend import NumpyBackend, select
 from .buffers import Arena
-from .capsule import CapsuleInfo, CapsuleStore, UnknownCapsule
+from .capsule import CapsuleInfo, CapsuleInUse, CapsuleStore, StoreUsage, UnknownCapsule, write_capsule_file
 from .config import PolicyConfig
 from .history import ObsHistory
 from .policy import HybridPolicy
@@ -41,20 +42,37 @@ class ReplanResult:
     horizon: int
     live_capsule_id: int
     message: str
+    cancelled: bool = False  # a cancelled replan never commits
+
+
+MAX_LABEL_CHARS = 256  # a label is a name, not a payload: bounds what one request can make the node keep
 
 
 def as_observations(obs, shape: tuple[int, ...], what: str = "observation") -> np.ndarray:
-    """Validate shape, dtype and finiteness; returns float32. Raises ValueError, touching nothing."""
+    """Validate shape, dtype and finiteness; returns float32. Raises ValueError, touching nothing.
+
+    Finiteness is checked after the cast: 1e300 is finite in float64 and inf in float32."""
     a = np.asarray(obs)
     if a.dtype.kind != "f":
         raise ValueError(f"{what}: dtype must be floating point, got {a.dtype}")
     if a.shape != shape:
         raise ValueError(f"{what}: expected shape {shape}, got {a.shape}")
-    bad = ~np.isfinite(a)
+    with np.errstate(over="ignore"):
+        f = np.ascontiguousarray(a, dtype=np.float32)
+    bad = ~np.isfinite(f)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"{what}: non-finite value {a[idx]} at index {idx if len(idx) > 1 else idx[0]}")
-    return np.ascontiguousarray(a, dtype=np.float32)
+        raise ValueError(f"{what}: non-finite value {a[idx]} at index {idx if len(idx) > 1 else idx[0]} "
+                         "(as float32)")
+    return f
+
+
+def check_label(label: str) -> str:
+    if not isinstance(label, str):
+        raise ValueError(f"label: expected a string, got {type(label).__name__}")
+    if len(label) > MAX_LABEL_CHARS:
+        raise ValueError(f"label: at most {MAX_LABEL_CHARS} characters, got {len(label)}")
+    return label
 
 
 class Session:
@@ -76,7 +94,8 @@ class Session:
                                for n, p in self.arena.placements.items() if p.spec.is_state)
         self.fingerprint = fingerprint(cfg, weights, self.plan.describe(), layout_text)
         self.store = CapsuleStore(self.backend, self.arena.row_nbytes, cfg.capsule_capacity,
-                                  cfg.capsule_budget_mb * 2**20, self.fingerprint)
+                                  cfg.capsule_budget_mb * 2**20, self.fingerprint, cfg.kv_window,
+                                  reserve=1 + cfg.max_branches)
         self.lock = threading.RLock()
         self._live = self.backend.bind(self.plan, self.arena, 0, 1)
         self._branch_runners: dict[int, object] = {}
@@ -140,20 +159,56 @@ class Session:
             self.history.forget_except(self.store)
 
     def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
+        check_label(label)
         with self.lock:
+            if pin:
+                self.store.check_pin_allowed()
             return self._snapshot_live(stamp_ns, label, pin)
+
+    # ---- the store, under the session lock (the store itself is not thread-safe) ----------
+    def capsule_info(self, capsule_id: int) -> CapsuleInfo:
+        with self.lock:
+            return self.store.get(capsule_id)
+
+    def list_capsules(self, pinned_only: bool = False) -> list[CapsuleInfo]:
+        """A consistent copy of the capsule list, oldest first."""
+        with self.lock:
+            return list(self.store.list(pinned_only))
+
+    def pin(self, capsule_id: int) -> CapsuleInfo:
+        """Keep a capsule until unpinned; refused (StoreFullOfPins) before pins could starve the live step."""
+        with self.lock:
+            return self.store.pin(capsule_id)
+
+    def unpin(self, capsule_id: int) -> CapsuleInfo:
+        with self.lock:
+            return self.store.unpin(capsule_id)
+
+    def drop(self, capsule_id: int) -> None:
+        """Forget a capsule. The live capsule cannot be dropped: it anchors rollback(steps_back=...)."""
+        with self.lock:
+            if capsule_id and capsule_id == self._live_id:
+                raise CapsuleInUse(f"capsule {capsule_id} is the live capsule: take a newer one (step or "
+                                   "snapshot) or roll back elsewhere before dropping it")
+            self.store.drop(capsule_id)
+
+    def store_usage(self) -> StoreUsage:
+        with self.lock:
+            return self.store.usage()
 
     # ---- rollback -------------------------------------------------------------------------
     def rollback(self, capsule_id: int | None = None, steps_back: int = 0) -> CapsuleInfo:
-        """Make a capsule live: by id, or ``steps_back`` steps back along the live lineage."""
+        """Make a capsule live: ``steps_back`` steps back along the lineage of ``capsule_id`` (None or 0:
+        the live capsule). The newest capsule at or before that step is restored."""
+        if steps_back < 0:
+            raise ValueError(f"steps_back must be >= 0, got {steps_back}")
         with self.lock:
-            if capsule_id:
-                info = self.store.get(capsule_id)
-            else:
-                if steps_back < 0:
-                    raise ValueError(f"steps_back must be >= 0, got {steps_back}")
-                if self._live_id == 0:
-                    raise UnknownCapsule("no live capsule to roll back from (nothing stepped since reset)")
+            if capsule_id:  # n steps back along that capsule's lineage
+                start = self.store.get(capsule_id)
+                info = self.store.ancestor(start.id, start.step - steps_back) if steps_back else start
+            elif self._live_id == 0:
+                raise UnknownCapsule("no live capsule to roll back from (nothing stepped since reset)")
+            else:  # from the live step, which may be past the live capsule (capsule_every_n_steps > 1)
                 info = self.store.ancestor(self._live_id, self._step - steps_back)
             self.store.restore(info.id, self.live_row())
             self._step = info.step
@@ -184,10 +239,15 @@ class Session:
         return runner
 
     def replan(self, capsule_id: int | None, observations, commit_branch: int | None = None,
-               deadline_ms: float = 50.0, cancel: Callable[[], bool] | None = None,
+               deadline_ms: float | None = None, cancel: Callable[[], bool] | None = None,
                on_step: Callable[[int], None] | None = None) -> ReplanResult:
         """Fork ``capsule_id`` (None or 0 = the live state) into B branches and step them as one batch
-        over observations[B, horizon, obs_dim]. Without commit_branch the live state is untouched."""
+        over observations[B, horizon, obs_dim]. Without commit_branch the live state is untouched.
+
+        ``deadline_ms`` None runs every step; otherwise the steps left when it passes are abandoned
+        (partial result, deadline_met False). A replan stopped by ``cancel`` never commits.
+        ``on_step(done)`` runs after each batched step on the calling thread, lock held (the node
+        steps a held live observation there)."""
         t0 = time.perf_counter()
         arr = np.asarray(observations)
         if arr.ndim != 3:
@@ -200,8 +260,9 @@ class Session:
         obs = as_observations(arr, (b, h, self.cfg.obs_dim), "observations")
         if commit_branch is not None and not 0 <= commit_branch < b:
             raise ValueError(f"commit_branch: must be in 0..{b - 1}, got {commit_branch}")
-        if not deadline_ms > 0:
-            raise ValueError(f"deadline_ms: must be > 0, got {deadline_ms}")
+        if deadline_ms is not None and not deadline_ms > 0:
+            raise ValueError(f"deadline_ms: must be > 0 or None (no deadline), got {deadline_ms}")
+        limit_ms = math.inf if deadline_ms is None else float(deadline_ms)
         with self.lock:
             if capsule_id:
                 src_info = self.store.get(capsule_id)
@@ -214,7 +275,7 @@ class Session:
             runner = self._branch_runner(b)
             obs_rows, act_rows = self.arena["obs"][1:1 + b], self.arena["action"][1:1 + b]
             actions = np.empty((b, h, self.cfg.action_dim), np.float32)
-            done, message = 0, ""
+            done, message, cancelled = 0, "", False
             for t in range(h):
                 self.backend.from_host(obs_rows, obs[:, t])
                 runner.replay()
@@ -222,27 +283,28 @@ class Session:
                 done += 1
                 if on_step is not None:
                     on_step(done)
-                if done < h and (time.perf_counter() - t0) * 1e3 > deadline_ms:
-                    message = f"deadline {deadline_ms:.1f} ms passed after {done}/{h} steps; rest abandoned"
+                if done < h and (time.perf_counter() - t0) * 1e3 > limit_ms:
+                    message = f"deadline {limit_ms:.1f} ms passed after {done}/{h} steps; rest abandoned"
                     break
-                if done < h and cancel is not None and cancel():
-                    message = f"cancelled after {done}/{h} steps"
+                if cancel is not None and cancel():
+                    message, cancelled = f"cancelled after {done}/{h} steps; nothing committed", True
                     break
             ids = [self.store.snapshot(self.arena.state[1 + r], step=base_step + done, parent_id=parent,
                                        label=f"replan branch {r}").id for r in range(b)]
             for r, cid in enumerate(ids):
                 self._mark_history(cid, self.history.branch(base_node, base_step, obs[r, :done]))
-            if commit_branch is not None:
+            if commit_branch is not None and not cancelled:
                 self.backend.copy(self.live_row(), self.arena.state[1 + commit_branch])
                 self._step = base_step + done
                 self._live_id = ids[commit_branch]
                 self.history.head = self.history.node_of(self._live_id)
             self.backend.sync()
             elapsed = (time.perf_counter() - t0) * 1e3
-            met = done == h and elapsed <= deadline_ms
+            met = done == h and elapsed <= limit_ms
             if not message and not met:
-                message = f"finished in {elapsed:.1f} ms, over the {deadline_ms:.1f} ms deadline"
-            return ReplanResult(actions[:, :done], ids, elapsed, met, done, h, self._live_id, message or "ok")
+                message = f"finished in {elapsed:.1f} ms, over the {limit_ms:.1f} ms deadline"
+            return ReplanResult(actions[:, :done], ids, elapsed, met, done, h, self._live_id, message or "ok",
+                                cancelled)
 
     # ---- cold baselines -------------------------------------------------------------------
     def cold_replay(self, n: int | None = None) -> None:
@@ -285,12 +347,17 @@ class Session:
 
     # ---- files ----------------------------------------------------------------------------
     def export_capsule(self, capsule_id: int, path: str | Path) -> str:
+        """Write a self-contained capsule file; returns its sha256. The capsule is copied to the host
+        under the lock; the file is written after the lock is released (steps go on meanwhile)."""
         with self.lock:
-            return self.store.export(capsule_id, path, self.arena)
+            payload = self.store.export_payload(capsule_id or self._live_id, self.arena)
+        return write_capsule_file(payload, path)
 
     def import_capsule(self, path: str | Path, restore: bool = False) -> CapsuleInfo:
+        """Validate a capsule file completely (without the lock), then add it; optionally make it live."""
+        checked = self.store.read_file(path, self.arena)
         with self.lock:
-            info = self.store.import_(path, self.arena)
+            info = self.store.add_imported(checked, self.arena)
             self._mark_history(info.id, None)  # its observations are not known here
             if restore:
                 info = self.rollback(info.id)
