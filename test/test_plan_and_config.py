@@ -103,3 +103,23 @@ def test_backend_auto_falls_back_to_numpy_and_cuda_fails_loudly_without_a_device
         Session(small_config(), "cuda")
     with pytest.raises(ValueError, match="backend: expected auto, numpy or cuda"):
         select("tpu")
+
+
+def test_config_is_frozen_so_an_invalid_value_cannot_sneak_in_after_validation():
+    import dataclasses
+
+    cfg = PolicyConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.kv_window = -5
+    with pytest.raises(ValueError, match="kv_window"):
+        cfg.replace(kv_window=-5)
+    assert cfg.replace(capsule_budget_mb=512).capsule_budget_mb == 512.0  # int for float is coerced
+
+
+def test_yaml_typo_is_an_error_naming_the_key_and_the_nearest_field(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("/**:\n  ros__parameters:\n    kv_windw: 64\n    backend: numpy\n")
+    with pytest.raises(ValueError, match="kv_windw.*did you mean 'kv_window'"):
+        PolicyConfig.from_yaml(p)
+    p.write_text("/**:\n  ros__parameters:\n    kv_window: 64\n    backend: numpy\n")
+    assert PolicyConfig.from_yaml(p).kv_window == 64  # node parameters are not typos

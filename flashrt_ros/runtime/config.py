@@ -6,19 +6,31 @@ command-line tools share one source of truth.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+# Parameters of the ROS node that are not PolicyConfig fields: a params file may hold them. The node
+# declares these; kept here so the ROS-free tools accept the same files.
+NODE_PARAMETERS = frozenset({
+    "backend", "observation_type", "observation_reliable", "joint_names", "capsule_dir", "diagnostics_period_s",
+    "step_deadline_ms", "replan_deadline_ms", "replan_max_deadline_ms", "autostart", "use_sim_time",
+    "persist_dir", "resume",
+})
+
 
 def _f(default, help: str, **kw):
     return field(default=default, metadata={"help": help, **kw})
 
 
-@dataclass
+@dataclass(frozen=True)
 class PolicyConfig:
+    """Frozen: a Session is built from one validated config; change it with ``replace()``, which
+    validates again."""
+
     obs_dim: int = _f(14, "observation length: a 7-joint arm's positions then velocities", min=1)
     action_dim: int = _f(7, "action length: one command per joint", min=1)
     d_model: int = _f(128, "residual width; small enough for a ~1 ms CPU step", min=1)
@@ -46,7 +58,7 @@ class PolicyConfig:
             want = int if f.type in ("int", int) else float if f.type in ("float", float) else str
             if want is float and isinstance(v, int) and not isinstance(v, bool):
                 v = float(v)
-                setattr(self, f.name, v)
+                object.__setattr__(self, f.name, v)  # frozen: the one coercion happens here
             if not isinstance(v, want) or isinstance(v, bool):
                 raise ValueError(f"{f.name}: expected {want.__name__}, got {v!r}")
             lo = f.metadata.get("min")
@@ -72,19 +84,30 @@ class PolicyConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, params: dict[str, Any], *, strict: bool = False) -> PolicyConfig:
+    def from_dict(cls, params: dict[str, Any], *, strict: bool = False,
+                  allowed_extra: frozenset[str] | set[str] = frozenset()) -> PolicyConfig:
+        """``strict``: a key that is neither a field nor in ``allowed_extra`` is an error naming it
+        and the nearest field (a typo must not silently fall back to a default)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(params) - names
+        unknown = sorted(set(params) - names - set(allowed_extra))
         if strict and unknown:
-            raise ValueError(f"{sorted(unknown)[0]}: unknown PolicyConfig field")
+            raise ValueError(unknown_key_message(unknown[0], names | set(allowed_extra)))
         return cls(**{k: v for k, v in params.items() if k in names})
 
     @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> PolicyConfig:
-        """Read the ``ros__parameters`` of ``/**`` (or the single node key) in a ROS params file."""
+    def from_yaml(cls, path: str | Path, *, allowed_extra: frozenset[str] | set[str] = NODE_PARAMETERS,
+                  **overrides: Any) -> PolicyConfig:
+        """Read the ``ros__parameters`` of ``/**`` (or the single node key) in a ROS params file.
+        Unknown keys are errors; the node's own parameters (``allowed_extra``) are skipped."""
         params = load_ros_params(path)
         params.update(overrides)
-        return cls.from_dict(params)
+        return cls.from_dict(params, strict=True, allowed_extra=allowed_extra)
+
+
+def unknown_key_message(key: str, known) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{key}: unknown parameter{hint}"
 
 
 def load_ros_params(path: str | Path) -> dict[str, Any]:
