@@ -12,13 +12,14 @@ extern "C" __global__ void temporal_ensemble_f32(const float* __restrict__ chunk
                                                  float* __restrict__ action, i64 act_rs, int B, int K, int A) {
   const int b = blockIdx.x;
   if (b >= B) return;
-  const i64 step = meta[b * meta_rs + META_STEP];
+  // unsigned (as the NumPy twin's step % 2^62): a corrupt negative step can never index before the ring
+  const unsigned long long step = (unsigned long long)meta[b * meta_rs + META_STEP] & ((1ull << 62) - 1);
   float* ring = mtp + b * mtp_rs;
   const int KA = K * A;
   for (int i = threadIdx.x; i < KA; i += blockDim.x) ring[(step % K) * KA + i] = chunk[b * chunk_rs + i];
   __syncthreads();
   for (int a = threadIdx.x; a < A; a += blockDim.x) {
-    const int n = (int)(step + 1 < K ? step + 1 : K);
+    const int n = (int)(step + 1 < (unsigned long long)K ? step + 1 : K);
     float acc = 0.0f, wsum = 0.0f;
     for (int age = 0; age < n; ++age) {
       float w = expf(-ENSEMBLE_DECAY * (float)age);

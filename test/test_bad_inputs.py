@@ -50,7 +50,7 @@ def test_bad_rollback_is_rejected_and_state_untouched(stepped, kw, match):
 
 
 def test_evicted_capsule_is_named_as_evicted():
-    s = Session(small_config(capsule_capacity=8))
+    s = Session(small_config(capsule_capacity=8, max_branches=2))
     for o in observation_trace(20):
         s.step(o)
     unchanged(s, lambda: s.rollback(3), UnknownCapsule, "evicted")

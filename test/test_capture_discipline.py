@@ -28,9 +28,9 @@ def test_real_plan_passes_capture_discipline_through_steps_rollbacks_and_replans
 def test_changing_scalar_argument_is_caught(monkeypatch):
     real = launch_mod.LAUNCHERS["attn_decode"]
 
-    def bakes_in_kv_len(qkv, k_cache, v_cache, meta, *rest, n_heads):
-        partial, combine = real(qkv, k_cache, v_cache, meta, *rest, n_heads=n_heads)
-        T = np.int32(min(int(meta[0, META_KV_LEN]) + 1, k_cache.shape[1]))  # read at launch: frozen by a graph
+    def bakes_in_kv_len(qkv, k_log, v_log, meta, *rest, n_heads, kv_window):
+        partial, combine = real(qkv, k_log, v_log, meta, *rest, n_heads=n_heads, kv_window=kv_window)
+        T = np.int32(min(int(meta[0, META_KV_LEN]) + 1, kv_window))  # read at launch: frozen by a graph
         return dataclasses.replace(partial, args=partial.args + (T,)), combine
 
     monkeypatch.setitem(launch_mod.LAUNCHERS, "attn_decode", bakes_in_kv_len)

@@ -12,10 +12,11 @@ from cuda_on_cpu.cpu_module import CpuRawModule, ShimError
 from cuda_on_cpu.shim_backend import module
 
 from flashrt_ros.runtime import kernels as K
-from flashrt_ros.runtime.launch import LAUNCHERS, attn_splits, kernel_dir
+from flashrt_ros.runtime.launch import LAUNCHERS, kernel_dir
 
 TOL = dict(rtol=2e-5, atol=2e-5)
-ONLY_NUMPY_SCRATCH = {"tmp", "gi", "gh", "ms", "smax", "ssum", "scores", "part", "out"}  # written by the twin alone
+ONLY_NUMPY_SCRATCH = {"tmp", "gi", "gh", "ms", "scores", "chunk_m", "chunk_l", "chunk_acc", "attn_max", "attn_den",
+                      "part", "out"}  # written by one side alone
 COMPARE = {"causal_conv": ("x", "conv_state", "out")}  # kernels whose `out` both sides write
 
 
@@ -68,18 +69,16 @@ def case(name, rng, B, n):
         return dict(h=rows(rng, B, (n,)), h_new=rows(rng, B, (n,)), x=rows(rng, B, (n,))), {}
     H = 2 if n % 2 == 0 else 1
     d = n if n % 2 == 0 else n  # head_dim = d / H
-    W = 40
-    if name == "kv_write":
-        return dict(qkv=rows(rng, B, (3 * d,)), k_cache=rows(rng, B, (W, d)), v_cache=rows(rng, B, (W, d)),
-                    meta=meta_rows(B, 57, 40)), {}
-    if name == "attn_decode":  # n=64: a 300-slot window, 3 splits of 128, the last one partial
-        W, kv_len = {7: (40, 17), 33: (40, 39)}.get(n, (300, 257))
-        S = attn_splits(W)
-        return dict(qkv=rows(rng, B, (3 * d,)), k_cache=rows(rng, B, (W, d)), v_cache=rows(rng, B, (W, d)),
-                    meta=meta_rows(B, 99, kv_len), out=rows(rng, B, (d,), fill=np.nan),
-                    scores=rows(rng, B, (H, W, 1)), smax=np.zeros((B, H, 1, 1), np.float32),
-                    ssum=np.zeros((B, H, 1, 1), np.float32), part=rows(rng, B, (H, S, d // H + 2), fill=np.nan),
-                    ones=np.ones((W, 1), np.float32)), dict(n_heads=H)
+    if name == "kv_write":  # each row appends into its own page (as prepare_append guarantees)
+        W, pos = 40, 57 + 128 * 3
+        P = K.window_pages(W)
+        table = np.zeros((B, P), np.int64)
+        table[:, (pos // K.KV_PAGE) % P] = np.arange(B) + 2
+        return dict(qkv=rows(rng, B, (3 * d,)), k_log=f((B + 3, K.KV_PAGE, d)).astype(np.float32),
+                    v_log=f((B + 3, K.KV_PAGE, d)).astype(np.float32), meta=meta_rows(B, pos, W),
+                    kv_pages=rows(rng, B, (P,), dtype=np.int64, fill=table)), {}
+    if name == "attn_decode":
+        return attn_case(rng, B, n, H, d)
     Kc, A = 5, n
     if name == "temporal_ensemble":
         return dict(chunk=rows(rng, B, (Kc * A,)), mtp_state=rows(rng, B, (Kc, Kc * A)), meta=meta_rows(B, 2 + n, 0),
@@ -89,6 +88,29 @@ def case(name, rng, B, n):
     if name == "meta_advance":
         return dict(meta=meta_rows(B, 9, 39)), dict(kv_window=40)
     raise KeyError(name)
+
+
+# (kv_window, kv_len, position) per n: a window inside one page; a full window across a page boundary;
+# a 300-slot window over 4 chunks of the page ring after it wrapped several times
+ATTN_CASES = {7: (40, 17, 99), 33: (40, 40, 150), 64: (300, 300, 1025)}
+
+
+def attn_case(rng, B, n, H, d):
+    """Every row shares the pages of the older chunks and owns the page of the newest one, like replan
+    branches forked from one capsule; stale pages hold random data the window must not see."""
+    W, kv_len, pos = ATTN_CASES.get(n, ATTN_CASES[7])
+    P, hd = K.window_pages(W), d // H
+    table = np.tile(np.arange(P, dtype=np.int64), (B, 1))
+    table[:, (pos // K.KV_PAGE) % P] = P + np.arange(B)
+    z = np.zeros
+    return dict(qkv=rows(rng, B, (3 * d,)), k_log=rng.standard_normal((P + B, K.KV_PAGE, d)).astype(np.float32),
+                v_log=rng.standard_normal((P + B, K.KV_PAGE, d)).astype(np.float32), meta=meta_rows(B, pos, kv_len),
+                kv_pages=rows(rng, B, (P,), dtype=np.int64, fill=table), out=rows(rng, B, (d,), fill=np.nan),
+                scores=z((B, H, P, K.KV_PAGE, 1), np.float32), chunk_m=z((B, H, P, 1, 1), np.float32),
+                chunk_l=z((B, H, P, 1, 1), np.float32), chunk_acc=z((B, H, P, hd), np.float32),
+                attn_max=z((B, H, 1, 1), np.float32), attn_den=z((B, H, 1, 1), np.float32),
+                part=rows(rng, B, (H, P, hd + 2), fill=np.nan), ones=np.ones((K.KV_PAGE, 1), np.float32)), \
+        dict(n_heads=H, kv_window=W)
 
 
 def run_twin_and_shim(name, bufs, consts):

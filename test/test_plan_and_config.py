@@ -8,7 +8,7 @@ import yaml
 
 from conftest import ROOT, small_config
 from flashrt_ros.runtime import PolicyConfig, Session
-from flashrt_ros.runtime.buffers import STATE_ROLES
+from flashrt_ros.runtime.buffers import SMALL_ROLES, STATE_ROLES
 from flashrt_ros.runtime.kernels import REGISTRY
 from flashrt_ros.runtime.weights import WeightsError
 
@@ -31,18 +31,22 @@ def test_describe_lists_every_op_with_reads_and_writes(session):
     lines = text.splitlines()
     assert lines[0].split() == ["#", "op", "kernel", "reads", "writes"]
     assert len(lines) == 1 + len(session.plan.ops)
-    assert "L1.attn" in text and "k_cache.1" in text and lines[-1].split()[1] == "meta_advance"
+    assert "L1.attn" in text and "k_log.1" in text and lines[-1].split()[1] == "meta_advance"
     assert all(op.kernel in REGISTRY for op in session.plan.ops)
 
 
-def test_state_buffers_of_all_five_roles_live_in_one_contiguous_slab(session):
+def test_small_state_roles_share_one_contiguous_slab_and_kv_lives_in_the_shared_log(session):
     arena = session.arena
-    assert {s.role for s in arena.state_specs()} == set(STATE_ROLES)
+    assert {s.role for s in arena.state_specs()} == set(SMALL_ROLES)
     for spec in arena.state_specs():
         view = arena[spec.name]
         assert np.shares_memory(view, arena.state)
         assert view.strides[0] == arena.row_nbytes
     assert arena.state_bytes(0).flags.c_contiguous and arena.state_bytes(0).nbytes == arena.row_nbytes
+    logs = [s for s in arena.specs if s.role == "kv"]
+    assert logs and all(np.shares_memory(arena[s.name], arena.log_slab) for s in logs)
+    assert {s.role for s in session.policy.window_specs()} == set(STATE_ROLES)  # the closed set, materialised
+    assert arena.row_nbytes < 16 * 1024  # a capsule's own bytes do not grow with the window
 
 
 def test_live_buffers_never_move(session, trace):

@@ -40,7 +40,7 @@ def test_replan_branch_end_capsules_hold_the_branch_state(session, trace):
         assert info.step == 36 and info.parent_id == 30
         session.rollback(30)
         run(session, [trace[40:46], trace[60:66]][b])
-        assert session.state_host().tobytes() == session.store.slot(cid).tobytes()
+        assert session.state_host().tobytes() == session.capsule_host(cid).tobytes()
 
 
 def test_commit_makes_the_branch_live(session, trace):

@@ -1,11 +1,17 @@
-"""CapsuleStore: a preallocated ring of state-row copies with lineage, pins and a byte budget.
+"""CapsuleStore: capsules as small-state records over the shared KV log, with lineage, pins and a budget.
 
-A capsule is one slot (one contiguous copy of a state row) plus its CapsuleInfo. Slots live in the
-backend's memory (GPU memory on CUDA); nothing is allocated per snapshot. When every slot is used,
-the oldest unpinned capsule is evicted. Ids are monotonic and never reused; 0 means "none".
+A capsule is one record (a copy of a row's small state: recurrent, conv, mtp, meta and the KV page
+table, a few KiB) plus references to the log pages of its window (kv_log.py) and a CapsuleInfo.
+Records and pages are preallocated in the backend's memory; nothing is allocated per snapshot.
+
+When records or log pages run out, the oldest unpinned capsules are evicted. Ids are monotonic and
+never reused; 0 means "none". A pin keeps the capsule's record and every page of its window: a pin is
+refused up front when keeping it could leave the live step (or a replan) without room, so pins never
+lose data and never wedge the live step.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -13,21 +19,23 @@ import numpy as np
 
 from .capsule_file import CapsulePayload, read_capsule_file, write_capsule_file
 from .errors import CapsuleError, CapsuleInUse, CorruptCapsule, FingerprintMismatch, StoreFullOfPins, UnknownCapsule
+from .kernels import META_KV_LEN, META_POS
+from .kv_log import KvLog, LogFull
 
 __all__ = ["CapsuleError", "CapsuleInUse", "CapsuleInfo", "CapsuleStore", "CorruptCapsule", "FingerprintMismatch",
-           "StoreFullOfPins", "StoreUsage", "UnknownCapsule", "write_capsule_file"]
+           "LogFull", "StoreFullOfPins", "StoreUsage", "UnknownCapsule", "write_capsule_file"]
 
 
 @dataclass(frozen=True)
 class StoreUsage:
     capsules: int
     pinned: int
-    capacity: int  # capsules the store can hold
-    bytes_used: int
+    capacity: int  # capsule records
+    bytes_used: int  # records in use + log pages in use
     budget_bytes: int
     oldest_step: int  # step of the oldest restorable capsule (-1: none)
     newest_step: int
-    log_entries_used: int  # KV log entries holding some capsule's window
+    log_entries_used: int  # KV log entries in pages that some capsule or row holds
     log_entries_total: int
 
     @property
@@ -44,124 +52,175 @@ class CapsuleInfo:
     stamp_ns: int  # stamp of the observation that produced this state
     label: str
     pinned: bool
-    nbytes: int
+    nbytes: int  # what this capsule adds to the store: its record plus one KV entry per layer
     fingerprint: str
 
 
+@dataclass
+class _Capsule:
+    info: CapsuleInfo
+    record: int
+    pages: np.ndarray  # [P] int64: the page table of its window (-1 = none)
+
+
 class CapsuleStore:
-    def __init__(self, backend, row_nbytes: int, capacity: int, budget_bytes: float, fingerprint: str,
-                 kv_window: int, reserve: int = 1):
-        fit = int(budget_bytes // row_nbytes)
-        if fit < 1:
-            raise ValueError(f"capsule_budget_mb: {budget_bytes / 2**20:.1f} MB cannot hold one capsule "
-                             f"of {row_nbytes / 2**20:.2f} MB")
+    def __init__(self, backend, arena, kv: KvLog, capacity: int, budget_bytes: int, fingerprint: str,
+                 kv_window: int, window_specs, reserve_records: int, reserve_pages: int, entry_nbytes: int):
         self.backend = backend
-        self.row_nbytes = row_nbytes
-        self.capacity = min(capacity, fit)
+        self.arena = arena
+        self.kv = kv
+        self.row_nbytes = arena.row_nbytes
+        self.capacity = capacity
         self.budget_bytes = int(budget_bytes)
         self.fingerprint = fingerprint
         self.kv_window = kv_window
-        self.reserve = reserve  # slots pins may never take: the live step's and a replan's capsules
-        self.slots = backend.zeros((self.capacity, row_nbytes), np.uint8)  # [capacity, row_nbytes]
+        self.window_specs = list(window_specs)  # the materialised row: what files and the oracle hold
+        self.reserve_records = reserve_records  # records pins may never take (the live step, a replan)
+        self.reserve_pages = reserve_pages  # log pages pins may never take
+        self.capsule_nbytes = self.row_nbytes + entry_nbytes
+        self.page_nbytes = entry_nbytes * kv.k[0].shape[1] if kv.k else 0
+        self.records = backend.zeros((capacity, self.row_nbytes), np.uint8)  # [capacity, row_nbytes]
         with backend.activate():
-            self.slots.fill(1)  # fault every page in now, not on the first snapshot of each slot
-            self.slots.fill(0)
+            self.records.fill(1)  # fault every page in now, not on the first snapshot of each record
+            self.records.fill(0)
         backend.sync()
-        self._free = list(range(self.capacity - 1, -1, -1))
-        self._info: dict[int, CapsuleInfo] = {}  # insertion order = age
-        self._slot: dict[int, int] = {}
+        self._free = deque(range(capacity))
+        self._caps: dict[int, _Capsule] = {}  # insertion order = age
         self._next_id = 1
+        kv.evict_one = self._evict_oldest
 
     # ---- queries --------------------------------------------------------------------------
     def __contains__(self, cid: int) -> bool:
-        return cid in self._info
+        return cid in self._caps
 
     def __len__(self) -> int:
-        return len(self._info)
+        return len(self._caps)
 
-    @property
-    def bytes_used(self) -> int:
-        return len(self._info) * self.row_nbytes
-
-    def get(self, cid: int) -> CapsuleInfo:
-        info = self._info.get(cid)
-        if info is None:
+    def _cap(self, cid: int) -> _Capsule:
+        cap = self._caps.get(cid)
+        if cap is None:
             if 0 < cid < self._next_id:
                 raise UnknownCapsule(f"capsule {cid} was evicted or dropped")
             raise UnknownCapsule(f"unknown capsule id {cid}")
-        return info
+        return cap
+
+    def get(self, cid: int) -> CapsuleInfo:
+        return self._cap(cid).info
 
     def list(self, pinned_only: bool = False) -> list[CapsuleInfo]:
-        return [i for i in self._info.values() if i.pinned or not pinned_only]
+        return [c.info for c in self._caps.values() if c.info.pinned or not pinned_only]
 
-    def slot(self, cid: int):
-        self.get(cid)
-        return self.slots[self._slot[cid]]
+    def pages_of(self, cid: int) -> np.ndarray:
+        return self._cap(cid).pages
 
-    # ---- mutation -------------------------------------------------------------------------
-    def _take_slot(self) -> int:
-        if self._free:
-            return self._free.pop()
-        victim = next((cid for cid, i in self._info.items() if not i.pinned), None)
-        if victim is None:
-            raise StoreFullOfPins(f"capsule store full: all {self.capacity} capsules are pinned; unpin or drop one")
-        del self._info[victim]
-        return self._slot.pop(victim)
-
-    def _add(self, slot: int, parent_id: int, step: int, stamp_ns: int, label: str, pin: bool) -> CapsuleInfo:
-        info = CapsuleInfo(self._next_id, parent_id, step, stamp_ns, label, pin, self.row_nbytes, self.fingerprint)
-        self._next_id += 1
-        self._info[info.id] = info
-        self._slot[info.id] = slot
-        return info
-
-    def snapshot(self, src_row, *, step: int, parent_id: int = 0, stamp_ns: int = 0, label: str = "",
-                 pin: bool = False) -> CapsuleInfo:
-        """One copy of a state row into a slot."""
-        slot = self._take_slot()
-        self.backend.copy(self.slots[slot], src_row)
-        return self._add(slot, parent_id, step, stamp_ns, label, pin)
-
-    def restore(self, cid: int, dst_row) -> CapsuleInfo:
-        info = self.get(cid)
-        self.backend.copy(dst_row, self.slots[self._slot[cid]])
-        return info
-
-    def fork(self, cid: int, label: str = "") -> CapsuleInfo:
-        """A new capsule with the same bytes, whose parent is ``cid``: an independent branch point."""
-        src = self.get(cid)
-        self._info[cid] = replace(src, pinned=True)  # the source must not be the one evicted
-        try:
-            slot = self._take_slot()
-        finally:
-            self._info[cid] = src
-        self.backend.copy(self.slots[slot], self.slots[self._slot[cid]])
-        return self._add(slot, cid, src.step, src.stamp_ns, label or f"fork of {cid}", False)
-
-    def drop(self, cid: int) -> None:
-        self.get(cid)
-        del self._info[cid]
-        self._free.append(self._slot.pop(cid))
-
-    def check_pin_allowed(self) -> None:
-        pinned = sum(i.pinned for i in self._info.values())
-        if pinned + 1 > self.capacity - self.reserve:
-            raise StoreFullOfPins(f"pin refused: {pinned} of {self.capacity} capsules are pinned and "
-                                  f"{self.reserve} must stay free for the live step and a replan; unpin one")
+    def record(self, cid: int):
+        return self.records[self._cap(cid).record]
 
     def usage(self) -> StoreUsage:
-        steps = [i.step for i in self._info.values()]
-        return StoreUsage(len(self._info), sum(i.pinned for i in self._info.values()), self.capacity,
-                          self.bytes_used, self.budget_bytes, min(steps, default=-1), max(steps, default=-1),
-                          len(self._info) * self.kv_window, self.capacity * self.kv_window)
+        steps = [c.info.step for c in self._caps.values()]
+        page_len = self.kv.k[0].shape[1]
+        return StoreUsage(len(self._caps), sum(c.info.pinned for c in self._caps.values()), self.capacity,
+                          len(self._caps) * self.row_nbytes + self.kv.pages_used * self.page_nbytes,
+                          self.budget_bytes, min(steps, default=-1), max(steps, default=-1),
+                          self.kv.pages_used * page_len, self.kv.n_pages * page_len)
+
+    # ---- eviction -------------------------------------------------------------------------
+    def _evict_oldest(self) -> bool:
+        victim = next((cid for cid, c in self._caps.items() if not c.info.pinned), None)
+        if victim is None:
+            return False
+        self._release(victim)
+        return True
+
+    def _release(self, cid: int) -> None:
+        cap = self._caps.pop(cid)
+        self._free.append(cap.record)
+        self.kv.decref(cap.pages)
+
+    def _take_record(self) -> int:
+        while not self._free:
+            if not self._evict_oldest():
+                raise StoreFullOfPins(f"capsule store full: all {self.capacity} capsules are pinned; unpin or "
+                                      "drop one")
+        return self._free.popleft()
+
+    def _add(self, record: int, pages: np.ndarray, parent_id: int, step: int, stamp_ns: int, label: str,
+             pin: bool) -> CapsuleInfo:
+        info = CapsuleInfo(self._next_id, parent_id, step, stamp_ns, label, pin, self.capsule_nbytes,
+                           self.fingerprint)
+        self._next_id += 1
+        self._caps[info.id] = _Capsule(info, record, pages)
+        return info
+
+    # ---- capsules -------------------------------------------------------------------------
+    def snapshot(self, row: int, *, step: int, parent_id: int = 0, stamp_ns: int = 0, label: str = "",
+                 pin: bool = False) -> CapsuleInfo:
+        """One copy of the row's small state, plus references to the pages of its window."""
+        if pin:
+            self.check_pin_allowed(self.kv.tables[row])
+        record = self._take_record()
+        self.backend.copy(self.records[record], self.arena.state[row])
+        pages = self.kv.tables[row].copy()
+        self.kv.incref(pages)
+        return self._add(record, pages, parent_id, step, stamp_ns, label, pin)
+
+    def restore(self, cid: int, row: int) -> CapsuleInfo:
+        """Make ``row`` the capsule's state: one small copy; the window is shared, not copied."""
+        cap = self._cap(cid)
+        self.backend.copy(self.arena.state[row], self.records[cap.record])
+        self.kv.set_row(row, cap.pages)
+        return cap.info
+
+    def restore_buffers(self, cid: int, row: int, names: set[str]) -> CapsuleInfo:
+        """Restore only the named small-state buffers (the KV-only ablation); ``kv_pages`` moves the window."""
+        cap = self._cap(cid)
+        dst, src = self.arena.state[row], self.records[cap.record]
+        for name in names:
+            p = self.arena.placements[name]
+            span = slice(p.offset, p.offset + p.spec.nbytes)
+            self.backend.copy(dst[span], src[span])
+        if "kv_pages" in names:
+            self.kv.set_row(row, cap.pages)
+        return cap.info
+
+    def fork(self, cid: int, label: str = "") -> CapsuleInfo:
+        """A new capsule with the same state, whose parent is ``cid``: an independent branch point."""
+        src = self._cap(cid)
+        was = src.info
+        src.info = replace(was, pinned=True)  # the source must not be the one evicted for the record
+        try:
+            record = self._take_record()
+        finally:
+            src.info = was
+        self.backend.copy(self.records[record], self.records[src.record])
+        pages = src.pages.copy()
+        self.kv.incref(pages)
+        return self._add(record, pages, cid, was.step, was.stamp_ns, label or f"fork of {cid}", False)
+
+    def drop(self, cid: int) -> None:
+        self._cap(cid)
+        self._release(cid)
+
+    def check_pin_allowed(self, pages: np.ndarray | None = None) -> None:
+        """Refuse a pin (before anything changes) that could starve the live step or a replan."""
+        pinned = [c for c in self._caps.values() if c.info.pinned]
+        if len(pinned) + 1 > self.capacity - self.reserve_records:
+            raise StoreFullOfPins(f"pin refused: {len(pinned)} of {self.capacity} capsules are pinned and "
+                                  f"{self.reserve_records} must stay free for the live step and a replan; unpin one")
+        held = {int(p) for c in pinned for p in c.pages if p >= 0}
+        if pages is not None:
+            held |= {int(p) for p in pages if p >= 0}
+        if len(held) + self.reserve_pages > self.kv.n_pages:
+            raise StoreFullOfPins(f"pin refused: pinned capsules would hold {len(held)} of {self.kv.n_pages} KV log "
+                                  f"pages and {self.reserve_pages} must stay free for the live step and a replan; "
+                                  "unpin one")
 
     def set_pinned(self, cid: int, pinned: bool) -> CapsuleInfo:
-        cur = self.get(cid)
-        if pinned and not cur.pinned:
-            self.check_pin_allowed()
-        info = replace(cur, pinned=pinned)
-        self._info[cid] = info
-        return info
+        cap = self._cap(cid)
+        if pinned and not cap.info.pinned:
+            self.check_pin_allowed(cap.pages)
+        cap.info = replace(cap.info, pinned=pinned)
+        return cap.info
 
     def pin(self, cid: int) -> CapsuleInfo:
         return self.set_pinned(cid, True)
@@ -184,23 +243,52 @@ class CapsuleStore:
                 raise UnknownCapsule(f"no capsule at or before step {target_step}: {e}") from None
         return info
 
+    # ---- the materialised state (files, the oracle) --------------------------------------
+    def materialize_row(self, small_row: np.ndarray, pages: np.ndarray) -> dict[str, np.ndarray]:
+        """The full state a row or capsule stands for: small-state buffers plus the KV window gathered
+        from the log as [kv_window, d] (slot = position % kv_window). Host arrays, table order."""
+        small = {s.name: np.array(self.arena.row_view(s.name, small_row)) for s in self.arena.state_specs()}
+        meta = small["meta"]
+        windows = self.kv.gather(pages, int(meta[META_POS]), int(meta[META_KV_LEN]), self.kv_window)
+        out = {}
+        for s in self.window_specs:
+            if s.role == "kv":
+                layer = int(s.name.rsplit(".", 1)[1])
+                out[s.name] = windows[layer][0 if s.name.startswith("k_") else 1]
+            else:
+                out[s.name] = small[s.name]
+        return out
+
+    def materialize(self, cid: int) -> dict[str, np.ndarray]:
+        cap = self._cap(cid)
+        return self.materialize_row(self.backend.to_host(self.records[cap.record]), cap.pages)
+
     # ---- files ----------------------------------------------------------------------------
-    def export_payload(self, cid: int, arena) -> CapsulePayload:
+    def export_payload(self, cid: int) -> CapsulePayload:
         """A host copy of the capsule, ready for write_capsule_file (no file I/O here)."""
-        info = self.get(cid)
-        row = self.backend.to_host(self.slots[self._slot[cid]])
-        tensors = {s.name: np.array(arena.row_view(s.name, row)) for s in arena.state_specs()}
-        return CapsulePayload(tensors, asdict(info))
+        return CapsulePayload(self.materialize(cid), asdict(self.get(cid)))
 
-    def read_file(self, path: str | Path, arena) -> CapsulePayload:
+    def read_file(self, path: str | Path) -> CapsulePayload:
         """Validate a capsule file completely; touches nothing (safe without the session lock)."""
-        return read_capsule_file(path, arena.state_specs(), self.fingerprint, self.kv_window)
+        return read_capsule_file(path, self.window_specs, self.fingerprint, self.kv_window)
 
-    def add_imported(self, payload: CapsulePayload, arena) -> CapsuleInfo:
+    def add_imported(self, payload: CapsulePayload) -> CapsuleInfo:
+        """A validated payload becomes a capsule: its window is written into fresh log pages."""
+        t = payload.tensors
         row = np.zeros(self.row_nbytes, np.uint8)
-        for name, t in payload.tensors.items():
-            arena.row_view(name, row)[...] = t
-        slot = self._take_slot()
-        self.backend.from_host(self.slots[slot], row)
+        for s in self.arena.state_specs():
+            if s.name in t:
+                self.arena.row_view(s.name, row)[...] = t[s.name]
+        meta = t["meta"]
+        n_layers = len(self.kv.k)
+        windows = [(t[f"k_cache.{layer}"], t[f"v_cache.{layer}"]) for layer in range(n_layers)]
+        record = self._take_record()
+        try:
+            pages = self.kv.load(windows, int(meta[META_POS]), int(meta[META_KV_LEN]))
+        except BaseException:
+            self._free.appendleft(record)
+            raise
+        self.arena.row_view("kv_pages", row)[...] = self.kv.device_table(pages)
+        self.backend.from_host(self.records[record], row)
         info = payload.info
-        return self._add(slot, 0, info["step"], info["stamp_ns"], info["label"], False)
+        return self._add(record, pages, 0, info["step"], info["stamp_ns"], info["label"], False)

@@ -24,6 +24,15 @@ import numpy as np
 META_STEP, META_POS, META_KV_LEN, META_RNG = 0, 1, 2, 3
 META_LEN = 8  # room for more counters without a layout change
 
+# The KV log is cut into pages of KV_PAGE entries; page = attention chunk = CUDA split. Entry of
+# position t lives at (kv_pages[(t // KV_PAGE) % window_pages(W)], t % KV_PAGE).
+KV_PAGE = 128
+
+
+def window_pages(kv_window: int) -> int:
+    """Page-table slots of one row: the pages any window of kv_window positions can touch."""
+    return -(-kv_window // KV_PAGE) + 1
+
 ACT_NONE, ACT_SILU, ACT_TANH, ACT_RELU = 0, 1, 2, 3
 RMS_EPS = np.float32(1e-5)
 SCORE_FLOOR = np.float32(-60.0)  # softmax logits below max - 60 weigh < 1e-26: clamp, don't underflow
@@ -155,41 +164,100 @@ def gru_commit_ref(h, h_new, x):
     x += h_new
 
 
-@kernel("qkv k_cache v_cache meta", "k_cache v_cache")
-def kv_write_ref(qkv, k_cache, v_cache, meta):
-    """Write this step's k, v (qkv[B,3d]) into slot position % W of k_cache, v_cache [B,W,d]."""
-    d = k_cache.shape[2]
-    slot = int(meta[0, META_POS]) % k_cache.shape[1]
-    k_cache[:, slot] = qkv[:, d:2 * d]
-    v_cache[:, slot] = qkv[:, 2 * d:]
+def _window(meta, kv_window: int, n_slots: int) -> tuple[int, int, int]:
+    """(pos, first, count) of this step's window: positions first .. pos, count = min(kv_len + 1, W).
+    Python ints, so a hostile meta wraps into range instead of indexing outside a buffer."""
+    pos = int(meta[0, META_POS]) % (1 << 62)
+    count = min(max(int(meta[0, META_KV_LEN]), 0) + 1, kv_window)
+    return pos, pos - count + 1, count
 
 
-@kernel("qkv k_cache v_cache meta out scores smax ssum part ones", "out scores smax ssum part", "n_heads")
-def attn_decode_ref(qkv, k_cache, v_cache, meta, out, scores, smax, ssum, part, ones, n_heads):
-    """Single-query attention over the valid KV window, per head.
+@kernel("qkv k_log v_log meta kv_pages", "k_log v_log")
+def kv_write_ref(qkv, k_log, v_log, meta, kv_pages):
+    """Append this step's k, v (qkv[B,3d]) at position pos: k_log[page, pos % KV_PAGE] with page =
+    kv_pages[b, (pos // KV_PAGE) % P]. k_log, v_log: [pages, KV_PAGE, d] (shared by all rows)."""
+    n_pages, page_len, d = k_log.shape
+    pos = int(meta[0, META_POS]) % (1 << 62)
+    ring, slot = (pos // page_len) % kv_pages.shape[1], pos % page_len
+    for b in range(qkv.shape[0]):
+        page = int(kv_pages[b, ring]) % n_pages
+        k_log[page, slot] = qkv[b, d:2 * d]
+        v_log[page, slot] = qkv[b, 2 * d:]
 
-    q = qkv[B,:d]; k_cache, v_cache[B,W,d]; T = min(kv_len + 1, W) (this step's k, v are already
-    written). scores[B,H,W,1], smax/ssum[B,H,1,1], ones[W,1] are scratch / constants; part[B,H,S,hd+2]
-    holds the CUDA kernel's per-split partials (split-K) and is unused here.
+
+def _mask_outside(a2: np.ndarray, first: int, count: int, value) -> None:
+    """a2[..., R] over the ring of R = P * KV_PAGE positions: set every slot outside the window."""
+    R = a2.shape[-1]
+    lo, hi = first % R, (first + count) % R  # window = [lo, hi) cyclically; count < R
+    if lo < hi:
+        a2[..., :lo] = value
+        a2[..., hi:] = value
+    elif hi < lo:
+        a2[..., hi:lo] = value
+
+
+@kernel("qkv k_log v_log meta kv_pages out scores chunk_m chunk_l chunk_acc attn_max attn_den part ones",
+        "out scores chunk_m chunk_l chunk_acc attn_max attn_den part", "n_heads kv_window")
+def attn_decode_ref(qkv, k_log, v_log, meta, kv_pages, out, scores, chunk_m, chunk_l, chunk_acc, attn_max, attn_den,
+                    part, ones, n_heads, kv_window):
+    """Single-query attention over the window, split by page (chunk) and combined in a fixed order.
+
+    q = qkv[B,:d]. The window is positions pos-T+1 .. pos (T = min(kv_len + 1, W); this step's k, v
+    are already written), read from the log through kv_pages[B,P]. Chunk j (page slot j) holds the
+    positions t with (t // KV_PAGE) % P == j, at slot t % KV_PAGE of scores[B,H,P,KV_PAGE,1]. Per
+    chunk: m_j = max, l_j = sum exp(s - m_j), acc_j = sum exp(s - m_j) v; then out = sum_j acc_j w_j /
+    sum_j l_j w_j with w_j = exp(m_j - max m). Which call computes what depends only on positions,
+    never on where pages sit or which rows share them, so a branch is byte-identical to live
+    stepping, and a restored capsule to its original run. Rows that share a chunk's page read it in
+    one call for all their queries. part[B,H,P,hd+2] is the CUDA kernel's and unused here.
     """
-    B, W, d = k_cache.shape
+    B, d = out.shape
     hd = d // n_heads
-    T = min(int(meta[0, META_KV_LEN]) + 1, W)
-    k = k_cache.reshape(B, W, n_heads, hd).transpose(0, 2, 1, 3)[:, :, :T]  # [B,H,T,hd]
-    v = v_cache.reshape(B, W, n_heads, hd).transpose(0, 2, 1, 3)[:, :, :T]
+    P, page_len = kv_pages.shape[1], k_log.shape[1]
+    pos, first, count = _window(meta, kv_window, P * page_len)
     q = qkv[:, :d].reshape(B, n_heads, hd, 1)
-    s = scores[:, :, :T]  # [B,H,T,1]
-    np.matmul(k, q, out=s)
-    s *= np.float32(1.0 / np.sqrt(hd))
-    np.max(s, axis=2, keepdims=True, out=smax)
-    s -= smax
-    np.maximum(s, SCORE_FLOOR, out=s)  # keeps exp() out of subnormals, which are ~50x slower on x86
+    s = scores  # [B,H,P,KV_PAGE,1]
+    for j in range(P):
+        pages = kv_pages[:, j]
+        page = int(pages[0]) % k_log.shape[0]
+        if (pages == pages[0]).all():  # shared by every row: one read for all queries
+            kh = k_log[page].reshape(page_len, n_heads, hd).transpose(1, 0, 2)  # [H, KV_PAGE, hd]
+            np.matmul(kh, q, out=s[:, :, j])
+        else:
+            for b in range(B):
+                kh = k_log[int(pages[b]) % k_log.shape[0]].reshape(page_len, n_heads, hd).transpose(1, 0, 2)
+                np.matmul(kh, q[b], out=s[b, :, j])
+    flat = s.reshape(B, n_heads, P * page_len)
+    flat *= np.float32(1.0 / np.sqrt(hd))
+    _mask_outside(flat, first, count, -np.inf)
+    np.max(s, axis=3, keepdims=True, out=chunk_m)  # [B,H,P,1,1]; max is exact in any order
+    np.maximum(chunk_m, np.float32(-3e38), out=chunk_m)  # an empty chunk: finite, weight 0 below
+    s -= chunk_m
+    np.maximum(s, SCORE_FLOOR, out=s)
     np.exp(s, out=s)
-    p = s.transpose(0, 1, 3, 2)  # [B,H,1,T]
-    np.matmul(p, ones[:T], out=ssum)
+    _mask_outside(flat, first, count, 0.0)
+    p = s.transpose(0, 1, 2, 4, 3)  # [B,H,P,1,KV_PAGE]
+    np.matmul(p, ones, out=chunk_l)  # [B,H,P,1,1]
+    for j in range(P):
+        pages = kv_pages[:, j]
+        pj = p[:, :, j]  # [B,H,1,KV_PAGE]
+        acc = chunk_acc[:, :, j:j + 1]  # [B,H,1,hd]
+        if (pages == pages[0]).all():
+            vh = v_log[int(pages[0]) % v_log.shape[0]].reshape(page_len, n_heads, hd).transpose(1, 0, 2)
+            np.matmul(pj, vh, out=acc)
+        else:
+            for b in range(B):
+                vh = v_log[int(pages[b]) % v_log.shape[0]].reshape(page_len, n_heads, hd).transpose(1, 0, 2)
+                np.matmul(pj[b], vh, out=acc[b])
+    m = chunk_m[..., 0]  # [B,H,P,1]
+    np.max(m, axis=2, keepdims=True, out=attn_max)  # [B,H,1,1]
+    m -= attn_max
+    np.exp(m, out=m)  # w_j; 0 for empty chunks
+    w = m.transpose(0, 1, 3, 2)  # [B,H,1,P]
+    np.matmul(w, chunk_l[..., 0], out=attn_den)  # [B,H,1,1]
     o = out.reshape(B, n_heads, 1, hd)
-    np.matmul(p, v, out=o)
-    o /= ssum
+    np.matmul(w, chunk_acc, out=o)
+    o /= attn_den
 
 
 @kernel("chunk mtp_state meta action tmp", "mtp_state action tmp", inplace="mtp_state")
@@ -201,7 +269,7 @@ def temporal_ensemble_ref(chunk, mtp_state, meta, action, tmp):
     """
     K = mtp_state.shape[1]
     A = action.shape[1]
-    step = int(meta[0, META_STEP])
+    step = int(meta[0, META_STEP]) % (1 << 62)  # as the kernel: unsigned, never a negative slot
     mtp_state[:, step % K] = chunk
     action[...] = 0.0
     wsum = 0.0

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .kernels import KV_PAGE  # log entries per page = keys per attention block, as in attention.cu
+
 I32, I64, U32, F32 = np.int32, np.int64, np.uint32, np.float32
 ATTN_THREADS = 128  # must match kernels/attention.cu
 ATTN_MAX_HD = 64
-ATTN_SPLIT = 128  # KV slots per attention block (split-K), as in kernels/attention.cu
+
 
 
 @dataclass(frozen=True)
@@ -109,35 +111,43 @@ def gru_commit(h, h_new, x):
                   (h, rs(h), h_new, rs(h_new), x, rs(x), I32(B), I32(H)))
 
 
-def kv_write(qkv, k_cache, v_cache, meta):
-    B, W, d = k_cache.shape
-    _f32(qkv, k_cache, v_cache)
-    _check(meta.dtype == np.int64, "meta must be int64")
-    _check(qkv.shape == (B, 3 * d) and v_cache.shape == (B, W, d) and rs(k_cache) == rs(v_cache),
-           f"kv_write shapes qkv{qkv.shape} k{k_cache.shape} v{v_cache.shape}")
+def _log_args(k_log, v_log, meta, kv_pages):
+    n_pages, page_len, d = k_log.shape
+    _check(page_len == KV_PAGE and v_log.shape == k_log.shape and k_log.flags.c_contiguous
+           and v_log.flags.c_contiguous, f"KV log must be contiguous [pages, {KV_PAGE}, d], got {k_log.shape}")
+    _check(meta.dtype == np.int64 and kv_pages.dtype == np.int64, "meta and kv_pages must be int64")
+    _check(kv_pages.shape[0] == meta.shape[0] and kv_pages.strides[1] == 8, "kv_pages rows must be contiguous")
+    return n_pages, d
+
+
+def kv_write(qkv, k_log, v_log, meta, kv_pages):
+    B = qkv.shape[0]
+    n_pages, d = _log_args(k_log, v_log, meta, kv_pages)
+    _f32(qkv, k_log, v_log)
+    _check(qkv.shape == (B, 3 * d), f"kv_write shapes qkv{qkv.shape} log{k_log.shape}")
     return Launch("attention.cu", "kv_write_f32", *_flat(B * d),
-                  (qkv, rs(qkv), k_cache, v_cache, rs(k_cache), meta, rs(meta), I32(B), I32(W), I32(d)))
+                  (qkv, rs(qkv), k_log, v_log, I64(n_pages), meta, rs(meta), kv_pages, rs(kv_pages),
+                   I32(kv_pages.shape[1]), I32(B), I32(d)))
 
 
-def attn_splits(W: int) -> int:
-    return _cdiv(W, ATTN_SPLIT)
-
-
-def attn_decode(qkv, k_cache, v_cache, meta, out, scores, smax, ssum, part, ones, n_heads):
-    """Two launches: per-split partial softmax-attention, then the in-order combine."""
-    B, W, d = k_cache.shape
+def attn_decode(qkv, k_log, v_log, meta, kv_pages, out, scores, chunk_m, chunk_l, chunk_acc, attn_max, attn_den,
+                part, ones, n_heads, kv_window):
+    """Two launches: per-chunk partial softmax-attention over the paged log, then the in-order combine."""
+    B = qkv.shape[0]
+    n_pages, d = _log_args(k_log, v_log, meta, kv_pages)
     hd = d // n_heads
-    S = attn_splits(W)
-    _f32(qkv, k_cache, v_cache, out, scores, part)
+    P = kv_pages.shape[1]
+    _f32(qkv, k_log, v_log, out, scores, part)
     _check(d % n_heads == 0 and hd <= ATTN_MAX_HD, f"head_dim {d}/{n_heads} must be an integer <= {ATTN_MAX_HD}")
-    _check(qkv.shape == (B, 3 * d) and out.shape == (B, d) and scores.shape[:3] == (B, n_heads, W)
-           and part.shape == (B, n_heads, S, hd + 2) and rs(k_cache) == rs(v_cache),
+    _check(P * KV_PAGE >= kv_window + KV_PAGE, f"kv_pages: {P} slots cannot cover a window of {kv_window}")
+    _check(qkv.shape == (B, 3 * d) and out.shape == (B, d) and scores.shape[:4] == (B, n_heads, P, KV_PAGE)
+           and scores.flags.c_contiguous and part.shape == (B, n_heads, P, hd + 2),
            f"attn_decode shapes qkv{qkv.shape} scores{scores.shape} part{part.shape}")
-    return (Launch("attention.cu", "attn_partial_f32", (B * n_heads, S, 1), (ATTN_THREADS, 1, 1),
-                   (qkv, rs(qkv), k_cache, v_cache, rs(k_cache), meta, rs(meta), scores, rs(scores), part, rs(part),
-                    I32(B), I32(W), I32(d), I32(n_heads))),
+    return (Launch("attention.cu", "attn_partial_f32", (B * n_heads, P, 1), (ATTN_THREADS, 1, 1),
+                   (qkv, rs(qkv), k_log, v_log, I64(n_pages), meta, rs(meta), kv_pages, rs(kv_pages), scores,
+                    rs(scores), part, rs(part), I32(B), I32(kv_window), I32(d), I32(n_heads))),
             Launch("attention.cu", "attn_combine_f32", (B * n_heads, 1, 1), (max(32, _cdiv(hd, 32) * 32), 1, 1),
-                   (part, rs(part), out, rs(out), I32(B), I32(d), I32(n_heads), I32(S))))
+                   (part, rs(part), out, rs(out), I32(B), I32(d), I32(n_heads), I32(P))))
 
 
 def temporal_ensemble(chunk, mtp_state, meta, action, tmp):
@@ -172,7 +182,7 @@ def op_views(op, arena, start: int, count: int) -> list:
     out = []
     for a in op.args:
         v = arena[a]
-        out.append(v if arena.placements[a].spec.role == "weight" else v[start:start + count])
+        out.append(v[start:start + count] if arena.placements[a].spec.per_row else v)
     return out
 
 

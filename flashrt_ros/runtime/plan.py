@@ -75,7 +75,7 @@ class NumpyReplay:
             for a in op.args:
                 v = arena[a]
                 spec = arena.placements[a].spec
-                views.append(v if spec.role == "weight" else v[start:start + count])
+                views.append(v[start:start + count] if spec.per_row else v)
             self.calls.append((op.spec.ref, tuple(views), op.const_dict()))
 
     def replay(self) -> None:

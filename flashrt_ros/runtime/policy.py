@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from .buffers import BufferSpec
 from .config import PolicyConfig
-from .kernels import ACT_NONE, ACT_SILU, ACT_TANH, META_LEN
-from .launch import attn_splits
+from .kernels import ACT_NONE, ACT_SILU, ACT_TANH, KV_PAGE, META_LEN, window_pages
 from .plan import GraphPlan
 
 MLP_RATIO = 2
@@ -16,30 +15,52 @@ F32, I64 = "float32", "int64"
 
 
 class HybridPolicy:
-    def __init__(self, cfg: PolicyConfig):
+    def __init__(self, cfg: PolicyConfig, kv_log_pages: int = 1):
         self.cfg = cfg
+        self.kv_log_pages = kv_log_pages  # pages of KV_PAGE entries in the log (sized by the store)
 
     # ---- buffer table ---------------------------------------------------------------------
     def state_specs(self) -> list[BufferSpec]:
+        """The small state of one row: what a snapshot copies."""
         c = self.cfg
-        d, W, K, A = c.d_model, c.kv_window, c.chunk_len, c.action_dim
+        d, K, A = c.d_model, c.chunk_len, c.action_dim
         specs = []
         for layer in range(c.n_layers):
             specs += [
-                BufferSpec(f"k_cache.{layer}", (W, d), F32, "kv"),  # [W, d]: slot = position % W
-                BufferSpec(f"v_cache.{layer}", (W, d), F32, "kv"),  # [W, d]
                 BufferSpec(f"recurrent_state.{layer}", (d,), F32, "recurrent"),  # GRU hidden
                 BufferSpec(f"conv_state.{layer}", (c.conv_kernel - 1, d), F32, "conv"),  # oldest first
             ]
         specs += [
             BufferSpec("mtp_state", (K, K * A), F32, "mtp"),  # ring of the last K chunks
             BufferSpec("meta", (META_LEN,), I64, "meta"),  # step, position, kv_len, rng_counter
+            # [P]: log page of window chunk c at index c % P (P = window_pages); read by the kernels
+            BufferSpec("kv_pages", (window_pages(c.kv_window),), I64, "meta"),
         ]
         return specs
 
+    def log_specs(self) -> list[BufferSpec]:
+        """The KV log, shared by every row and capsule: entry of position t at (page, t % KV_PAGE)."""
+        c = self.cfg
+        pages = self.kv_log_pages + 1  # + the sink page that unused page-table slots point at
+        return [BufferSpec(f"{kv}_log.{layer}", (pages, KV_PAGE, c.d_model), F32, "kv")
+                for layer in range(c.n_layers) for kv in ("k", "v")]  # [pages, KV_PAGE, d]
+
+    def window_specs(self) -> list[BufferSpec]:
+        """The materialised state (capsule files, the full-copy oracle): the KV window gathered as
+        [kv_window, d] (slot = position % kv_window) beside the small state, page table excluded."""
+        c = self.cfg
+        specs = []
+        small = {s.name: s for s in self.state_specs()}
+        for layer in range(c.n_layers):
+            specs += [BufferSpec(f"k_cache.{layer}", (c.kv_window, c.d_model), F32, "kv"),
+                      BufferSpec(f"v_cache.{layer}", (c.kv_window, c.d_model), F32, "kv"),
+                      small[f"recurrent_state.{layer}"], small[f"conv_state.{layer}"]]
+        return specs + [small["mtp_state"], small["meta"]]
+
     def work_specs(self) -> list[BufferSpec]:
         c = self.cfg
-        d, W, K, A, H = c.d_model, c.kv_window, c.chunk_len, c.action_dim, c.n_heads
+        d, K, A, H = c.d_model, c.chunk_len, c.action_dim, c.n_heads
+        P, hd = window_pages(c.kv_window), c.d_model // c.n_heads
         io = [
             BufferSpec("obs", (c.obs_dim,), F32, "io"),
             BufferSpec("action", (A,), F32, "io"),
@@ -50,8 +71,10 @@ class HybridPolicy:
             ("gi", (3 * d,)), ("gh", (3 * d,)), ("h_new", (d,)), ("qkv", (3 * d,)), ("qkv_tmp", (3 * d,)),
             ("attn", (d,)), ("proj", (d,)), ("mlp_h", (MLP_RATIO * d,)), ("mlp_tmp", (MLP_RATIO * d,)),
             ("chunk_tmp", (K * A,)), ("act_tmp", (A,)), ("ms", (1, 1)),
-            ("scores", (H, W, 1)), ("smax", (H, 1, 1)), ("ssum", (H, 1, 1)),
-            ("attn_part", (H, attn_splits(W), d // H + 2)),  # CUDA split-K partials
+            # attention over the window, one chunk per page slot (NumPy twin); CUDA uses attn_part
+            ("scores", (H, P, KV_PAGE, 1)), ("chunk_m", (H, P, 1, 1)), ("chunk_l", (H, P, 1, 1)),
+            ("chunk_acc", (H, P, hd)), ("attn_max", (H, 1, 1)), ("attn_den", (H, 1, 1)),
+            ("attn_part", (H, P, hd + 2)),  # CUDA split-K partials: (acc..., m, l) per chunk
         ]
         return io + [BufferSpec(n, s, F32, "scratch") for n, s in scratch]
 
@@ -71,11 +94,11 @@ class HybridPolicy:
                   (p + "mlp_norm.g", (d,)), (p + "mlp.w1", (d, m)), (p + "mlp.b1", (m,)),
                   (p + "mlp.w2", (m, d)), (p + "mlp.b2", (d,))]
         w += [("head_norm.g", (d,)), ("head.w", (d, K * A)), ("head.b", (K * A,)),
-              ("const.ones", (c.kv_window, 1))]  # constant: softmax denominators as a GEMV
+              ("const.ones", (KV_PAGE, 1))]  # constant: per-chunk softmax denominators as a GEMV
         return [BufferSpec(n, s, F32, "weight") for n, s in w]
 
     def buffer_specs(self) -> list[BufferSpec]:
-        return self.state_specs() + self.work_specs() + self.weight_specs()
+        return self.state_specs() + self.log_specs() + self.work_specs() + self.weight_specs()
 
     # ---- plan -----------------------------------------------------------------------------
     def build_plan(self) -> GraphPlan:
@@ -85,7 +108,7 @@ class HybridPolicy:
         plan.add("linear", "obs_n", "in_proj.w", "in_proj.b", "x", "tmp_d", act=ACT_NONE, label="in_proj")
         for layer in range(c.n_layers):
             p = f"layers.{layer}."
-            k, v = f"k_cache.{layer}", f"v_cache.{layer}"
+            k, v = f"k_log.{layer}", f"v_log.{layer}"
             plan.add("causal_conv", "x", f"conv_state.{layer}", p + "conv.w", p + "conv.b", "conv_out", "tmp_d",
                      label=f"L{layer}.conv")
             plan.add("gru_cell", "x", f"recurrent_state.{layer}", p + "gru.w_ih", p + "gru.w_hh", p + "gru.b_ih",
@@ -93,9 +116,10 @@ class HybridPolicy:
             plan.add("gru_commit", f"recurrent_state.{layer}", "h_new", "x", label=f"L{layer}.gru_commit")
             plan.add("rmsnorm", "x", p + "attn_norm.g", "xn", "ms", label=f"L{layer}.attn_norm")
             plan.add("linear", "xn", p + "qkv.w", p + "qkv.b", "qkv", "qkv_tmp", act=ACT_NONE, label=f"L{layer}.qkv")
-            plan.add("kv_write", "qkv", k, v, "meta", label=f"L{layer}.kv_write")
-            plan.add("attn_decode", "qkv", k, v, "meta", "attn", "scores", "smax", "ssum", "attn_part", "const.ones",
-                     n_heads=c.n_heads, label=f"L{layer}.attn")
+            plan.add("kv_write", "qkv", k, v, "meta", "kv_pages", label=f"L{layer}.kv_write")
+            plan.add("attn_decode", "qkv", k, v, "meta", "kv_pages", "attn", "scores", "chunk_m", "chunk_l",
+                     "chunk_acc", "attn_max", "attn_den", "attn_part", "const.ones", n_heads=c.n_heads,
+                     kv_window=c.kv_window, label=f"L{layer}.attn")
             plan.add("linear", "attn", p + "out.w", p + "out.b", "proj", "tmp_d", act=ACT_NONE, label=f"L{layer}.out")
             plan.add("add", "x", "proj", label=f"L{layer}.attn_residual")
             plan.add("rmsnorm", "x", p + "mlp_norm.g", "xn", "ms", label=f"L{layer}.mlp_norm")

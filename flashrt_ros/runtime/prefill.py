@@ -85,8 +85,10 @@ def _prefill(session, obs: np.ndarray) -> None:
         return arena[name][0]
 
     session.arena.state[0] = 0
+    session.kv.clear_row(0)
     if n == 0:
         return
+    windows = []  # per layer (k, v) as [W, d], slot = position % W: the layout KvLog.load takes
     o = xp.asarray(obs, dtype=xp.float32)
     x = ((o - w("obs_mean")) * w("obs_inv_std")) @ w("in_proj.w") + w("in_proj.b")  # [n, d]
     for layer in range(cfg.n_layers):
@@ -108,9 +110,10 @@ def _prefill(session, obs: np.ndarray) -> None:
         qkv = _rmsnorm(xp, x, w(p + "attn_norm.g")) @ w(p + "qkv.w") + w(p + "qkv.b")  # [n, 3d]
         q, k, v = qkv[:, :d], qkv[:, d:2 * d], qkv[:, 2 * d:]
         first = max(0, n - W)
-        slots = xp.arange(first, n) % W
-        live(f"k_cache.{layer}")[slots] = k[first:]
-        live(f"v_cache.{layer}")[slots] = v[first:]
+        slots = np.arange(first, n) % W
+        kw, vw = np.zeros((W, d), np.float32), np.zeros((W, d), np.float32)
+        kw[slots], vw[slots] = session.backend.to_host(k[first:]), session.backend.to_host(v[first:])
+        windows.append((kw, vw))
         x = x + _attention(xp, q, k, v, cfg.n_heads, W) @ w(p + "out.w") + w(p + "out.b")
         # MLP
         hmid = _silu(xp, _rmsnorm(xp, x, w(p + "mlp_norm.g")) @ w(p + "mlp.w1") + w(p + "mlp.b1"))
@@ -122,3 +125,6 @@ def _prefill(session, obs: np.ndarray) -> None:
     meta[META_STEP] = meta[META_POS] = meta[META_RNG] = n
     meta[META_KV_LEN] = min(n, W)
     session.backend.from_host(live("meta"), meta)
+    pages = session.kv.load(windows, n, min(n, W))  # the row takes over the load's references
+    session.kv.set_row(0, pages)
+    session.kv.decref(pages)

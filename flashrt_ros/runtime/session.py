@@ -19,7 +19,9 @@ from .buffers import Arena
 from .capsule import CapsuleInfo, CapsuleInUse, CapsuleStore, StoreUsage, UnknownCapsule, write_capsule_file
 from .config import PolicyConfig
 from .history import ObsHistory
+from .kv_log import KvLog
 from .policy import HybridPolicy
+from .sizing import StoreSizes
 from .weights import fingerprint, load_weights, save_weights, seeded_weights
 
 
@@ -75,12 +77,17 @@ def check_label(label: str) -> str:
     return label
 
 
+def _as_bytes(tensors: dict[str, np.ndarray]) -> np.ndarray:
+    return np.frombuffer(b"".join(np.ascontiguousarray(t).tobytes() for t in tensors.values()), np.uint8)
+
+
 class Session:
     def __init__(self, cfg: PolicyConfig | None = None, backend="numpy", weights: dict | None = None):
         self.cfg = cfg = cfg or PolicyConfig()
         self.backend = select(backend) if isinstance(backend, str) else backend
-        self.policy = HybridPolicy(cfg)
         self.rows = 1 + cfg.max_branches
+        self.sizes = sizes = StoreSizes.plan(cfg)
+        self.policy = HybridPolicy(cfg, sizes.log_pages)
         self.arena = Arena(self.policy.buffer_specs(), self.rows, self.backend)
         wspecs = self.policy.weight_specs()
         if weights is None:
@@ -93,9 +100,11 @@ class Session:
         layout_text = ";".join(f"{n}@{p.offset}:{p.spec.shape}:{p.spec.dtype}"
                                for n, p in self.arena.placements.items() if p.spec.is_state)
         self.fingerprint = fingerprint(cfg, weights, self.plan.describe(), layout_text)
-        self.store = CapsuleStore(self.backend, self.arena.row_nbytes, cfg.capsule_capacity,
-                                  cfg.capsule_budget_mb * 2**20, self.fingerprint, cfg.kv_window,
-                                  reserve=1 + cfg.max_branches)
+        self.kv = KvLog(self.backend, self.arena, cfg.n_layers, sizes.log_pages)
+        self.store = CapsuleStore(self.backend, self.arena, self.kv, sizes.records, sizes.budget_bytes,
+                                  self.fingerprint, cfg.kv_window, self.policy.window_specs(),
+                                  reserve_records=sizes.reserve_records, reserve_pages=sizes.reserve_pages,
+                                  entry_nbytes=sizes.entry_nbytes)
         self.lock = threading.RLock()
         self._live = self.backend.bind(self.plan, self.arena, 0, 1)
         self._branch_runners: dict[int, object] = {}
@@ -112,16 +121,34 @@ class Session:
         return self._live_id
 
     def live_row(self):
+        """The live row's small state (device memory)."""
         return self.arena.state_bytes(0)
 
+    def state_tensors(self, row: int = 0) -> dict[str, np.ndarray]:
+        """The full state of a row as host arrays: small state plus the KV window gathered from the
+        log (DESIGN.md contract 4). For checks and files; not on the hot path."""
+        with self.lock:
+            self.backend.sync()
+            return self.store.materialize_row(self.backend.to_host(self.arena.state_bytes(row)),
+                                              self.kv.tables[row])
+
     def state_host(self, row: int = 0) -> np.ndarray:
-        """A host copy of one state row (for checks; not on the hot path)."""
-        self.backend.sync()
-        return self.backend.to_host(self.arena.state_bytes(row))
+        """The full state of a row as one byte string (``state_tensors`` in table order)."""
+        return _as_bytes(self.state_tensors(row))
+
+    def materialize(self, capsule_id: int) -> dict[str, np.ndarray]:
+        """A capsule as the full state row it stands for (the full-copy oracle's view)."""
+        with self.lock:
+            return self.store.materialize(capsule_id)
+
+    def capsule_host(self, capsule_id: int) -> np.ndarray:
+        return _as_bytes(self.materialize(capsule_id))
 
     def reset(self) -> None:
         with self.lock, self.backend.activate():
             self.arena.state[...] = 0
+            for row in range(self.rows):
+                self.kv.clear_row(row)
             self._step = 0
             self._live_id = 0
             self.history.reset()
@@ -133,6 +160,7 @@ class Session:
         o = as_observations(obs, (self.cfg.obs_dim,))
         with self.lock:
             t0 = time.perf_counter()
+            self.kv.prepare_append(0, self._step)  # position == steps taken (meta invariant)
             self.backend.from_host(self.arena["obs"][0], o)
             self._live.replay()
             action = self.backend.to_host(self.arena["action"][0])
@@ -147,7 +175,7 @@ class Session:
             return StepResult(action, chunk, cid, self._step, (time.perf_counter() - t0) * 1e3)
 
     def _snapshot_live(self, stamp_ns: int, label: str, pin: bool) -> CapsuleInfo:
-        info = self.store.snapshot(self.live_row(), step=self._step, parent_id=self._live_id, stamp_ns=stamp_ns,
+        info = self.store.snapshot(0, step=self._step, parent_id=self._live_id, stamp_ns=stamp_ns,
                                    label=label, pin=pin)
         self._live_id = info.id
         self._mark_history(info.id, self.history.head)
@@ -161,8 +189,6 @@ class Session:
     def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
         check_label(label)
         with self.lock:
-            if pin:
-                self.store.check_pin_allowed()
             return self._snapshot_live(stamp_ns, label, pin)
 
     # ---- the store, under the session lock (the store itself is not thread-safe) ----------
@@ -210,7 +236,7 @@ class Session:
                 raise UnknownCapsule("no live capsule to roll back from (nothing stepped since reset)")
             else:  # from the live step, which may be past the live capsule (capsule_every_n_steps > 1)
                 info = self.store.ancestor(self._live_id, self._step - steps_back)
-            self.store.restore(info.id, self.live_row())
+            self.store.restore(info.id, 0)
             self._step = info.step
             self._live_id = info.id
             self.history.head = self.history.node_of(info.id)
@@ -218,14 +244,13 @@ class Session:
 
     def restore_roles(self, capsule_id: int, roles: tuple[str, ...]) -> CapsuleInfo:
         """Ablation only: restore just the buffers of ``roles`` (e.g. ("kv", "meta"), what a KV-cache
-        server would keep), leaving the rest of the live state as it is."""
+        server would keep), leaving the rest of the live state as it is. "kv" means the KV window
+        (the page table into the log)."""
         with self.lock:
-            info = self.store.get(capsule_id)
-            slot, row = self.store.slot(capsule_id), self.live_row()
-            for p in self.arena.placements.values():
-                if p.spec.role in roles:
-                    span = slice(p.offset, p.offset + p.spec.nbytes)
-                    self.backend.copy(row[span], slot[span])
+            names = {s.name for s in self.arena.state_specs() if s.role in roles}
+            if "kv" in roles:
+                names.add("kv_pages")
+            info = self.store.restore_buffers(capsule_id, 0, names)
             self._step, self._live_id = info.step, 0
             return info
 
@@ -240,14 +265,18 @@ class Session:
 
     def replan(self, capsule_id: int | None, observations, commit_branch: int | None = None,
                deadline_ms: float | None = None, cancel: Callable[[], bool] | None = None,
-               on_step: Callable[[int], None] | None = None) -> ReplanResult:
+               on_step: Callable[[int], None] | None = None, copy_fork: bool = False) -> ReplanResult:
         """Fork ``capsule_id`` (None or 0 = the live state) into B branches and step them as one batch
         over observations[B, horizon, obs_dim]. Without commit_branch the live state is untouched.
 
         ``deadline_ms`` None runs every step; otherwise the steps left when it passes are abandoned
         (partial result, deadline_met False). A replan stopped by ``cancel`` never commits.
         ``on_step(done)`` runs after each batched step on the calling thread, lock held (the node
-        steps a held live observation there)."""
+        steps a held live observation there).
+
+        Branches read the source capsule's KV window in place from the log and append their own
+        entries to private pages (a partial page is copied first when it is shared). ``copy_fork``
+        copies each branch's whole window instead: the old design, kept as the benchmark baseline."""
         t0 = time.perf_counter()
         arr = np.asarray(observations)
         if arr.ndim != 3:
@@ -266,38 +295,50 @@ class Session:
         with self.lock:
             if capsule_id:
                 src_info = self.store.get(capsule_id)
-                src, base_step, parent = self.store.slot(capsule_id), src_info.step, capsule_id
+                base_step, parent = src_info.step, capsule_id
                 base_node = self.history.node_of(capsule_id)
             else:
-                src, base_step, parent, base_node = self.live_row(), self._step, self._live_id, self.history.head
-            for r in range(b):
-                self.backend.copy(self.arena.state[1 + r], src)
-            runner = self._branch_runner(b)
-            obs_rows, act_rows = self.arena["obs"][1:1 + b], self.arena["action"][1:1 + b]
-            actions = np.empty((b, h, self.cfg.action_dim), np.float32)
-            done, message, cancelled = 0, "", False
-            for t in range(h):
-                self.backend.from_host(obs_rows, obs[:, t])
-                runner.replay()
-                actions[:, t] = self.backend.to_host(act_rows)
-                done += 1
-                if on_step is not None:
-                    on_step(done)
-                if done < h and (time.perf_counter() - t0) * 1e3 > limit_ms:
-                    message = f"deadline {limit_ms:.1f} ms passed after {done}/{h} steps; rest abandoned"
-                    break
-                if cancel is not None and cancel():
-                    message, cancelled = f"cancelled after {done}/{h} steps; nothing committed", True
-                    break
-            ids = [self.store.snapshot(self.arena.state[1 + r], step=base_step + done, parent_id=parent,
-                                       label=f"replan branch {r}").id for r in range(b)]
-            for r, cid in enumerate(ids):
-                self._mark_history(cid, self.history.branch(base_node, base_step, obs[r, :done]))
-            if commit_branch is not None and not cancelled:
-                self.backend.copy(self.live_row(), self.arena.state[1 + commit_branch])
-                self._step = base_step + done
-                self._live_id = ids[commit_branch]
-                self.history.head = self.history.node_of(self._live_id)
+                base_step, parent, base_node = self._step, self._live_id, self.history.head
+            try:
+                for r in range(1, 1 + b):  # fork: a small copy per branch, the window shared
+                    if capsule_id:
+                        self.store.restore(capsule_id, r)
+                    else:
+                        self.backend.copy(self.arena.state[r], self.live_row())
+                        self.kv.set_row(r, self.kv.tables[0])
+                    if copy_fork:
+                        self.kv.privatise_window(r, base_step)
+                runner = self._branch_runner(b)
+                obs_rows, act_rows = self.arena["obs"][1:1 + b], self.arena["action"][1:1 + b]
+                actions = np.empty((b, h, self.cfg.action_dim), np.float32)
+                done, message, cancelled = 0, "", False
+                for t in range(h):
+                    for r in range(1, 1 + b):
+                        self.kv.prepare_append(r, base_step + t)
+                    self.backend.from_host(obs_rows, obs[:, t])
+                    runner.replay()
+                    actions[:, t] = self.backend.to_host(act_rows)
+                    done += 1
+                    if on_step is not None:
+                        on_step(done)
+                    if done < h and (time.perf_counter() - t0) * 1e3 > limit_ms:
+                        message = f"deadline {limit_ms:.1f} ms passed after {done}/{h} steps; rest abandoned"
+                        break
+                    if cancel is not None and cancel():
+                        message, cancelled = f"cancelled after {done}/{h} steps; nothing committed", True
+                        break
+                ids = [self.store.snapshot(1 + r, step=base_step + done, parent_id=parent,
+                                           label=f"replan branch {r}").id for r in range(b)]
+                for r, cid in enumerate(ids):
+                    self._mark_history(cid, self.history.branch(base_node, base_step, obs[r, :done]))
+                if commit_branch is not None and not cancelled:
+                    self.store.restore(ids[commit_branch], 0)
+                    self._step = base_step + done
+                    self._live_id = ids[commit_branch]
+                    self.history.head = self.history.node_of(self._live_id)
+            finally:
+                for r in range(1, 1 + b):  # branch rows give their pages back
+                    self.kv.clear_row(r)
             self.backend.sync()
             elapsed = (time.perf_counter() - t0) * 1e3
             met = done == h and elapsed <= limit_ms
@@ -313,7 +354,9 @@ class Session:
         with self.lock, self.backend.activate():
             obs = self._rewind_history(n)
             self.arena.state[0] = 0
-            for o in obs:
+            self.kv.clear_row(0)
+            for i, o in enumerate(obs):
+                self.kv.prepare_append(0, i)
                 self.backend.from_host(self.arena["obs"][0], o)
                 self._live.replay()
             self.backend.sync()
@@ -350,14 +393,14 @@ class Session:
         """Write a self-contained capsule file; returns its sha256. The capsule is copied to the host
         under the lock; the file is written after the lock is released (steps go on meanwhile)."""
         with self.lock:
-            payload = self.store.export_payload(capsule_id or self._live_id, self.arena)
+            payload = self.store.export_payload(capsule_id or self._live_id)
         return write_capsule_file(payload, path)
 
     def import_capsule(self, path: str | Path, restore: bool = False) -> CapsuleInfo:
         """Validate a capsule file completely (without the lock), then add it; optionally make it live."""
-        checked = self.store.read_file(path, self.arena)
+        checked = self.store.read_file(path)
         with self.lock:
-            info = self.store.add_imported(checked, self.arena)
+            info = self.store.add_imported(checked)
             self._mark_history(info.id, None)  # its observations are not known here
             if restore:
                 info = self.rollback(info.id)
