@@ -8,21 +8,25 @@ from conftest import observation_trace, small_config
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime import launch as launch_mod
 from flashrt_ros.runtime.capture_check import CaptureCheckBackend, CaptureViolation
-from flashrt_ros.runtime.kernels import META_KV_LEN, REGISTRY
+from flashrt_ros.runtime.kernels import KV_PAGE, META_KV_LEN, META_RNG, REGISTRY, window_pages
 
 
 def checked_session(**kw):
-    return Session(small_config(action_noise_std=0.0, **kw), CaptureCheckBackend())
+    kw.setdefault("action_noise_std", 0.05)  # the noise op too: its counter must come from meta, not an argument
+    return Session(small_config(**kw), CaptureCheckBackend())
 
 
-def test_real_plan_passes_capture_discipline_through_steps_rollbacks_and_replans():
-    s = checked_session()
-    obs = observation_trace(120)
-    for o in obs[:100]:  # past the window: slot wrap-around included
+@pytest.mark.parametrize("kv_window", [48, 300, 1024])
+def test_real_plan_passes_capture_discipline_through_steps_rollbacks_and_replans(kv_window):
+    s = checked_session(kv_window=kv_window)
+    assert any(op.kernel == "rng_noise" for op in s.plan.ops)
+    n = window_pages(kv_window) * KV_PAGE + 20  # past the wrap of the page ring: several attention splits
+    obs = observation_trace(n + 20)
+    for o in obs[:n]:
         s.step(o)
     s.rollback(steps_back=30)
-    s.replan(0, np.stack([obs[100:110]] * 3), deadline_ms=1e6)
-    s.replan(0, np.stack([obs[100:104]] * 8), commit_branch=2, deadline_ms=1e6)
+    s.replan(0, np.stack([obs[n:n + 10]] * 3))
+    s.replan(0, np.stack([obs[n:n + 4]] * 8), commit_branch=2)
 
 
 def test_changing_scalar_argument_is_caught(monkeypatch):
@@ -71,3 +75,15 @@ def test_host_sync_during_replay_is_caught(monkeypatch):
     s2 = Session(small_config(), s.backend)
     with pytest.raises(CaptureViolation, match="host sync"):
         s2.step(np.zeros(14, np.float32))
+
+
+def test_noise_seed_that_varies_per_step_is_caught(monkeypatch):
+    real = launch_mod.LAUNCHERS["rng_noise"]
+
+    def counter_as_seed(action, meta, seed, std):  # reads the step counter on the host: frozen by a graph
+        return real(action, meta, seed + int(meta[0, META_RNG]), std)
+
+    monkeypatch.setitem(launch_mod.LAUNCHERS, "rng_noise", counter_as_seed)
+    s = checked_session()
+    with pytest.raises(CaptureViolation, match="changing scalar"):
+        s.step(np.zeros(14, np.float32))

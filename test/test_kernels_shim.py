@@ -106,7 +106,7 @@ def attn_case(rng, B, n, H, d):
     return dict(qkv=rows(rng, B, (3 * d,)), k_log=rng.standard_normal((P + B, K.KV_PAGE, d)).astype(np.float32),
                 v_log=rng.standard_normal((P + B, K.KV_PAGE, d)).astype(np.float32), meta=meta_rows(B, pos, kv_len),
                 kv_pages=rows(rng, B, (P,), dtype=np.int64, fill=table), out=rows(rng, B, (d,), fill=np.nan),
-                scores=z((B, H, P, K.KV_PAGE, 1), np.float32), chunk_m=z((B, H, P, 1, 1), np.float32),
+                scores=z((B, H, P, 1, K.KV_PAGE), np.float32), chunk_m=z((B, H, P, 1, 1), np.float32),
                 chunk_l=z((B, H, P, 1, 1), np.float32), chunk_acc=z((B, H, P, hd), np.float32),
                 attn_max=z((B, H, 1, 1), np.float32), attn_den=z((B, H, 1, 1), np.float32),
                 part=rows(rng, B, (H, P, hd + 2), fill=np.nan), ones=np.ones((K.KV_PAGE, 1), np.float32)), \

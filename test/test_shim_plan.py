@@ -5,6 +5,7 @@ from cuda_on_cpu.shim_backend import ShimBackend
 
 from conftest import observation_trace, small_config
 from flashrt_ros.runtime import Session
+from flashrt_ros.runtime.kernels import KV_PAGE, window_pages
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +51,36 @@ def test_shim_replan_branches_equal_shim_live_stepping(runs):
         shim.rollback(cid)
         live = np.stack([shim.step(o).action for o in branches[b]])
         assert live.tobytes() == res.actions[b].tobytes()
+
+
+@pytest.mark.parametrize("kv_window", [300, 1024])
+def test_shim_plan_matches_numpy_past_the_page_ring_wrap(kv_window, tmp_path):
+    """A window of several attention splits, after the page ring wrapped: the NumPy session runs the
+    long prefix, the shim session imports its capsule and both continue across a page boundary; then
+    the shim's replan branches must equal the shim's own live stepping byte for byte."""
+    cfg = small_config(kv_window=kv_window, max_branches=3, action_noise_std=0.05, seed=3)
+    ring = window_pages(kv_window) * KV_PAGE
+    obs = observation_trace(ring + 160, seed=7)
+    start = ring + 120  # 8 steps before a page boundary
+    ref = Session(cfg, "numpy")
+    for o in obs[:start]:
+        ref.step(o)
+    ref.export_capsule(0, tmp_path / "c.safetensors")
+    shim = Session(cfg, ShimBackend())
+    shim.import_capsule(tmp_path / "c.safetensors", restore=True)
+    a_ref = np.stack([ref.step(o).action for o in obs[start:start + 12]])
+    a_shim = np.stack([shim.step(o).action for o in obs[start:start + 12]])
+    np.testing.assert_allclose(a_shim, a_ref, rtol=0, atol=1e-5)
+    for name, want in ref.state_tensors().items():
+        got = shim.state_tensors()[name]
+        if want.dtype.kind == "i":
+            assert np.array_equal(got, want), name
+        else:
+            np.testing.assert_allclose(got, want, rtol=0, atol=2e-5, err_msg=name)
+    cid = shim.pin(shim.live_capsule_id).id
+    branches = np.stack([obs[start + 12 + 3 * b:start + 17 + 3 * b] for b in range(3)])
+    res = shim.replan(cid, branches)
+    for b in range(3):
+        shim.rollback(cid)
+        live = np.stack([shim.step(o).action for o in branches[b]])
+        assert live.tobytes() == res.actions[b].tobytes(), f"branch {b}"

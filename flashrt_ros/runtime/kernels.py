@@ -204,7 +204,7 @@ def attn_decode_ref(qkv, k_log, v_log, meta, kv_pages, out, scores, chunk_m, chu
 
     q = qkv[B,:d]. The window is positions pos-T+1 .. pos (T = min(kv_len + 1, W); this step's k, v
     are already written), read from the log through kv_pages[B,P]. Chunk j (page slot j) holds the
-    positions t with (t // KV_PAGE) % P == j, at slot t % KV_PAGE of scores[B,H,P,KV_PAGE,1]. Per
+    positions t with (t // KV_PAGE) % P == j, at slot t % KV_PAGE of scores[B,H,P,1,KV_PAGE]. Per
     chunk: m_j = max, l_j = sum exp(s - m_j), acc_j = sum exp(s - m_j) v; then out = sum_j acc_j w_j /
     sum_j l_j w_j with w_j = exp(m_j - max m). Which call computes what depends only on positions,
     never on where pages sit or which rows share them, so a branch is byte-identical to live
@@ -215,49 +215,45 @@ def attn_decode_ref(qkv, k_log, v_log, meta, kv_pages, out, scores, chunk_m, chu
     hd = d // n_heads
     P, page_len = kv_pages.shape[1], k_log.shape[1]
     pos, first, count = _window(meta, kv_window, P * page_len)
-    q = qkv[:, :d].reshape(B, n_heads, hd, 1)
-    s = scores  # [B,H,P,KV_PAGE,1]
+    q = qkv[:, :d].reshape(B, n_heads, 1, hd)
+    s = scores  # [B,H,P,1,KV_PAGE]: every operand below is BLAS-shaped, so nothing is copied
     for j in range(P):
         pages = kv_pages[:, j]
-        page = int(pages[0]) % k_log.shape[0]
         if (pages == pages[0]).all():  # shared by every row: one read for all queries
-            kh = k_log[page].reshape(page_len, n_heads, hd).transpose(1, 0, 2)  # [H, KV_PAGE, hd]
-            np.matmul(kh, q, out=s[:, :, j])
+            kt = k_log[int(pages[0]) % k_log.shape[0]].reshape(page_len, n_heads, hd).transpose(1, 2, 0)
+            np.matmul(q, kt, out=s[:, :, j])  # [B,H,1,hd] @ [H,hd,KV_PAGE]
         else:
             for b in range(B):
-                kh = k_log[int(pages[b]) % k_log.shape[0]].reshape(page_len, n_heads, hd).transpose(1, 0, 2)
-                np.matmul(kh, q[b], out=s[b, :, j])
+                kt = k_log[int(pages[b]) % k_log.shape[0]].reshape(page_len, n_heads, hd).transpose(1, 2, 0)
+                np.matmul(q[b], kt, out=s[b, :, j])
     flat = s.reshape(B, n_heads, P * page_len)
     flat *= np.float32(1.0 / np.sqrt(hd))
     _mask_outside(flat, first, count, -np.inf)
-    np.max(s, axis=3, keepdims=True, out=chunk_m)  # [B,H,P,1,1]; max is exact in any order
+    np.max(s, axis=4, keepdims=True, out=chunk_m)  # [B,H,P,1,1]; max is exact in any order
     np.maximum(chunk_m, np.float32(-3e38), out=chunk_m)  # an empty chunk: finite, weight 0 below
     s -= chunk_m
     np.maximum(s, SCORE_FLOOR, out=s)
     np.exp(s, out=s)
     _mask_outside(flat, first, count, 0.0)
-    p = s.transpose(0, 1, 2, 4, 3)  # [B,H,P,1,KV_PAGE]
-    np.matmul(p, ones, out=chunk_l)  # [B,H,P,1,1]
+    np.matmul(s, ones, out=chunk_l)  # [B,H,P,1,KV_PAGE] @ [KV_PAGE,1]
     for j in range(P):
         pages = kv_pages[:, j]
-        pj = p[:, :, j]  # [B,H,1,KV_PAGE]
         acc = chunk_acc[:, :, j:j + 1]  # [B,H,1,hd]
         if (pages == pages[0]).all():
             vh = v_log[int(pages[0]) % v_log.shape[0]].reshape(page_len, n_heads, hd).transpose(1, 0, 2)
-            np.matmul(pj, vh, out=acc)
+            np.matmul(s[:, :, j], vh, out=acc)  # [B,H,1,KV_PAGE] @ [H,KV_PAGE,hd]
         else:
             for b in range(B):
                 vh = v_log[int(pages[b]) % v_log.shape[0]].reshape(page_len, n_heads, hd).transpose(1, 0, 2)
-                np.matmul(pj[b], vh, out=acc[b])
+                np.matmul(s[b, :, j], vh, out=acc[b])
     m = chunk_m[..., 0]  # [B,H,P,1]
     np.max(m, axis=2, keepdims=True, out=attn_max)  # [B,H,1,1]
     m -= attn_max
     np.exp(m, out=m)  # w_j; 0 for empty chunks
     w = m.transpose(0, 1, 3, 2)  # [B,H,1,P]
     np.matmul(w, chunk_l[..., 0], out=attn_den)  # [B,H,1,1]
-    o = out.reshape(B, n_heads, 1, hd)
-    np.matmul(w, chunk_acc, out=o)
-    o /= attn_den
+    w /= attn_den  # normalise the P weights rather than the hd outputs
+    np.matmul(w, chunk_acc, out=out.reshape(B, n_heads, 1, hd))
 
 
 @kernel("chunk mtp_state meta action tmp", "mtp_state action tmp", inplace="mtp_state")

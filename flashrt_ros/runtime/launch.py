@@ -140,7 +140,7 @@ def attn_decode(qkv, k_log, v_log, meta, kv_pages, out, scores, chunk_m, chunk_l
     _f32(qkv, k_log, v_log, out, scores, part)
     _check(d % n_heads == 0 and hd <= ATTN_MAX_HD, f"head_dim {d}/{n_heads} must be an integer <= {ATTN_MAX_HD}")
     _check(P * KV_PAGE >= kv_window + KV_PAGE, f"kv_pages: {P} slots cannot cover a window of {kv_window}")
-    _check(qkv.shape == (B, 3 * d) and out.shape == (B, d) and scores.shape[:4] == (B, n_heads, P, KV_PAGE)
+    _check(qkv.shape == (B, 3 * d) and out.shape == (B, d) and scores.shape == (B, n_heads, P, 1, KV_PAGE)
            and scores.flags.c_contiguous and part.shape == (B, n_heads, P, hd + 2),
            f"attn_decode shapes qkv{qkv.shape} scores{scores.shape} part{part.shape}")
     return (Launch("attention.cu", "attn_partial_f32", (B * n_heads, P, 1), (ATTN_THREADS, 1, 1),

@@ -72,7 +72,7 @@ class HybridPolicy:
             ("attn", (d,)), ("proj", (d,)), ("mlp_h", (MLP_RATIO * d,)), ("mlp_tmp", (MLP_RATIO * d,)),
             ("chunk_tmp", (K * A,)), ("act_tmp", (A,)), ("ms", (1, 1)),
             # attention over the window, one chunk per page slot (NumPy twin); CUDA uses attn_part
-            ("scores", (H, P, KV_PAGE, 1)), ("chunk_m", (H, P, 1, 1)), ("chunk_l", (H, P, 1, 1)),
+            ("scores", (H, P, 1, KV_PAGE)), ("chunk_m", (H, P, 1, 1)), ("chunk_l", (H, P, 1, 1)),
             ("chunk_acc", (H, P, hd)), ("attn_max", (H, 1, 1)), ("attn_den", (H, 1, 1)),
             ("attn_part", (H, P, hd + 2)),  # CUDA split-K partials: (acc..., m, l) per chunk
         ]
