@@ -54,11 +54,13 @@ class ReplayConfig:
 
     def __init__(self, path: str | Path | None):
         self.path = Path(path) if path else default_config_path()
+        import yaml
+
         try:
             params = load_ros_params(self.path)
             self.policy = PolicyConfig.from_dict(params)
-        except (OSError, ValueError, TypeError) as e:
-            raise BagError(f"--config {self.path}: {e}") from None
+        except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
+            raise BagError(f"--config {self.path}: {' '.join(str(e).split())}") from None
         names = params.get("joint_names") or []
         if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
             raise BagError(f"--config {self.path}: joint_names must be a list of strings, got {names!r}")
