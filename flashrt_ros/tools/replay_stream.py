@@ -4,6 +4,7 @@ Nothing here grows with the length of the bag: memory is bounded by the config, 
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import re
@@ -58,7 +59,9 @@ class ReplayConfig:
 
         try:
             params = load_ros_params(self.path)
-            self.policy = PolicyConfig.from_dict(params)
+            # the file also holds the node's own parameters (joint_names, backend, ...): the policy takes its fields
+            fields = {f.name for f in dataclasses.fields(PolicyConfig)}
+            self.policy = PolicyConfig.from_dict({k: v for k, v in params.items() if k in fields})
         except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
             raise BagError(f"--config {self.path}: {' '.join(str(e).split())}") from None
         names = params.get("joint_names") or []
@@ -103,8 +106,8 @@ class ObservationStream:
 
     def __init__(self, src, ts, cfg: ReplayConfig):
         self.src, self.ts = src, ts
-        self.obs_type, self.obs_dim, self.joint_names = observation_type(src.msgtype), cfg.policy.obs_dim, \
-            cfg.joint_names
+        self.obs_type = observation_type(src.msgtype)
+        self.obs_dim, self.joint_names = cfg.policy.obs_dim, cfg.joint_names
         self.messages = 0
         self.rejected = Rejections()
 
