@@ -95,6 +95,8 @@ def _replay(argv) -> int:
     if not (args.rate >= 0 and args.max_gap >= 0) or not np.isfinite([args.rate, args.max_gap]).all():
         ap.error("--rate and --max-gap must be finite and >= 0")
     out_path = check_new_output(args.out) if args.out else None  # before any work: never after a long replay
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise BagError(f"--json {args.json}: directory {Path(args.json).resolve().parent} does not exist")
     ts = typestore()
     cfg = ReplayConfig(args.config)
     args.config = str(cfg.path)  # live mode starts the node with this same file
@@ -138,6 +140,10 @@ def _replay(argv) -> int:
     return EXIT_OK if checks["run"] == checks["passed"] else EXIT_FAILED
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
 def _raise_interrupted(signum, _frame):
     raise Interrupted(signum)
 
@@ -150,18 +156,18 @@ def main(argv=None) -> int:
     try:
         return diff_main(argv[1:]) if argv[:1] == ["diff"] else _replay(argv)
     except BagError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
+        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except NodeFailed as e:
-        print(f"{prog}: {e}", file=sys.stderr)
+        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
         return EXIT_NODE_FAILED
     except (Interrupted, KeyboardInterrupt) as e:
         signum = getattr(e, "signum", signal.SIGINT)
         print(f"{prog}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
         return 128 + signum
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, a code that means "bug"
-        print(f"{prog}: internal error: {type(e).__name__}: {e} (a bug; please report it with the command line)",
-              file=sys.stderr)
+        print(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (a bug; please report it with the "
+              "command line)", file=sys.stderr)
         return EXIT_INTERNAL
     finally:
         for s, h in old.items():
