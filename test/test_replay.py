@@ -97,3 +97,17 @@ def test_live_replay_through_the_node_matches_offline_bytes(bags, offline_run, r
     _, res = replay("diff", out_offline, tmp_path / "live")  # the node's own output reads back
     assert json.loads(res.stdout)["identical"]
     assert {m.header.frame_id for m in read_policy_steps(tmp_path / "live", typestore())} == {"base_link"}
+
+
+def test_diff_reports_a_shorter_run_at_the_first_missing_step(offline_run, tmp_path):
+    _, out = offline_run
+    steps = read_policy_steps(out, typestore())
+    records = [StepRecord(m.header.stamp.sec * 10**9 + m.header.stamp.nanosec, m.step, m.capsule_id,
+                          np.array(m.action, np.float32), np.array(m.action_chunk, np.float32), m.chunk_len,
+                          m.step_latency_ms, m.header.frame_id) for m in steps[:-1]]
+    write_outputs(tmp_path / "short", "mcap", records, typestore())
+    for a, b, n_a, n_b in ((out, tmp_path / "short", 1000, 999), (tmp_path / "short", out, 999, 1000)):
+        _, res = replay("diff", a, b, expect=1)
+        report = json.loads(res.stdout)
+        assert (report["a_steps"], report["b_steps"], report["compared"]) == (n_a, n_b, 999)
+        assert report["differing_steps"] == 0 and report["first_diverging_index"] == 999

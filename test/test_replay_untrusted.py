@@ -107,3 +107,16 @@ def test_memory_does_not_grow_with_the_length_of_the_bag(tmp_path, monkeypatch, 
     after_warmup = samples[5:]  # 10k messages in: allocator pools and the output writer are at size
     growth_mb = (max(after_warmup) - after_warmup[0]) / 2**20
     assert growth_mb < 12, f"RSS grew {growth_mb:.1f} MiB from message 10k to 100k"
+
+
+def test_a_flood_of_distinct_reject_reasons_takes_bounded_memory():
+    from flashrt_ros.tools.replay_stream import Rejections
+
+    r = Rejections()
+    for i in range(10_000):
+        r.add(f"non-finite value inf at index {i}")
+    r.add("non-finite value inf at index 3")  # a reason seen before keeps its exact key
+    s = r.summary()
+    assert s["count"] == 10_001 and len(s["reasons"]) == Rejections.MAX_DISTINCT + 1
+    assert s["reasons"]["non-finite value inf at index 3"] == 2
+    assert s["reasons"]["non-finite value inf at index N (numbers vary)"] == 10_000 - Rejections.MAX_DISTINCT
