@@ -1,27 +1,17 @@
 """flashrt-replay on real rosbag2 files (mcap and sqlite3), offline and through the live node."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from fixtures.make_bags import make_all
+from fixtures.replay_cli import replay
 
-from conftest import ROOT
 from flashrt_ros.tools.bags import StepRecord, read_policy_steps, typestore, write_outputs
 
 
 @pytest.fixture(scope="module")
 def bags(tmp_path_factory):
     return make_all(tmp_path_factory.mktemp("bags"))
-
-
-def replay(*args, env=None, expect=0):
-    res = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.replay", *map(str, args)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == expect, res.stderr[-3000:]
-    assert "Traceback" not in res.stderr, res.stderr[-3000:]
-    return (json.loads(res.stdout) if expect in (0, 1) and res.stdout.strip().startswith("{") else None), res
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +48,12 @@ def test_rollback_checks_pass_over_a_whole_recorded_run(bags, offline_run):
     assert summary["actions_sha256"] == offline_run[0]["actions_sha256"]  # checks change nothing
 
 
-def test_malformed_messages_are_counted_and_skipped(bags):
+def test_malformed_messages_are_counted_by_reason_with_their_numbers(bags):
     summary, _ = replay(bags["with_bad_messages"])
     assert summary["messages"] == 300 and summary["steps"] == 294
-    assert summary["rejected"]["count"] == 6
-    assert any("obs_dim" in r for r in summary["rejected"]["reasons"])
-    assert any("non-finite" in r for r in summary["rejected"]["reasons"])
+    assert summary["rejected"] == {"count": 6, "reasons": {
+        "JointState gives 5 positions + 5 velocities = 10 values, obs_dim is 14": 3,
+        "non-finite value nan at index 3": 3}}
 
 
 @pytest.mark.parametrize("name, message", [
@@ -106,3 +96,18 @@ def test_live_replay_through_the_node_matches_offline_bytes(bags, offline_run, r
     assert live["rollback_checks"] == {"run": 4, "passed": 4}
     _, res = replay("diff", out_offline, tmp_path / "live")  # the node's own output reads back
     assert json.loads(res.stdout)["identical"]
+    assert {m.header.frame_id for m in read_policy_steps(tmp_path / "live", typestore())} == {"base_link"}
+
+
+def test_diff_reports_a_shorter_run_at_the_first_missing_step(offline_run, tmp_path):
+    _, out = offline_run
+    steps = read_policy_steps(out, typestore())
+    records = [StepRecord(m.header.stamp.sec * 10**9 + m.header.stamp.nanosec, m.step, m.capsule_id,
+                          np.array(m.action, np.float32), np.array(m.action_chunk, np.float32), m.chunk_len,
+                          m.step_latency_ms, m.header.frame_id) for m in steps[:-1]]
+    write_outputs(tmp_path / "short", "mcap", records, typestore())
+    for a, b, n_a, n_b in ((out, tmp_path / "short", 1000, 999), (tmp_path / "short", out, 999, 1000)):
+        _, res = replay("diff", a, b, expect=1)
+        report = json.loads(res.stdout)
+        assert (report["a_steps"], report["b_steps"], report["compared"]) == (n_a, n_b, 999)
+        assert report["differing_steps"] == 0 and report["first_diverging_index"] == 999

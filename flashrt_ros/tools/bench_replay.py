@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,10 @@ def run(args) -> dict:
         if res.returncode:
             raise SystemExit(f"flashrt-replay failed with exit code {res.returncode}")
         summary = json.loads(res.stdout)
+    # the replay is this process's only child: its peak RSS (KiB on Linux), which streaming keeps flat
+    peak_rss_mb = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
     steps_per_s = summary["steps_per_s"]
     return {"steps": summary["steps"], "steps_per_s": steps_per_s,
             "real_time_factor_at_100hz": round(steps_per_s / RATE_HZ, 2),
-            "step_latency_ms": summary["step_latency_ms"], "actions_sha256": summary["actions_sha256"]}
+            "step_latency_ms": summary["step_latency_ms"], "actions_sha256": summary["actions_sha256"],
+            "replay_peak_rss_mb": peak_rss_mb}

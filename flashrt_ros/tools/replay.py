@@ -1,209 +1,216 @@
 """flashrt-replay: run a recorded bag through the policy and record what it did; diff two such runs.
 
     flashrt-replay BAG [--topic T] [--mode offline|live] [--out OUT_BAG] [--storage mcap|sqlite3]
-                   [--rollback-every N --rollback-depth D] [--rate R] [--json PATH]
+                   [--rollback-every N --rollback-depth D] [--rate R] [--max-gap S] [--config PARAMS]
+                   [--json PATH]
     flashrt-replay diff A B
 
-Exit codes: 0 ok / identical, 1 rollback checks failed / bags differ, 2 unusable input (the message
-says why).
+Offline and live runs convert messages with the node's own function and the config's joint_names, so
+both see the same arrays. Without --config, the installed config (ament share of flashrt_ros) is used,
+else the source tree's config/flashrt.yaml.
+
+exit codes:
+  0    ok: every rollback check passed / the two bags are identical
+  1    rollback checks failed / the bags differ
+  2    bad input: unreadable, empty or foreign bag, bad config or arguments, --out exists (one line says why)
+  3    no step: every observation message was rejected (the summary lists the reasons)
+  4    internal error: a bug in flashrt-replay (one line on stderr; please report it)
+  5    live mode: the node could not be started, died, or stopped answering
+  130  interrupted by SIGINT, 143 by SIGTERM (a live node is stopped too)
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import re
+import shutil
+import signal
 import sys
 import time
-from collections import Counter, deque
 from pathlib import Path
 
 import numpy as np
 
-from ..ros.convert import message_to_obs
-from ..runtime import PolicyConfig
 from .bags import (
-    JOINT_STATE,
     STORAGES,
     BagError,
+    OutputBag,
     StepRecord,
-    header_stamp_ns,
-    iter_messages,
+    check_new_output,
+    iter_policy_steps,
     open_observations,
-    read_policy_steps,
     typestore,
-    write_outputs,
 )
-from .common import p50_p99, progress
+from .common import progress
+from .replay_stream import Interrupted, NodeFailed, ObservationStream, ReplayConfig, RollbackChecks, StepSink
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_STEPS, EXIT_INTERNAL, EXIT_NODE_FAILED = 0, 1, 2, 3, 4, 5
+PROGRESS_EVERY = 2000
 
 
-class Rejections:
-    def __init__(self):
-        self.reasons: Counter = Counter()
-
-    def add(self, reason: str) -> None:
-        self.reasons[re.sub(r"-?\d+(\.\d+)?", "N", reason)] += 1
-
-    def summary(self) -> dict:
-        return {"count": sum(self.reasons.values()), "reasons": dict(self.reasons)}
-
-
-class ObservationStream:
-    """The bag's observation messages converted exactly as the node converts them; rejects are counted
-    with their reasons and skipped. Yields (bag stamp, observation stamp, message, observation)."""
-
-    def __init__(self, src, ts, obs_dim: int):
-        self.src, self.ts, self.obs_dim = src, ts, obs_dim
-        self.obs_type = "joint_state" if src.msgtype == JOINT_STATE else "float32_array"
-        self.messages = 0
-        self.rejected = Rejections()
-
-    def __iter__(self):
-        for stamp, msg, err in iter_messages(self.src, self.ts):
-            self.messages += 1
-            if err is None:
-                try:
-                    obs = message_to_obs(msg, self.obs_type, self.obs_dim)
-                except ValueError as e:
-                    err = str(e)
-            if err is not None:
-                self.rejected.add(err)
-                continue
-            yield stamp, header_stamp_ns(msg, stamp), msg, obs
-
-
-class RollbackChecks:
-    """Every N steps: go back D steps, re-feed the same D observations, expect the same action bytes."""
-
-    def __init__(self, every: int, depth: int):
-        self.every, self.depth = every, depth
-        self.recent: deque = deque(maxlen=max(depth, 1))
-        self.run = self.passed = 0
-
-    def due(self, steps: int) -> bool:
-        return bool(self.every) and steps % self.every == 0 and steps >= self.depth
-
-    def record(self, ok: bool) -> None:
-        self.run += 1
-        self.passed += int(ok)
-
-
-def _load_config(path: str | None) -> PolicyConfig:
-    return PolicyConfig.from_yaml(path or Path(__file__).resolve().parents[2] / "config" / "flashrt.yaml")
-
-
-def run_offline(args, src, ts, cfg: PolicyConfig) -> tuple[list[StepRecord], dict]:
+def run_offline(args, src, ts, cfg: ReplayConfig, sink: StepSink) -> dict:
     from ..runtime import Session
 
-    session = Session(cfg, args.backend)
-    stream = ObservationStream(src, ts, cfg.obs_dim)
-    records, checks = [], RollbackChecks(args.rollback_every, args.rollback_depth)
+    session = Session(cfg.policy, args.backend)
+    stream = ObservationStream(src, ts, cfg)
+    checks = RollbackChecks(args.rollback_every, args.rollback_depth)
     t0 = time.perf_counter()
-    for _, stamp_ns, _, obs in stream:
+    for _, stamp_ns, frame_id, _, obs in stream:
         res = session.step(obs, stamp_ns)
-        records.append(StepRecord(stamp_ns, res.step, res.capsule_id, res.action, res.chunk.ravel(),
-                                  cfg.chunk_len, res.latency_ms))
-        checks.recent.append(obs)
-        if checks.due(len(records)):
+        sink.add(StepRecord(stamp_ns, res.step, res.capsule_id, res.action, res.chunk.ravel(), cfg.policy.chunk_len,
+                            res.latency_ms, frame_id))
+        checks.push(obs, res.action.copy())
+        if checks.due(sink.steps):
             session.rollback(steps_back=checks.depth)
-            again = [session.step(o).action for o in checks.recent]
-            checks.record(all(a.tobytes() == r.action.tobytes() for a, r in zip(again, records[-checks.depth:])))
-        if stream.messages % 2000 == 0:
-            progress(f"offline: {stream.messages}/{src.count} messages")
-    return records, _summary(stream, records, checks, time.perf_counter() - t0)
+            checks.record([session.step(o).action.copy() for o in checks.recent_inputs])
+        if stream.messages % PROGRESS_EVERY == 0:
+            progress(f"offline: {stream.messages} messages, {sink.steps} steps")
+    return sink.summary(stream, checks, time.perf_counter() - t0)
 
 
-def _summary(stream: ObservationStream, records, checks, wall_s) -> dict:
-    actions = b"".join(r.action.astype(np.float32).tobytes() for r in records)
-    return {"messages": stream.messages, "steps": len(records), "rejected": stream.rejected.summary(),
-            "actions_sha256": hashlib.sha256(actions).hexdigest(),
-            "step_latency_ms": p50_p99([r.latency_ms for r in records]),
-            "rollback_checks": {"run": checks.run, "passed": checks.passed},
-            "wall_s": round(wall_s, 3), "steps_per_s": round(len(records) / wall_s, 1) if wall_s > 0 else None}
-
-
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["diff"]:
-        return diff_main(argv[1:])
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="flashrt-replay", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bag", help="rosbag2 directory, or one .mcap / .db3 file")
     ap.add_argument("--topic", help="observation topic (default: the only observation-typed topic)")
     ap.add_argument("--mode", choices=["offline", "live"], default="offline")
-    ap.add_argument("--out", help="write /action and /policy_step to this new bag")
+    ap.add_argument("--out", help="write /action and /policy_step to this new bag (refused if it exists)")
     ap.add_argument("--storage", choices=STORAGES, default="mcap", help="storage of --out")
     ap.add_argument("--rollback-every", type=int, default=0, metavar="N")
     ap.add_argument("--rollback-depth", type=int, default=20, metavar="D")
     ap.add_argument("--rate", type=float, default=1.0, help="live: playback speed (0 = as fast as flow control)")
-    ap.add_argument("--config", help="params file (default: config/flashrt.yaml)")
+    ap.add_argument("--max-gap", type=float, default=1.0, metavar="S",
+                    help="live: longest wait between two messages, in seconds of bag time (default 1.0)")
+    ap.add_argument("--config", help="params file (default: the installed or source config/flashrt.yaml)")
     ap.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
     ap.add_argument("--json", help="write the summary here too")
+    return ap
+
+
+def _replay(argv) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.rollback_every < 0 or args.rollback_depth < 1 or (args.rollback_every
                                                               and args.rollback_depth > args.rollback_every):
         ap.error("--rollback-every must be >= 0 and 1 <= --rollback-depth <= --rollback-every")
+    if not (args.rate >= 0 and args.max_gap >= 0) or not np.isfinite([args.rate, args.max_gap]).all():
+        ap.error("--rate and --max-gap must be finite and >= 0")
+    out_path = check_new_output(args.out) if args.out else None  # before any work: never after a long replay
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise BagError(f"--json {args.json}: directory {Path(args.json).resolve().parent} does not exist")
+    ts = typestore()
+    cfg = ReplayConfig(args.config)
+    args.config = str(cfg.path)  # live mode starts the node with this same file
+    src = open_observations(args.bag, args.topic)
+    for note in src.notes:
+        progress(f"warning: {note}")
+    progress(f"{args.mode}: {src.msgtype} on {src.topic}, config {cfg.path}")
+    out = OutputBag(out_path, args.storage, ts) if out_path else None
+    finished = False
     try:
-        ts = typestore()
-        src = open_observations(args.bag, args.topic)
-        cfg = _load_config(args.config)
-        progress(f"{args.mode}: {src.count} messages of {src.msgtype} on {src.topic}")
+        sink = StepSink(out)
         if args.mode == "offline":
-            records, summary = run_offline(args, src, ts, cfg)
+            summary = run_offline(args, src, ts, cfg, sink)
         else:
             from .replay_live import run_live
-            records, summary = run_live(args, src, ts, cfg)
-        summary.update(mode=args.mode, topic=src.topic, bag=str(args.bag))
-        if args.out:
-            write_outputs(args.out, args.storage, records, ts)
-            summary["out"] = str(args.out)
-    except BagError as e:
-        print(f"flashrt-replay: {e}", file=sys.stderr)
-        return 2
+            summary = run_live(args, src, ts, cfg, sink)
+        if summary["messages"] == 0:
+            raise BagError(f"{args.bag}: topic {src.topic} holds no messages")
+        finished = summary["steps"] > 0
+    finally:
+        if out is not None:
+            out.close()
+            if not finished:  # a bag without a result must not look like one
+                shutil.rmtree(out_path, ignore_errors=True)
+    summary.update(mode=args.mode, topic=src.topic, bag=str(args.bag), config=str(cfg.path))
+    if out_path:
+        summary["out"] = str(out_path)
+    if src.notes:
+        summary["metadata_mismatch"] = src.notes
     text = json.dumps(summary, indent=2)
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
+    if summary["steps"] == 0:
+        reasons = summary["rejected"]["reasons"]
+        top = next(iter(reasons), "none")
+        print(f"flashrt-replay: no step: all {summary['messages']} messages were rejected (most often: {top})",
+              file=sys.stderr)
+        return EXIT_NO_STEPS
     checks = summary["rollback_checks"]
-    return 0 if checks["run"] == checks["passed"] else 1
+    return EXIT_OK if checks["run"] == checks["passed"] else EXIT_FAILED
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
+
+
+def _raise_interrupted(signum, _frame):
+    raise Interrupted(signum)
+
+
+def main(argv=None) -> int:
+    """Every outcome has its own exit code; a crash never exits with a code that means a result."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = "flashrt-replay diff" if argv[:1] == ["diff"] else "flashrt-replay"
+    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return diff_main(argv[1:]) if argv[:1] == ["diff"] else _replay(argv)
+    except BagError as e:
+        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except NodeFailed as e:
+        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
+        return EXIT_NODE_FAILED
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{prog}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, a code that means "bug"
+        print(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (a bug; please report it with the "
+              "command line)", file=sys.stderr)
+        return EXIT_INTERNAL
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def diff_main(argv) -> int:
     ap = argparse.ArgumentParser(prog="flashrt-replay diff", description="compare two output bags step by step; "
-                                 "exit 0 only when identical")
+                                 "exit 0 only when identical, 1 when they differ, 2 when one cannot be read")
     ap.add_argument("a")
     ap.add_argument("b")
     args = ap.parse_args(argv)
-    try:
-        ts = typestore()
-        a, b = read_policy_steps(args.a, ts), read_policy_steps(args.b, ts)
-    except BagError as e:
-        print(f"flashrt-replay diff: {e}", file=sys.stderr)
-        return 2
-    n = min(len(a), len(b))
-    first, max_abs, differing = None, 0.0, 0
-    for i in range(n):
-        xa, xb = np.asarray(a[i].action, np.float32), np.asarray(b[i].action, np.float32)
-        if xa.tobytes() != xb.tobytes() or a[i].step != b[i].step:
+    ts = typestore()
+    it_a, it_b = iter_policy_steps(args.a, ts), iter_policy_steps(args.b, ts)
+    n_a = n_b = compared = differing = 0
+    first = first_step = None
+    max_abs = 0.0
+    while True:  # streams both bags: memory does not grow with their length
+        a, b = next(it_a, None), next(it_b, None)
+        n_a, n_b = n_a + (a is not None), n_b + (b is not None)
+        if a is None or b is None:
+            for _ in it_a if a is not None else it_b:  # count what is left of the longer one
+                n_a, n_b = n_a + (a is not None), n_b + (b is not None)
+            break
+        xa, xb = np.asarray(a.action, np.float32), np.asarray(b.action, np.float32)
+        if xa.tobytes() != xb.tobytes() or a.step != b.step:
             differing += 1
             if first is None:
-                first = i
-            if xa.shape == xb.shape:
-                max_abs = max(max_abs, float(np.abs(xa.astype(np.float64) - xb).max()))
-            else:
-                max_abs = float("inf")
-    identical = first is None and len(a) == len(b)
-    report = {"identical": identical, "a_steps": len(a), "b_steps": len(b), "compared": n,
+                first, first_step = compared, int(a.step)
+            max_abs = max(max_abs, float(np.abs(xa.astype(np.float64) - xb).max())) if xa.shape == xb.shape \
+                else float("inf")
+        compared += 1
+    identical = first is None and n_a == n_b
+    report = {"identical": identical, "a_steps": n_a, "b_steps": n_b, "compared": compared,
               "differing_steps": differing, "max_abs_action_diff": max_abs,
-              "first_diverging_index": first, "first_diverging_step": None if first is None else int(a[first].step)}
-    if first is None and len(a) != len(b):
-        report["first_diverging_index"] = n
+              "first_diverging_index": compared if first is None and n_a != n_b else first,
+              "first_diverging_step": first_step}
     print(json.dumps(report, indent=2))
     print("identical" if identical else
           f"DIFFERENT: first divergence at index {report['first_diverging_index']}"
-          f"{'' if first is None else f' (step {a[first].step})'}, max |action diff| {max_abs:.6g}, "
-          f"{differing} of {n} compared steps differ, {len(a)} vs {len(b)} steps", file=sys.stderr)
-    return 0 if identical else 1
+          f"{'' if first is None else f' (step {first_step})'}, max |action diff| {max_abs:.6g}, "
+          f"{differing} of {compared} compared steps differ, {n_a} vs {n_b} steps", file=sys.stderr)
+    return EXIT_OK if identical else EXIT_FAILED
 
 
 if __name__ == "__main__":

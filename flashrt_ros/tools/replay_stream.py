@@ -1,0 +1,206 @@
+"""The parts of flashrt-replay that offline and live runs share: the config, the observation stream (the
+node's own conversion, joint_names included), reject counting, rollback checks and a streaming summary.
+Nothing here grows with the length of the bag: memory is bounded by the config, not by the input.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+from collections import Counter, deque
+from pathlib import Path
+
+import numpy as np
+
+from ..ros.convert import message_to_obs
+from ..runtime.config import PolicyConfig, load_ros_params
+from .bags import JOINT_STATE, BagError, OutputBag, StepRecord, header_frame_id, header_stamp_ns, iter_messages
+
+SOURCE_CONFIG = Path(__file__).resolve().parents[2] / "config" / "flashrt.yaml"
+
+
+class NodeFailed(Exception):
+    """Live mode: the node could not be started, died, or stopped answering."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM; BaseException so that no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+# ---- config -------------------------------------------------------------------------------------------
+def default_config_path() -> Path:
+    """The installed config (ament share of flashrt_ros), else the source tree's."""
+    share_error = None
+    try:
+        from ament_index_python.packages import get_package_share_directory
+        share = Path(get_package_share_directory("flashrt_ros")) / "config" / "flashrt.yaml"
+        if share.is_file():
+            return share
+        share_error = f"{share} does not exist"
+    except Exception as e:  # noqa: BLE001 - not installed, or AMENT_PREFIX_PATH unset
+        share_error = f"{type(e).__name__}: {e}"
+    if SOURCE_CONFIG.is_file():
+        return SOURCE_CONFIG
+    raise BagError(f"no default config: not in the ament share of flashrt_ros ({share_error}) nor in the source "
+                   f"tree ({SOURCE_CONFIG}); pass --config")
+
+
+class ReplayConfig:
+    """The params file as the node reads it: the PolicyConfig plus the joint_names the node converts with."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path else default_config_path()
+        import yaml
+
+        try:
+            params = load_ros_params(self.path)
+            # the file also holds the node's own parameters (joint_names, backend, ...): the policy takes its fields
+            fields = {f.name for f in dataclasses.fields(PolicyConfig)}
+            self.policy = PolicyConfig.from_dict({k: v for k, v in params.items() if k in fields})
+        except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
+            raise BagError(f"--config {self.path}: {' '.join(str(e).split())}") from None
+        names = params.get("joint_names") or []
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise BagError(f"--config {self.path}: joint_names must be a list of strings, got {names!r}")
+        self.joint_names: list[str] = names
+
+
+def observation_type(msgtype: str) -> str:
+    """The node's observation_type for a bag's message type (both array widths go in as float32_array)."""
+    return "joint_state" if msgtype == JOINT_STATE else "float32_array"
+
+
+# ---- rejects ------------------------------------------------------------------------------------------
+class Rejections:
+    """Counts by reason, numbers kept ("JointState gives 7 positions + 0 velocities = 7 values, obs_dim is
+    14"). Past MAX_DISTINCT reasons, new ones are grouped by their wording with the numbers masked, so a
+    bag of a million different bad values still takes bounded memory."""
+
+    MAX_DISTINCT = 32
+
+    def __init__(self):
+        self.reasons: Counter = Counter()
+
+    def add(self, reason: str) -> None:
+        if reason not in self.reasons and len(self.reasons) >= self.MAX_DISTINCT:
+            reason = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "N", reason) + " (numbers vary)"
+        self.reasons[reason] += 1
+
+    @property
+    def count(self) -> int:
+        return sum(self.reasons.values())
+
+    def summary(self) -> dict:
+        return {"count": self.count, "reasons": dict(self.reasons.most_common())}
+
+
+class ObservationStream:
+    """The bag's observation messages converted exactly as the node converts them (same function, same
+    joint_names); rejects are counted with their reasons and skipped.
+    Yields (bag stamp ns, observation stamp ns, frame_id, message, observation)."""
+
+    def __init__(self, src, ts, cfg: ReplayConfig):
+        self.src, self.ts = src, ts
+        self.obs_type = observation_type(src.msgtype)
+        self.obs_dim, self.joint_names = cfg.policy.obs_dim, cfg.joint_names
+        self.messages = 0
+        self.rejected = Rejections()
+
+    def __iter__(self):
+        for stamp, msg, err in iter_messages(self.src, self.ts):
+            self.messages += 1
+            if err is None:
+                err, obs, stamp_ns = self._convert(msg, stamp)
+            if err is not None:
+                self.rejected.add(err)
+                continue
+            yield stamp, stamp_ns, header_frame_id(msg), msg, obs
+
+    def _convert(self, msg, bag_stamp: int):
+        try:
+            obs = message_to_obs(msg, self.obs_type, self.obs_dim, self.joint_names)
+        except ValueError as e:
+            return str(e), None, None
+        stamp_ns = header_stamp_ns(msg, bag_stamp)
+        if stamp_ns < 0:  # rosbag2 times are unsigned: such a stamp cannot be recorded in an output bag
+            return (f"header stamp is negative (sec={msg.header.stamp.sec}, nanosec={msg.header.stamp.nanosec}); "
+                    "rosbag2 stores unsigned times"), None, None
+        return None, obs, stamp_ns
+
+
+# ---- checks and summary -------------------------------------------------------------------------------
+class RollbackChecks:
+    """Every N steps: go back D steps, re-feed the same D observations, expect the same action bytes."""
+
+    def __init__(self, every: int, depth: int):
+        self.every, self.depth = every, depth
+        self.recent_inputs: deque = deque(maxlen=max(depth, 1))
+        self.recent_actions: deque = deque(maxlen=max(depth, 1))
+        self.run = self.passed = 0
+
+    def push(self, step_input, action: np.ndarray) -> None:
+        self.recent_inputs.append(step_input)
+        self.recent_actions.append(action)
+
+    def due(self, steps: int) -> bool:
+        return bool(self.every) and steps % self.every == 0 and steps >= self.depth
+
+    def record(self, again: list[np.ndarray]) -> None:
+        """`again`: the actions of the re-fed inputs, compared byte for byte with the originals."""
+        ok = len(again) == len(self.recent_actions) and all(
+            a.tobytes() == b.tobytes() for a, b in zip(again, self.recent_actions))
+        self.run += 1
+        self.passed += int(ok)
+
+
+class LatencyHistogram:
+    """p50 / p99 in fixed memory: log-spaced bins, 1% wide, from 1 µs to 100 s."""
+
+    LO_MS, HI_MS, RATIO = 1e-3, 1e5, 1.01
+
+    def __init__(self):
+        self.n_bins = int(math.ceil(math.log(self.HI_MS / self.LO_MS) / math.log(self.RATIO))) + 1
+        self.counts = np.zeros(self.n_bins, np.int64)
+
+    def add(self, ms: float) -> None:
+        x = min(max(float(ms), self.LO_MS), self.HI_MS)
+        self.counts[int(math.log(x / self.LO_MS) / math.log(self.RATIO))] += 1
+
+    def percentiles(self, *qs) -> dict:
+        total = int(self.counts.sum())
+        if total == 0:
+            return {f"p{q}": None for q in qs}
+        cum = np.cumsum(self.counts)
+        out = {}
+        for q in qs:
+            i = int(np.searchsorted(cum, max(1, math.ceil(q / 100 * total))))
+            out[f"p{q}"] = round(self.LO_MS * self.RATIO ** (i + 0.5), 4)  # the bin's geometric middle
+        return out
+
+
+class StepSink:
+    """Takes each step as it happens: hashes the actions, bins the latency, writes the output bag."""
+
+    def __init__(self, out: OutputBag | None):
+        self.out = out
+        self.steps = 0
+        self._sha = hashlib.sha256()
+        self.latency = LatencyHistogram()
+
+    def add(self, r: StepRecord) -> None:
+        self.steps += 1
+        self._sha.update(np.asarray(r.action, np.float32).tobytes())
+        self.latency.add(r.latency_ms)
+        if self.out is not None:
+            self.out.write(r)
+
+    def summary(self, stream: ObservationStream, checks: RollbackChecks, wall_s: float) -> dict:
+        return {"messages": stream.messages, "steps": self.steps, "rejected": stream.rejected.summary(),
+                "actions_sha256": self._sha.hexdigest(), "step_latency_ms": self.latency.percentiles(50, 99),
+                "rollback_checks": {"run": checks.run, "passed": checks.passed}, "wall_s": round(wall_s, 3),
+                "steps_per_s": round(self.steps / wall_s, 1) if wall_s > 0 else None}
