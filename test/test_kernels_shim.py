@@ -209,3 +209,41 @@ def test_gru_scan_kernel_matches_the_stepwise_scan(n, H):
     module("recurrent.cu").get_function("gru_scan_f32")(
         (1, 1, 1), ((H + 31) // 32 * 32, 1, 1), (gi, w_hh, b_hh, got, np.int32(n), np.int32(H)))
     np.testing.assert_allclose(got, want, **TOL)
+
+
+@pytest.mark.parametrize("pos, kv_len, page", [(-1, -1, -5), (-(2**62), 7, 2**40), (2**63 - 1, 2**63 - 1, -(2**63))])
+def test_hostile_meta_and_page_table_never_index_outside_a_buffer(pos, kv_len, page):
+    """A corrupt meta or page table (import validation is the first line; this is the second) gives
+    wrong numbers at worst: every kernel reduces its indices into range, so the guard zones around the
+    KV log and the ring buffers stay NaN."""
+    rng = np.random.default_rng(1)
+    B, H, d, W = 2, 2, 16, 300
+    P, hd, guard = K.window_pages(W), d // H, 4096
+    log_base = np.full((2, 3 * K.KV_PAGE * d + 2 * guard), np.nan, np.float32)
+    k_log = log_base[0, guard:guard + 3 * K.KV_PAGE * d].reshape(3, K.KV_PAGE, d)
+    v_log = log_base[1, guard:guard + 3 * K.KV_PAGE * d].reshape(3, K.KV_PAGE, d)
+    k_log[...] = rng.standard_normal(k_log.shape)
+    v_log[...] = rng.standard_normal(v_log.shape)
+    meta = np.zeros((B, 8), np.int64)
+    meta[:, K.META_POS] = meta[:, K.META_STEP] = pos
+    meta[:, K.META_KV_LEN] = kv_len
+    table = np.full((B, P), page, np.int64)
+    mtp = rows(rng, B, (5, 5 * 3))
+    bufs = dict(qkv=rows(rng, B, (3 * d,)), k_log=k_log, v_log=v_log, meta=meta, kv_pages=table)
+    launches = [LAUNCHERS["kv_write"](**bufs)]
+    launches += LAUNCHERS["attn_decode"](
+        **bufs, out=rows(rng, B, (d,)), scores=np.zeros((B, H, P, 1, K.KV_PAGE), np.float32),
+        chunk_m=np.zeros((B, H, P, 1, 1), np.float32), chunk_l=np.zeros((B, H, P, 1, 1), np.float32),
+        chunk_acc=np.zeros((B, H, P, hd), np.float32), attn_max=np.zeros((B, H, 1, 1), np.float32),
+        attn_den=np.zeros((B, H, 1, 1), np.float32), part=rows(rng, B, (H, P, hd + 2)),
+        ones=np.ones((K.KV_PAGE, 1), np.float32), n_heads=H, kv_window=W)
+    launches.append(LAUNCHERS["temporal_ensemble"](rows(rng, B, (5 * 3,)), mtp, meta, rows(rng, B, (3,)),
+                                                   rows(rng, B, (3,))))
+    for la in launches:
+        module(la.source).get_function(la.function)(la.grid, la.block, la.args)
+    assert np.isnan(log_base[:, :guard]).all() and np.isnan(log_base[:, -guard:]).all(), "wrote outside the log"
+    assert np.isnan(_root(mtp)[:, -3:]).all(), "wrote outside the mtp ring"
+    # the NumPy twins reduce their indices the same way: no IndexError, no write outside
+    twin = {k: (v.copy() if k not in ("k_log", "v_log") else v) for k, v in bufs.items()}
+    K.REGISTRY["kv_write"].ref(**twin)
+    assert np.isnan(log_base[:, :guard]).all() and np.isnan(log_base[:, -guard:]).all()
