@@ -211,7 +211,8 @@ def test_gru_scan_kernel_matches_the_stepwise_scan(n, H):
     np.testing.assert_allclose(got, want, **TOL)
 
 
-@pytest.mark.parametrize("pos, kv_len, page", [(-1, -1, 0), (-1, -1, -5), (-(2**62), 7, 2**40), (2**63 - 1, 2**63 - 1, -(2**63))])
+@pytest.mark.parametrize("pos, kv_len, page", [(-1, -1, 0), (-1, -1, -5), (-(2**62), 7, 2**40),
+                                              (2**63 - 1, 2**63 - 1, -(2**63))])
 def test_hostile_meta_and_page_table_never_index_outside_a_buffer(pos, kv_len, page):
     """A corrupt meta or page table (import validation is the first line; this is the second) gives
     wrong numbers at worst: every kernel reduces its indices into range, so the guard zones around the

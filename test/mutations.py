@@ -1,0 +1,84 @@
+"""The named mutations `make mutate` applies (scripts/mutate.py), one at a time, each with the tests
+that must catch it. `old` must occur exactly once in `file`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: list[str]
+    why: str
+
+
+RT = "flashrt_ros/runtime/"
+
+MUTATIONS = [
+    Mutation("twin_allocates_per_step", RT + "kernels.py",
+             "    np.matmul(x[:, None, :], w, out=y[:, None, :])\n    y += b\n",
+             "    y[...] = (x[:, None, :] @ w)[:, 0] + b\n",
+             ["test/test_plan_and_config.py::test_replay_allocates_no_arrays_whatever_the_model_size"],
+             "a twin that allocates a temporary each step (a CUDA graph cannot)"),
+    Mutation("attention_grid_from_host_kv_len", RT + "launch.py",
+             "    return (Launch(\"attention.cu\", \"attn_partial_f32\", (B * n_heads, P, 1),",
+             "    P = min(P, int(meta[0, 2]) // KV_PAGE + 2)  # sized on the host: a graph freezes it\n"
+             "    return (Launch(\"attention.cu\", \"attn_partial_f32\", (B * n_heads, P, 1),",
+             ["test/test_capture_discipline.py"],
+             "the attention grid sized from kv_len read on the host, which a graph freezes"),
+    Mutation("noise_seed_varies_per_step", RT + "launch.py",
+             "(action, rs(action), meta, rs(meta), I32(B), I32(A), U32(seed & 0xFFFFFFFF), F32(std))",
+             "(action, rs(action), meta, rs(meta), I32(B), I32(A), U32((seed + int(meta[0, 3])) & 0xFFFFFFFF), "
+             "F32(std))",
+             ["test/test_capture_discipline.py"],
+             "a noise seed taken from the step counter on the host"),
+    Mutation("finite_check_before_cast", RT + "session.py",
+             "    with np.errstate(over=\"ignore\"):\n        f = np.ascontiguousarray(a, dtype=np.float32)\n"
+             "    bad = ~np.isfinite(f)",
+             "    with np.errstate(over=\"ignore\"):\n        f = np.ascontiguousarray(a, dtype=np.float32)\n"
+             "    bad = ~np.isfinite(a)",
+             ["test/test_session_contracts.py"],
+             "1e300 passes a float64 finiteness check and becomes inf in float32"),
+    Mutation("no_copy_on_write", RT + "kv_log.py",
+             "if slot and page >= 0 and self.fill[page] == slot and not copy_all:",
+             "if slot and page >= 0 and not copy_all:",
+             ["test/test_capsule_oracle.py", "test/test_determinism.py", "test/test_replan.py"],
+             "appending into a page another timeline wrote past: a capsule's KV entries change"),
+    Mutation("eviction_ignores_pins", RT + "capsule.py",
+             "victim = next((cid for cid, c in self._caps.items() if not c.info.pinned), None)",
+             "victim = next(iter(self._caps), None)",
+             ["test/test_capsule_oracle.py", "test/test_bad_inputs.py", "test/test_capsule_store.py"],
+             "the oldest capsule is evicted even when pinned"),
+    Mutation("pin_admission_unchecked", RT + "capsule.py",
+             "        if len(pinned) + 1 > self.capacity - self.reserve_records:",
+             "        if False:",
+             ["test/test_bad_inputs.py", "test/test_capsule_oracle.py"],
+             "pins may take the live step's reserve"),
+    Mutation("cancelled_replan_commits", RT + "session.py",
+             "if commit_branch is not None and not cancelled:",
+             "if commit_branch is not None:",
+             ["test/test_session_contracts.py"],
+             "a cancelled replan still commits its half-finished branch"),
+    Mutation("import_skips_meta_invariants", RT + "capsule_file.py",
+             "        check_meta(tensors[\"meta\"], info[\"step\"], kv_window)\n",
+             "",
+             ["test/test_capsule_files.py"],
+             "a capsule with kv_len = -1 (or any broken meta) imports"),
+    Mutation("metadata_outside_checksum", RT + "capsule_file.py",
+             "    fields = {k: meta.get(k) for k in (\"format\", \"info\", \"fingerprint\", \"state_sha256\")}",
+             "    fields = None",
+             ["test/test_capsule_files.py"],
+             "the checksum covers the state but not the metadata"),
+    Mutation("signed_kv_write_index", "kernels/attention.cu",
+             "  const u64 pos = (u64)meta[b * meta_rs + META_POS];\n"
+             "  const u64 page = log_page(kv_pages + b * pages_rs, (pos / KV_PAGE) % (u64)P, (u64)n_pages);\n"
+             "  const u64 at = (page * KV_PAGE + pos % KV_PAGE) * (u64)d + c;",
+             "  const i64 pos = meta[b * meta_rs + META_POS];\n"
+             "  const u64 page = log_page(kv_pages + b * pages_rs, (u64)((pos / KV_PAGE) % P), (u64)n_pages);\n"
+             "  const i64 at = ((i64)page * KV_PAGE + pos % KV_PAGE) * (i64)d + c;",
+             ["test/test_kernels_shim.py"],
+             "slot = pos % W with a signed pos: a negative position writes before the log"),
+]

@@ -1,0 +1,122 @@
+"""Capsule files from outside are validated completely before they touch anything: size, kind of file,
+header, format version, fingerprint, a checksum over metadata and data, every info field, the meta
+invariants and finiteness. Crafted files carry a *valid* checksum: the checks behind it must hold."""
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import save
+
+from conftest import observation_trace, small_config
+from flashrt_ros.runtime import CorruptCapsule, Session
+from flashrt_ros.runtime.capsule_file import FORMAT, _digest, state_digest
+from flashrt_ros.runtime.kernels import META_KV_LEN, META_POS, META_STEP
+
+
+@pytest.fixture
+def stepped():
+    s = Session(small_config())
+    for o in observation_trace(30):
+        s.step(o)
+    return s
+
+
+def unchanged(s, fn, match):
+    before, live, step, n = s.state_host().tobytes(), s.live_capsule_id, s.step_count, len(s.list_capsules())
+    with pytest.raises(CorruptCapsule, match=match):
+        fn()
+    assert (s.state_host().tobytes(), s.live_capsule_id, s.step_count, len(s.list_capsules())) == \
+        (before, live, step, n)
+
+
+def craft(path, s, tensors=None, info=None, fmt=FORMAT):
+    """A capsule file whose checksum matches whatever it holds."""
+    payload = s.materialize(s.live_capsule_id)
+    tensors = {**payload, **(tensors or {})}
+    base = {"id": 30, "parent_id": 29, "step": 30, "stamp_ns": 0, "label": "", "pinned": False, "nbytes": 1,
+            "fingerprint": s.fingerprint}
+    info_text = info if isinstance(info, str) else json.dumps({**base, **(info or {})})
+    meta = {"format": fmt, "info": info_text, "fingerprint": s.fingerprint, "state_sha256": state_digest(tensors)}
+    path.write_bytes(save(tensors, metadata={**meta, "sha256": _digest(meta, tensors)}))
+    return path
+
+
+@pytest.mark.parametrize("info, match", [
+    ("[1,2]", "JSON object"),
+    ({"step": None}, "info.step"),
+    ({"step": -1}, "info.step"),
+    ({"step": "abc"}, "info.step"),
+    ({"stamp_ns": 1e30}, "info.stamp_ns"),
+    ({"stamp_ns": -5}, "info.stamp_ns"),
+    ({"label": ["x"]}, "info.label"),
+    ({"label": "y" * 300}, "info.label"),
+    ({"step": 29}, "does not match meta"),
+])
+def test_crafted_metadata_with_a_valid_checksum_is_refused(stepped, tmp_path, info, match):
+    path = craft(tmp_path / "c.safetensors", stepped, info=info)
+    unchanged(stepped, lambda: stepped.import_capsule(path, restore=True), match)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    (META_KV_LEN, -1, "kv_len"),
+    (META_KV_LEN, 10**6, "kv_len"),
+    (META_POS, -3, "position"),
+    (META_STEP, 31, "step"),
+    (6, 1, "reserved"),
+])
+def test_crafted_meta_with_a_valid_checksum_is_refused(stepped, tmp_path, field, value, match):
+    meta = stepped.materialize(stepped.live_capsule_id)["meta"].copy()
+    meta[field] = value
+    path = craft(tmp_path / "c.safetensors", stepped, tensors={"meta": meta})
+    unchanged(stepped, lambda: stepped.import_capsule(path, restore=True), match)
+
+
+def test_a_state_full_of_nan_is_refused(stepped, tmp_path):
+    k = stepped.materialize(stepped.live_capsule_id)["k_cache.0"].copy()
+    k[3, 1] = np.nan
+    path = craft(tmp_path / "c.safetensors", stepped, tensors={"k_cache.0": k})
+    unchanged(stepped, lambda: stepped.import_capsule(path, restore=True), "non-finite")
+
+
+def test_metadata_edited_after_export_breaks_the_checksum(stepped, tmp_path):
+    path = tmp_path / "c.safetensors"
+    stepped.export_capsule(0, path)
+    raw = path.read_bytes()
+    edited = raw.replace(b'\\"label\\": \\"\\"', b'\\"label\\": \\"X\\"', 1)
+    assert edited != raw
+    header_len = int.from_bytes(raw[:8], "little") + len(edited) - len(raw)
+    path.write_bytes(header_len.to_bytes(8, "little") + edited[8:])
+    unchanged(stepped, lambda: stepped.import_capsule(path, restore=True), "checksum")
+
+
+def test_a_format_1_file_is_refused_naming_the_format(stepped, tmp_path):
+    path = craft(tmp_path / "c.safetensors", stepped, fmt="flashrt-capsule/1")
+    unchanged(stepped, lambda: stepped.import_capsule(path), "flashrt-capsule/1.*re-export")
+
+
+def test_oversized_files_and_fifos_are_refused_without_reading_them(stepped, tmp_path):
+    big = tmp_path / "big.safetensors"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB that would take seconds and RAM to read
+    unchanged(stepped, lambda: stepped.import_capsule(big), "larger than a capsule")
+    fifo = tmp_path / "fifo.safetensors"
+    os.mkfifo(fifo)
+    unchanged(stepped, lambda: stepped.import_capsule(fifo), "not a regular file")
+
+
+def test_a_thousand_failed_imports_take_nothing_and_the_live_step_still_takes_capsules(stepped, tmp_path):
+    path = craft(tmp_path / "c.safetensors", stepped, info={"step": "abc"})
+    used = stepped.store_usage()
+    for _ in range(1000):
+        with pytest.raises(CorruptCapsule):
+            stepped.import_capsule(path)
+    assert stepped.store_usage() == used
+    assert stepped.step(observation_trace(31)[30]).capsule_id == stepped.live_capsule_id > 0
+
+
+def test_a_failed_export_leaves_no_temporary_file(stepped, tmp_path):
+    target = tmp_path / ("n" * 300 + ".safetensors")  # ENAMETOOLONG
+    with pytest.raises(OSError):
+        stepped.export_capsule(0, target)
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,108 @@
+"""Session API contracts a planner author relies on (issue: hardening): a failed operation changes
+nothing, the lock guards every store operation, and "none" is spelled None."""
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import observation_trace, small_config
+from flashrt_ros.runtime import CapsuleInUse, Session, UnknownCapsule
+
+
+def unchanged(s, fn, exc, match):
+    before, live, step, n = s.state_host().tobytes(), s.live_capsule_id, s.step_count, len(s.list_capsules())
+    with pytest.raises(exc, match=match):
+        fn()
+    assert (s.state_host().tobytes(), s.live_capsule_id, s.step_count, len(s.list_capsules())) == \
+        (before, live, step, n)
+
+
+@pytest.fixture
+def stepped():
+    s = Session(small_config())
+    for o in observation_trace(30):
+        s.step(o)
+    return s
+
+
+@pytest.mark.parametrize("value", [1e300, -1e39, 3.5e38])
+def test_a_value_that_overflows_float32_is_rejected_before_it_reaches_the_state(stepped, value):
+    obs = np.zeros(14)
+    obs[3] = value  # finite as float64, inf as float32
+    unchanged(stepped, lambda: stepped.step(obs), ValueError, "non-finite.*index 3")
+    unchanged(stepped, lambda: stepped.replan(0, np.full((1, 2, 14), value)), ValueError, "non-finite")
+
+
+def test_the_live_capsule_cannot_be_dropped_and_steps_back_still_walks_the_lineage(stepped):
+    unchanged(stepped, lambda: stepped.drop(stepped.live_capsule_id), CapsuleInUse, "live capsule")
+    assert stepped.rollback(steps_back=5).step == 25
+    stepped.drop(20)  # any other capsule can go
+    with pytest.raises(UnknownCapsule, match="dropped"):
+        stepped.rollback(20)
+
+
+def test_rollback_by_id_and_steps_back_goes_back_along_that_capsules_lineage(stepped):
+    assert stepped.rollback(capsule_id=20, steps_back=5).step == 15
+    assert stepped.step_count == 15 and stepped.live_capsule_id == 15
+    unchanged(stepped, lambda: stepped.rollback(capsule_id=10, steps_back=11), UnknownCapsule, "before step 0")
+    unchanged(stepped, lambda: stepped.rollback(steps_back=-1), ValueError, "steps_back")
+
+
+def test_replan_without_a_deadline_runs_every_step(stepped):
+    obs = np.repeat(observation_trace(300)[None], 2, axis=0)
+    res = stepped.replan(None, obs)  # the library default: no deadline
+    assert res.steps_done == 300 and res.actions.shape == (2, 300, 7) and res.deadline_met
+
+
+def test_a_cancelled_replan_never_commits_even_when_asked_to(stepped):
+    before, live = stepped.state_host().tobytes(), stepped.live_capsule_id
+    calls = []
+    res = stepped.replan(0, np.ones((2, 6, 14), np.float32), commit_branch=1,
+                         cancel=lambda: len(calls) >= 3, on_step=calls.append)
+    assert res.cancelled and res.steps_done == 3 and "nothing committed" in res.message
+    assert stepped.state_host().tobytes() == before and stepped.live_capsule_id == live
+
+
+def test_labels_are_bounded(stepped):
+    unchanged(stepped, lambda: stepped.snapshot(label="x" * 257), ValueError, "label")
+    assert stepped.snapshot(label="x" * 256).label == "x" * 256
+
+
+def test_store_operations_from_many_threads_never_see_a_changing_store():
+    """list, snapshot, drop and replan from several threads at once while the live policy steps."""
+    s = Session(small_config(capsule_capacity=40, max_branches=2))
+    obs = observation_trace(2000)
+    errors, stop = [], threading.Event()
+
+    def guard(fn):
+        def run():
+            try:
+                while not stop.is_set():
+                    fn()
+            except Exception as e:  # noqa: BLE001 - any escape is the failure this test looks for
+                errors.append(e)
+        return run
+
+    def lister():
+        ids = [c.id for c in s.list_capsules()]
+        assert ids == sorted(ids)
+
+    def snapper():
+        info = s.snapshot(label="t")
+        try:
+            s.drop(info.id)
+        except (CapsuleInUse, UnknownCapsule):
+            pass
+
+    def planner():
+        s.replan(0, np.ones((2, 3, 14), np.float32))
+
+    threads = [threading.Thread(target=guard(f)) for f in (lister, lister, snapper, planner)]
+    for t in threads:
+        t.start()
+    for o in obs[:300]:
+        s.step(o)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
