@@ -32,7 +32,7 @@ def scratch_copy(dst: Path) -> None:
 
 
 def run_tests(scratch: Path, tests: list[str], timeout: float) -> tuple[bool, str]:
-    env = dict(os.environ, PYTHONPATH=str(scratch), PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PYTHONPATH=str(scratch), PYTHONDONTWRITEBYTECODE="1", FLASHRT_HYPOTHESIS_PROFILE="mutate")
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     try:
         res = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout)

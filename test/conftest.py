@@ -7,6 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import Phase, settings
+
+# `make mutate` only needs to know that a property fails, not the smallest example: no shrinking there.
+settings.register_profile("mutate", phases=(Phase.explicit, Phase.reuse, Phase.generate), deadline=None)
+settings.load_profile(os.environ.get("FLASHRT_HYPOTHESIS_PROFILE", "default"))
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "test"))

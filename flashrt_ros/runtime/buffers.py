@@ -85,7 +85,7 @@ class Arena:
         self.state = backend.zeros((rows, self.row_nbytes), np.uint8)  # the small slab: [rows, row_nbytes]
         self.work = backend.zeros((max(size["work"], 1),), np.uint8)
         self.weight_slab = backend.zeros((max(size["weight"], 1),), np.uint8)
-        self.log_slab = backend.zeros((max(size["log"], 1),), np.uint8)  # the KV log: never prefaulted here
+        self.log_slab = backend.zeros((max(size["log"], 1),), np.uint8)  # the KV log (prefaulted by KvLog)
         self.log_nbytes = size["log"]
         self.views: dict[str, object] = {}
         for name, p in self.placements.items():

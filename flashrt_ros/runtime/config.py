@@ -43,7 +43,7 @@ class PolicyConfig:
     seed: int = _f(0, "seed for random weights and the counter-based noise RNG", min=0)
     capsule_capacity: int = _f(0, "capsule records to keep; 0 = as many as capsule_budget_mb holds (minutes at "
                                   "100 Hz: a capsule is its small state plus a shared KV log entry)", min=0)
-    capsule_budget_mb: float = _f(768.0, "memory for capsule records and the KV log they share; sets the rollback "
+    capsule_budget_mb: float = _f(512.0, "memory for capsule records and the KV log they share; sets the rollback "
                                    "depth", min=0.0)
     capsule_every_n_steps: int = _f(1, "take a capsule after every N-th step (1 = every step)", min=1)
     max_branches: int = _f(8, "rows of the batched replan plan: branches per Replan goal", min=1)

@@ -41,8 +41,7 @@ class KvLog:
         self.tables = np.full((rows, self.P), NO_PAGE, np.int64)  # host mirror, the truth for refcounts
         self.refs = np.zeros(n_pages, np.int32)
         self.fill = np.zeros(n_pages, np.int32)
-        # free pages, most recently freed first: a replan's pages come back hot (first touch of fresh
-        # memory is slow on some VMs, ~4 ms per page here), and untouched pages are used in order
+        # free pages, most recently freed first: a replan's pages come back hot in cache
         self.free: deque[int] = deque(range(n_pages))
         self.evict_one: Callable[[], bool] = lambda: False  # set by the store: frees a capsule, False if none
 
@@ -60,12 +59,12 @@ class KvLog:
     def pages_used(self) -> int:
         return self.n_pages - len(self.free)
 
-    def prefault(self, pages: int) -> None:
-        """Touch the first ``pages`` pages now (the live window and a replan's working set), so that no
-        step pays for first-touch page faults of fresh memory."""
+    def prefault(self) -> None:
+        """Touch every page now, so that no step pays for first-touch page faults of fresh memory and
+        the process's resident memory does not grow while the log fills."""
         with self.backend.activate():
             for log in self.k + self.v:
-                log[:pages].fill(0)
+                log.fill(0)
         self.backend.sync()
 
     def alloc(self) -> int:

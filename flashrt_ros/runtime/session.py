@@ -101,7 +101,7 @@ class Session:
                                for n, p in self.arena.placements.items() if p.spec.is_state)
         self.fingerprint = fingerprint(cfg, weights, self.plan.describe(), layout_text)
         self.kv = KvLog(self.backend, self.arena, cfg.n_layers, sizes.log_pages)
-        self.kv.prefault(min(sizes.log_pages, 2 * sizes.reserve_pages))
+        self.kv.prefault()  # with the records (CapsuleStore): the whole budget is resident from here on
         self.store = CapsuleStore(self.backend, self.arena, self.kv, sizes.records, sizes.budget_bytes,
                                   self.fingerprint, cfg.kv_window, self.policy.window_specs(),
                                   reserve_records=sizes.reserve_records, reserve_pages=sizes.reserve_pages,
