@@ -107,7 +107,7 @@ def test_bad_requests_fail_cleanly_and_the_node_keeps_serving(flashrt, tmp_path)
     bad.append(planner.client.call("import_capsule", file_name="corrupt.safetensors", restore=True))
     for r in bad:
         assert not r.success and len(r.message) > 10, r
-    assert "unknown capsule" in bad[0].message and ".." in bad[3].message and "relative" in bad[4].message
+    assert "unknown capsule" in bad[0].message and "'/'" in bad[3].message and "'/'" in bad[4].message
     # malformed goals are rejected by the goal callback
     from flashrt_interfaces.action import Replan
     for goal in (Replan.Goal(branches=2, horizon=3, observations=[0.0] * 5),
@@ -137,11 +137,11 @@ def test_export_import_round_trip_over_ros(flashrt, tmp_path):
     obs = observation_trace(30)
     first = planner.run(obs[:20])
     cid = planner.steps[9].capsule_id
-    exp = planner.client.call("export_capsule", capsule_id=cid, file_name="sub/ten.safetensors")
+    exp = planner.client.call("export_capsule", capsule_id=cid, file_name="ten.safetensors")
     assert exp.success
-    data = (tmp_path / "capsules" / "sub" / "ten.safetensors").read_bytes()
+    data = (tmp_path / "capsules" / "ten.safetensors").read_bytes()
     assert len(data) > 1000 and len(exp.sha256) == 64
-    imp = planner.client.call("import_capsule", file_name="sub/ten.safetensors", restore=True)
+    imp = planner.client.call("import_capsule", file_name="ten.safetensors", restore=True)
     assert imp.success and imp.capsule.step == 10
     assert planner.run(obs[10:20]).tobytes() == first[10:].tobytes()
     assert hashlib.sha256(data).hexdigest() != exp.sha256  # the checksum covers the state bytes, not the file
@@ -166,7 +166,7 @@ def test_sizes_are_read_only_while_configured_and_diagnostics_report(flashrt):
         return planner.client._spin_until(cli.call_async(req), 10).results[0]
 
     frozen = set_param("kv_window", 64)
-    assert not frozen.successful and "read-only while configured" in frozen.reason
+    assert not frozen.successful and "read-only" in frozen.reason
     assert set_param("replan_deadline_ms", 30.0).successful
     planner.spin(1.5)
     status = next(s for d in diags for s in d.status if s.name.endswith("flashrt: runtime"))
