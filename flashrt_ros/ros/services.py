@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from builtin_interfaces.msg import Time
+from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.task import Future
 from std_srvs.srv import Trigger
 
@@ -42,8 +43,9 @@ def info_msg(info) -> CapsuleInfo:
 
 def describe_error(err: BaseException) -> str:
     """One line a robot engineer can act on; the type is named only when it is not a domain error."""
-    if isinstance(err, ModuleNotFoundError):
-        return f"Python module '{err.name}' is not installed (pip install {err.name})"
+    if isinstance(err, ModuleNotFoundError) and err.name:
+        package = err.name.split(".")[0]
+        return f"Python module '{package}' is not installed (pip install {package})"
     text = " ".join(str(err).split()) or type(err).__name__
     return text if isinstance(err, EXPECTED) else f"{type(err).__name__}: {text}"
 
@@ -75,7 +77,11 @@ class CapsuleServices:
             (ImportCapsule, "import_capsule", self.import_capsule),
             (Trigger, "reset", self.reset),
         ]
-        self.handles = [node.create_service(t, name, self._off_executor(name, fn)) for t, name, fn in table]
+        # Their own reentrant group: a handler awaiting its worker must not hold the node's default
+        # (mutually exclusive) group, or observations, timers and goal/cancel handling would wait for it.
+        group = ReentrantCallbackGroup()
+        self.handles = [node.create_service(t, name, self._off_executor(name, fn), callback_group=group)
+                        for t, name, fn in table]
 
     def destroy(self) -> None:
         self._open = False
