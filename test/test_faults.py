@@ -249,8 +249,11 @@ def test_a_service_waiting_for_the_runtime_lock_does_not_delay_a_cancel(ros_doma
         cancel = spin_until(planner.node, handle.cancel_goal_async(), 20)
         cancel_s = time.monotonic() - t0
         result = spin_until(planner.node, handle.get_result_async(), 20)
-        assert cancel.return_code == 0 and cancel_s < 2.0, f"cancel answered after {cancel_s:.1f} s"
+        # Blocked behind the snapshot, the cancel would only be seen after the whole horizon had run: the
+        # goal would have succeeded, and the cancel been refused. Timing is reported, not asserted.
+        assert cancel.return_code == 0, f"cancel refused after {cancel_s:.1f} s"
         assert result.status == GoalStatus.STATUS_CANCELED
+        assert len(result.result.actions) < 8 * 3000 * 7
         r = spin_until(planner.node, snap, 20)
         assert r.success, r.message
     finally:

@@ -37,7 +37,7 @@ from ..runtime.session import Session
 from .capsule_dir import CapsuleDir
 from .convert import ObservationReader, stamp_to_ns
 from .diagnostics import device_name, diagnostics_message
-from .params import check_node_param, declare_all, guard_live_params, read_config
+from .params import check_node_param, command_line_overrides, declare_all, guard_live_params, read_config
 from .replan_server import ReplanServer
 from .services import CapsuleServices
 
@@ -90,9 +90,10 @@ class RosLogHandler(logging.Handler):
 
 
 class FlashRTNode(LifecycleNode):
-    def __init__(self, **kwargs):
+    def __init__(self, argv=None, **kwargs):
+        """``argv``: the process's ROS arguments, to recover ``-p`` values rclpy would drop (params.py)."""
         super().__init__(NODE_NAME, **kwargs)
-        declare_all(self)
+        declare_all(self, command_line_overrides(argv, self.get_name()))
         guard_live_params(self)
         self._log_handler = RosLogHandler(self.get_logger())
         runtime_log = logging.getLogger(RUNTIME_LOGGER)
@@ -319,7 +320,7 @@ def main(args=None) -> int:
     code = 0
     node = executor = None
     try:
-        node = FlashRTNode()
+        node = FlashRTNode(argv=args if args is not None else sys.argv)
         # SingleThreaded, not EventsExecutor: rclpy 9.1's EventsExecutor hung at 100% CPU serving an
         # action goal here (even a plain synchronous one); see README. Humble has no EventsExecutor anyway.
         executor = SingleThreadedExecutor()

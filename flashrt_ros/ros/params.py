@@ -94,12 +94,48 @@ LIVE_PARAMS = {n for n, (_, _, _, live) in NODE_PARAMS.items() if live}
 READ_ONLY_NOTE = " [read-only: set at start-up (params file or -p); restart the node to change it]"
 
 
-def declare_all(node) -> None:
+def command_line_overrides(argv, node_name: str) -> dict:
+    """``-p name:=value`` of the ROS arguments, typed as rcl types them (YAML). Needed because when a
+    params file and ``-p`` give one parameter values of different types (``kv_window: 1024`` in the
+    file, ``-p kv_window:=abc``), rcl keeps both and rclpy silently returns the file's: the ``-p``
+    value, which must win, would be lost without a word."""
+    import yaml
+
+    out, in_ros_args, it = {}, False, iter(argv or ())
+    for arg in it:
+        if arg == "--ros-args":
+            in_ros_args = True
+        elif arg == "--":
+            in_ros_args = False
+        elif in_ros_args and arg in ("-p", "--param"):
+            name, sep, text = next(it, "").partition(":=")
+            if not sep:
+                continue
+            prefix, _, name = name.rpartition(":")
+            if prefix and prefix.strip("/").split("/")[-1] != node_name:
+                continue  # meant for another node
+            try:
+                out[name] = yaml.safe_load(text) if text else ""
+            except yaml.YAMLError:
+                out[name] = text
+    return out
+
+
+def declare_all(node, overrides: dict | None = None) -> None:
+    """``overrides``: command_line_overrides(); those values are declared as given (see there)."""
+    overrides = overrides or {}
+
+    def declare(name, default, descriptor):
+        if name in overrides:
+            node.declare_parameter(name, overrides[name], descriptor, ignore_override=True)
+        else:
+            node.declare_parameter(name, default, descriptor)
+
     for f in dataclasses.fields(PolicyConfig):
-        node.declare_parameter(f.name, f.default, ParameterDescriptor(
+        declare(f.name, f.default, ParameterDescriptor(
             description=f.metadata["help"] + READ_ONLY_NOTE, read_only=True, dynamic_typing=True))
     for name, (default, help_text, _, live) in NODE_PARAMS.items():
-        node.declare_parameter(name, default, ParameterDescriptor(
+        declare(name, default, ParameterDescriptor(
             description=help_text + ("" if live else READ_ONLY_NOTE), read_only=not live, dynamic_typing=True))
 
 
