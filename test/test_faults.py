@@ -131,6 +131,7 @@ def test_file_system_faults_and_bad_names_are_answered_and_the_node_keeps_steppi
 
 def test_hostile_capsules_and_labels_are_refused_and_pins_never_starve_the_live_step(ros_domain, tmp_path):
     from capsule_craft import HOSTILE, craft
+
     from flashrt_interfaces.srv import ListCapsules, SetPin, Snapshot
 
     proc, planner = start(ros_domain, tmp_path, capsule_capacity=16, max_branches=2)
@@ -184,8 +185,9 @@ def test_hostile_capsules_and_labels_are_refused_and_pins_never_starve_the_live_
 
 
 def test_without_safetensors_export_fails_cleanly_and_sigint_during_a_replan_exits_quietly(ros_domain, tmp_path):
-    from flashrt_interfaces.action import Replan
     from rclpy.action import ActionClient
+
+    from flashrt_interfaces.action import Replan
 
     env = env_without_module(ros_domain, tmp_path / "shim", "safetensors")
     proc, planner = start(ros_domain, tmp_path, env=env)
@@ -223,9 +225,10 @@ def test_without_safetensors_export_fails_cleanly_and_sigint_during_a_replan_exi
 
 def test_a_service_waiting_for_the_runtime_lock_does_not_delay_a_cancel(ros_domain, tmp_path):
     from action_msgs.msg import GoalStatus
+    from rclpy.action import ActionClient
+
     from flashrt_interfaces.action import Replan
     from flashrt_interfaces.srv import Snapshot
-    from rclpy.action import ActionClient
 
     proc, planner = start(ros_domain, tmp_path)
     obs = observation_trace(10)
