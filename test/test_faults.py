@@ -223,9 +223,11 @@ def test_without_safetensors_export_fails_cleanly_and_sigint_during_a_replan_exi
     assert "Traceback" not in out and "ERROR" not in out[before:], out[-3000:]
 
 
-def test_a_service_waiting_for_the_runtime_lock_does_not_delay_a_cancel(ros_domain, tmp_path):
+def test_a_service_waiting_for_the_runtime_lock_delays_no_cancel_and_survives_a_deactivate(ros_domain, tmp_path):
     from action_msgs.msg import GoalStatus
+    from lifecycle_msgs.msg import Transition
     from rclpy.action import ActionClient
+    from test_ros_lifecycle import change_state, get_state
 
     from flashrt_interfaces.action import Replan
     from flashrt_interfaces.srv import Snapshot
@@ -259,5 +261,22 @@ def test_a_service_waiting_for_the_runtime_lock_does_not_delay_a_cancel(ros_doma
         assert len(result.result.actions) < 8 * 3000 * 7
         r = spin_until(planner.node, snap, 20)
         assert r.success, r.message
+        # deactivating while a call waits for the lock: the call is dropped with its service, the node
+        # lives on and comes back
+        handle = spin_until(planner.node, client.send_goal_async(Replan.Goal(
+            branches=8, horizon=800, observations=np.tile(obs[0], 8 * 800).tolist(), commit_branch=-1,
+            deadline_ms=60_000.0)))
+        assert handle.accepted
+        planner.spin(0.3)
+        snap_cli.call_async(Snapshot.Request(label="in flight at deactivate"))
+        planner.spin(0.2)
+        assert change_state(planner, Transition.TRANSITION_DEACTIVATE)
+        planner.spin(1.0)  # the replan ends, the waiting call completes on its worker
+        assert get_state(planner) == "inactive" and proc.proc.poll() is None
+        assert change_state(planner, Transition.TRANSITION_ACTIVATE)
+        planner.wait_ready()
+        assert planner.step(obs[0]).step > 10
+        assert call(planner, Snapshot, "snapshot", label="after").success
     finally:
-        stop(proc, planner)
+        out = stop(proc, planner)
+    assert "ERROR" not in out, out[-3000:]  # e.g. a response sent on the destroyed service
