@@ -1,4 +1,5 @@
 """Lifecycle transitions over ROS, what exists in each state, and the parameters' contract."""
+import signal
 import time
 
 import pytest
@@ -102,6 +103,8 @@ def test_lifecycle_transitions_over_ros_with_diagnostics_in_every_state(ros_doma
         assert change_state(planner, Transition.TRANSITION_DEACTIVATE)
         assert change_state(planner, Transition.TRANSITION_CLEANUP) and get_state(planner) == "unconfigured"
         assert diag.state() == "unconfigured"
+        proc.proc.send_signal(signal.SIGTERM)  # what a process supervisor sends: a clean exit too
+        assert proc.proc.wait(15) == 0
     finally:
         planner.close()
         assert proc.stop() == 0

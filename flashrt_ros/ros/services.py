@@ -105,7 +105,7 @@ class CapsuleServices:
                 done.add_done_callback(lambda _: None)  # scheduling it wakes the executor
                 self._pool.submit(self._run, done, work, request, response)
                 err = await done
-            except BaseException as e:  # noqa: BLE001 - e.g. the pool was shut down meanwhile
+            except Exception as e:  # noqa: BLE001 - e.g. the pool was shut down meanwhile
                 err = e
             if err is not None:
                 self._fail(response, name, err)
