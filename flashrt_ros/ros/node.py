@@ -309,14 +309,16 @@ def spin_until_stopped(executor, node, stop: threading.Event) -> None:
 
 
 def main(args=None) -> int:
+    # SIGINT / SIGTERM only ask the loop to stop, from the start: shutdown then runs in order
+    # (replan worker, services, node, context) and exits 0, even mid-configure or mid-replan.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         _init_ros(args if args is not None else sys.argv)
     except Exception as e:  # noqa: BLE001 - e.g. a params file that is missing or not valid YAML
         print(f"flashrt: cannot start: {_one_line(e)}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     code = 0
     node = executor = None
     try:
@@ -325,7 +327,7 @@ def main(args=None) -> int:
         # action goal here (even a plain synchronous one); see README. Humble has no EventsExecutor anyway.
         executor = SingleThreadedExecutor()
         executor.add_node(node)
-        if check_node_param("autostart", node.get_parameter("autostart").value):
+        if check_node_param("autostart", node.get_parameter("autostart").value) and not stop.is_set():
             if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
                 code = 1
             elif node.trigger_activate() != TransitionCallbackReturn.SUCCESS:
