@@ -213,3 +213,12 @@ def test_an_inactive_node_publishes_nothing_on_its_lifecycle_publishers(ros_doma
         executor.shutdown()
         listener.destroy_node()
         node.destroy_node()
+
+
+def test_capsule_dir_defaults_to_ros_home_which_survives_a_reboot(monkeypatch, tmp_path):
+    from flashrt_ros.ros.params import default_capsule_dir
+    monkeypatch.setenv("ROS_HOME", str(tmp_path / "ros_home"))
+    assert default_capsule_dir() == str(tmp_path / "ros_home" / "flashrt_capsules")
+    monkeypatch.delenv("ROS_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_capsule_dir() == str(tmp_path / "home" / ".ros" / "flashrt_capsules")
