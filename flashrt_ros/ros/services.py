@@ -34,7 +34,7 @@ from .capsule_dir import CapsuleDir
 from .convert import capsule_info_to_msg
 
 EXPECTED = (CapsuleError, ValueError, OSError)
-WORKERS = 2  # one call may wait for the lock while another writes its file
+WORKERS = 1  # calls run in the order they arrived, as they would on the executor thread
 
 
 def info_msg(info) -> CapsuleInfo:
