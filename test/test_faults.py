@@ -204,7 +204,9 @@ def test_without_safetensors_export_fails_cleanly_and_sigint_during_a_replan_exi
         client = ActionClient(planner.node, Replan, "/test/replan")
         assert client.wait_for_server(timeout_sec=10)
         feedback = []
-        goal = Replan.Goal(branches=8, horizon=600, observations=np.tile(obs[0], 8 * 600).tolist(),
+        # long enough to be running when the signal lands, short enough to end within the 5 s the
+        # replan server waits for its worker at shutdown, even on a busy machine
+        goal = Replan.Goal(branches=8, horizon=300, observations=np.tile(obs[0], 8 * 300).tolist(),
                            commit_branch=-1, deadline_ms=60_000.0)
         handle = spin_until(planner.node, client.send_goal_async(goal, feedback_callback=feedback.append))
         assert handle.accepted
@@ -263,13 +265,17 @@ def test_a_service_waiting_for_the_runtime_lock_delays_no_cancel_and_survives_a_
         assert r.success, r.message
         # deactivating while a call waits for the lock: the call is dropped with its service, the node
         # lives on and comes back
+        # (short enough to end within the 5 s the replan server waits for its worker, even on a busy machine)
+        feedback.clear()
         handle = spin_until(planner.node, client.send_goal_async(Replan.Goal(
-            branches=8, horizon=800, observations=np.tile(obs[0], 8 * 800).tolist(), commit_branch=-1,
-            deadline_ms=60_000.0)))
+            branches=8, horizon=400, observations=np.tile(obs[0], 8 * 400).tolist(), commit_branch=-1,
+            deadline_ms=60_000.0), feedback_callback=feedback.append))
         assert handle.accepted
-        planner.spin(0.3)
+        end = time.monotonic() + 10
+        while not feedback and time.monotonic() < end:
+            planner.spin(0.01)
         snap_cli.call_async(Snapshot.Request(label="in flight at deactivate"))
-        planner.spin(0.2)
+        planner.spin(0.1)
         assert change_state(planner, Transition.TRANSITION_DEACTIVATE)
         planner.spin(1.0)  # the replan ends, the waiting call completes on its worker
         assert get_state(planner) == "inactive" and proc.proc.poll() is None

@@ -40,17 +40,23 @@ class Diagnostics:
         self.planner, self.msgs = planner, []
         planner.node.create_subscription(DiagnosticArray, "/diagnostics", self.msgs.append, 10)
 
-    def next_status(self, timeout: float = 5.0):
-        n = len(self.msgs)
+    def until(self, pred, timeout: float = 10.0):
+        """The first status from now on that satisfies pred(values): a message published before a
+        transition or a step may still arrive after it (topics are not ordered across each other)."""
+        n, values = len(self.msgs), None
         end = time.monotonic() + timeout
-        while len(self.msgs) == n and time.monotonic() < end:
+        while time.monotonic() < end:
+            for msg in self.msgs[n:]:
+                (status,) = msg.status
+                values = {kv.key: kv.value for kv in status.values}
+                if pred(values):
+                    return status, values
+            n = len(self.msgs)
             self.planner.spin(0.05)
-        assert len(self.msgs) > n, "no /diagnostics"
-        (status,) = self.msgs[-1].status
-        return status, {kv.key: kv.value for kv in status.values}
+        raise AssertionError(f"no /diagnostics status as expected within {timeout} s; last: {values}")
 
-    def state(self) -> str:
-        return self.next_status()[1]["lifecycle_state"]
+    def state(self, expect: str):
+        return self.until(lambda v: v["lifecycle_state"] == expect)
 
 
 def describe(planner, names):
@@ -75,20 +81,19 @@ def test_lifecycle_transitions_over_ros_with_diagnostics_in_every_state(ros_doma
     diag = Diagnostics(planner)
     try:
         assert get_state(planner) == "unconfigured"
-        status, values = diag.next_status()
-        assert status.name == "test/flashrt: runtime" and values["lifecycle_state"] == "unconfigured"
+        status, values = diag.state("unconfigured")
+        assert status.name == "test/flashrt: runtime"
         assert not serving(planner, True, timeout=1.0)
         assert change_state(planner, Transition.TRANSITION_CONFIGURE) and get_state(planner) == "inactive"
-        status, values = diag.next_status()
-        assert values["lifecycle_state"] == "inactive" and status.hardware_id == cpu_model() != "numpy"
+        status, values = diag.state("inactive")
+        assert status.hardware_id == cpu_model() != "numpy"
         assert not serving(planner, True, timeout=1.0)
         assert change_state(planner, Transition.TRANSITION_ACTIVATE) and get_state(planner) == "active"
         planner.wait_ready()
         obs = observation_trace(20)
         planner.run(obs[:5])
-        status, values = diag.next_status()
-        assert values["lifecycle_state"] == "active" and status.level == status.OK
-        assert int(values["steps"]) == 5 and int(values["rollback_depth_steps"]) == 4
+        status, values = diag.until(lambda v: v["lifecycle_state"] == "active" and v["steps"] == "5")
+        assert status.level == status.OK and int(values["rollback_depth_steps"]) == 4
         assert float(values["rollback_depth_s"]) > 0 and int(values["kv_log_entries_total"]) > 0
         assert change_state(planner, Transition.TRANSITION_DEACTIVATE) and get_state(planner) == "inactive"
         assert not serving(planner, False)
@@ -96,13 +101,13 @@ def test_lifecycle_transitions_over_ros_with_diagnostics_in_every_state(ros_doma
         planner.publish(joint_state(obs[5], 1))
         planner.spin(0.5)
         assert len(planner.steps) == n, "an inactive node must not step"
-        assert diag.state() == "inactive"
+        diag.state("inactive")
         assert change_state(planner, Transition.TRANSITION_ACTIVATE)
         planner.wait_ready()
         assert planner.step(obs[5]).step == 6  # the state survived deactivation
         assert change_state(planner, Transition.TRANSITION_DEACTIVATE)
         assert change_state(planner, Transition.TRANSITION_CLEANUP) and get_state(planner) == "unconfigured"
-        assert diag.state() == "unconfigured"
+        diag.state("unconfigured")
         proc.proc.send_signal(signal.SIGTERM)  # what a process supervisor sends: a clean exit too
         assert proc.proc.wait(15) == 0
     finally:
