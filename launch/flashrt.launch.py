@@ -1,18 +1,34 @@
-"""Start the flashrt node with config/flashrt.yaml, in an optional namespace.
+"""Start the flashrt lifecycle node with config/flashrt.yaml, in an optional namespace.
 
     ros2 launch flashrt_ros flashrt.launch.py namespace:=robot1 params_file:=/path/to/params.yaml
+
+Arguments: namespace, params_file, autostart, log_level, use_sim_time.
+
+Bringing the node up:
+- autostart:=true (the default): the node configures and activates itself (its ``autostart``
+  parameter), so it steps as soon as observations arrive.
+- autostart:=false: the node waits in 'unconfigured' for a lifecycle manager
+  (e.g. nav2_lifecycle_manager with node_names: [robot1/flashrt]) or for you:
+
+      ros2 lifecycle set /robot1/flashrt configure
+      ros2 lifecycle set /robot1/flashrt activate
+
+  ``deactivate`` stops stepping and serving (the state and capsules are kept), ``cleanup`` frees the
+  runtime.
 """
 import os
 
 from ament_index_python.packages import get_package_share_directory
 from launch.actions import DeclareLaunchArgument
 from launch.substitutions import LaunchConfiguration
-from launch_ros.actions import Node
+from launch_ros.actions import LifecycleNode
+from launch_ros.parameter_descriptions import ParameterValue
 
 from launch import LaunchDescription
 
 PACKAGE = "flashrt_ros"
 EXECUTABLE = "flashrt_node"
+NODE_NAME = "flashrt"
 PARAMS_FILE = "flashrt.yaml"
 
 
@@ -22,12 +38,23 @@ def generate_launch_description():
         DeclareLaunchArgument("namespace", default_value="", description="namespace of the node and its topics"),
         DeclareLaunchArgument("params_file", default_value=default_params,
                               description="ROS parameters file (ros__parameters under /**)"),
-        Node(
+        DeclareLaunchArgument("autostart", default_value="true",
+                              description="true: the node configures and activates itself; false: it waits for "
+                                          "a lifecycle manager or `ros2 lifecycle set <node> configure|activate`"),
+        DeclareLaunchArgument("log_level", default_value="info",
+                              description="debug | info | warn | error | fatal"),
+        DeclareLaunchArgument("use_sim_time", default_value="false",
+                              description="take time from /clock (stamps of observations without a header)"),
+        LifecycleNode(
             package=PACKAGE,
             executable=EXECUTABLE,
-            name="flashrt",
+            name=NODE_NAME,
             namespace=LaunchConfiguration("namespace"),
-            parameters=[LaunchConfiguration("params_file")],
+            parameters=[LaunchConfiguration("params_file"), {
+                "autostart": ParameterValue(LaunchConfiguration("autostart"), value_type=bool),
+                "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
+            }],
+            arguments=["--ros-args", "--log-level", LaunchConfiguration("log_level")],
             output="screen",
             emulate_tty=True,
         ),

@@ -40,13 +40,16 @@ def param_args(params: dict) -> list[str]:
 class NodeProcess:
     """`python -m flashrt_ros.ros.node` with the launch file's arguments (params file + namespace)."""
 
-    def __init__(self, env: dict, log_path: Path, namespace: str = "/test", **params):
+    def __init__(self, env: dict, log_path: Path, namespace: str = "/test", extra_args: tuple = (),
+                 params_file: Path | str | None = PARAMS, preexec_fn=None, **params):
         self.namespace = namespace
         self.log_path = log_path
+        files = ["--params-file", str(params_file)] if params_file else []
         cmd = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "-r", f"__ns:={namespace}",
-               "--params-file", str(PARAMS), *param_args({**FAST, **params})]
+               *files, *param_args({**FAST, **params}), *extra_args]
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec_fn)
 
     def output(self) -> str:
         if not self.log.closed:
@@ -63,6 +66,42 @@ class NodeProcess:
                 self.proc.wait()
         self.log.close()
         return self.proc.returncode
+
+
+def env_without_module(env: dict, shim_dir: Path, module: str) -> dict:
+    """The node's environment with `module` unimportable (a sitecustomize on PYTHONPATH blocks it), as on
+    a machine where that optional dependency is not installed."""
+    shim_dir.mkdir(parents=True, exist_ok=True)
+    (shim_dir / "sitecustomize.py").write_text(f"import sys\nsys.modules[{module!r}] = None  # import fails\n")
+    out = dict(env)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim_dir), env.get("PYTHONPATH", "")) if p)
+    return out
+
+
+def spin_until(node, future, timeout: float = 10.0):
+    """Spin the test's node until `future` is done; its result (TimeoutError otherwise)."""
+    import rclpy
+    end = time.monotonic() + timeout
+    while not future.done() and time.monotonic() < end:
+        rclpy.spin_once(node, timeout_sec=0.01)
+    if not future.done():
+        raise TimeoutError(f"no answer within {timeout} s")
+    return future.result()
+
+
+_CLIENTS: dict = {}
+
+
+def call(planner, srv_type, name: str, timeout: float = 10.0, **fields):
+    """Call `namespace/name` with a plain rclpy client (independent of FlashRTClient's API)."""
+    key = (id(planner.node), name)
+    cli = _CLIENTS.get(key)
+    if cli is None:
+        full = name if name.startswith("/") else f"{planner.namespace}/{name}"
+        cli = _CLIENTS[key] = planner.node.create_client(srv_type, full)
+        if not cli.wait_for_service(timeout_sec=timeout):
+            raise TimeoutError(f"service {full} not available")
+    return spin_until(planner.node, cli.call_async(srv_type.Request(**fields)), timeout)
 
 
 def joint_state(obs: np.ndarray, stamp_ns: int, n_joints: int = 7):
@@ -129,4 +168,20 @@ class Planner:
         return np.stack([np.asarray(self.step(o).action, np.float32) for o in obs])
 
     def close(self) -> None:
+        for key in [k for k in _CLIENTS if k[0] == id(self.node)]:
+            del _CLIENTS[key]
         self.node.destroy_node()
+
+
+def reference_session(**params):
+    """A Session in the test process with the node's configuration (params file + FAST + params): on the
+    NumPy backend it produces the node's action bytes for the same observations."""
+    import dataclasses
+
+    import yaml
+
+    from flashrt_ros.runtime import PolicyConfig, Session
+    fields = {f.name for f in dataclasses.fields(PolicyConfig)}
+    values = yaml.safe_load(PARAMS.read_text())["/**"]["ros__parameters"]
+    values.update({**FAST, **params})
+    return Session(PolicyConfig(**{k: v for k, v in values.items() if k in fields}), "numpy")

@@ -120,3 +120,55 @@ def test_bad_config_names_the_field(kw, field):
 def test_budget_too_small_for_one_capsule_is_a_clear_error():
     with pytest.raises(ValueError, match="capsule_budget_mb"):
         Session(small_config(capsule_budget_mb=0.01))
+
+
+@pytest.fixture
+def good_capsule(stepped, tmp_path):
+    path = tmp_path / "good.safetensors"
+    stepped.export_capsule(10, path)
+    return path
+
+
+def test_recrafted_capsule_with_nothing_changed_imports(stepped, good_capsule, tmp_path):
+    """The control for the hostile cases below: crafting alone does not break a file."""
+    from capsule_craft import craft
+    info = stepped.import_capsule(craft(good_capsule, tmp_path / "same.safetensors"))
+    assert info.step == 10
+
+
+@pytest.mark.parametrize("case", sorted(__import__("capsule_craft").HOSTILE))
+def test_hostile_capsule_with_a_valid_checksum_is_refused_and_state_untouched(stepped, good_capsule, tmp_path,
+                                                                              case):
+    from capsule_craft import HOSTILE, craft
+    path = craft(good_capsule, tmp_path / f"{case}.safetensors", **HOSTILE[case])
+    unchanged(stepped, lambda: stepped.import_capsule(path, restore=True), CorruptCapsule,
+              "bad metadata|non-finite")
+
+
+def test_a_thousand_failed_imports_take_no_slot_and_the_live_step_still_gets_a_capsule(stepped, good_capsule,
+                                                                                      tmp_path, trace):
+    from capsule_craft import HOSTILE, craft
+    path = craft(good_capsule, tmp_path / "abc.safetensors", **HOSTILE["step_string"])
+    n, usage = len(stepped.store), stepped.store_usage()
+    for _ in range(1000):
+        with pytest.raises(CorruptCapsule):
+            stepped.import_capsule(path)
+    assert len(stepped.store) == n and stepped.store_usage() == usage
+    res = stepped.step(trace[20])
+    assert res.capsule_id == stepped.live_capsule_id > 0
+
+
+def test_label_longer_than_256_characters_is_refused(stepped):
+    unchanged(stepped, lambda: stepped.snapshot(label="x" * 257), ValueError, "label")
+    assert stepped.snapshot(label="x" * 256).label == "x" * 256
+
+
+def test_unpin_frees_room_for_another_pin(trace):
+    s = Session(small_config(capsule_capacity=4, max_branches=1))
+    for o in trace[:4]:
+        s.step(o)
+    s.pin(1)
+    s.pin(2)
+    unchanged(s, lambda: s.pin(3), StoreFullOfPins, "pinned")
+    assert not s.unpin(1).pinned
+    assert s.pin(3).pinned

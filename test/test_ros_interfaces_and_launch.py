@@ -1,4 +1,5 @@
-"""flashrt_interfaces builds and imports with the contract's fields; the launch file matches setup.py."""
+"""flashrt_interfaces builds and imports with the contract's fields; the launch file starts a lifecycle
+node with the documented arguments and matches setup.py; conversions refuse what they cannot map."""
 import ast
 import re
 
@@ -6,27 +7,43 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from flashrt_ros.ros.convert import float_array_to_obs, joint_state_to_obs, replan_observations, safe_relative_path
+from flashrt_ros.ros.convert import (
+    ObservationReader,
+    check_file_name,
+    float_array_to_obs,
+    joint_state_to_obs,
+    replan_observations,
+)
 
 
 def test_interfaces_import_with_the_contract_fields():
     from flashrt_interfaces.action import Replan
     from flashrt_interfaces.msg import CapsuleInfo, PolicyStep
-    from flashrt_interfaces.srv import ExportCapsule, ListCapsules, Rollback
+    from flashrt_interfaces.srv import ExportCapsule, ListCapsules, Rollback, SetPin
 
     assert set(CapsuleInfo.get_fields_and_field_types()) == {
         "id", "parent_id", "step", "stamp", "label", "pinned", "nbytes"}
     assert PolicyStep.get_fields_and_field_types()["action_chunk"] == "sequence<float>"
     assert Rollback.Request.get_fields_and_field_types() == {"capsule_id": "uint64", "steps_back": "uint32"}
     assert set(ListCapsules.Response.get_fields_and_field_types()) == {
-        "capsules", "live_capsule_id", "bytes_used", "bytes_budget"}
+        "success", "message", "capsules", "live_capsule_id", "bytes_used", "bytes_budget"}
+    assert SetPin.Request.get_fields_and_field_types() == {"capsule_id": "uint64", "pin": "boolean"}
+    assert set(SetPin.Response.get_fields_and_field_types()) == {"success", "message", "capsule"}
     assert set(ExportCapsule.Response.get_fields_and_field_types()) == {"success", "message", "sha256"}
     assert Replan.Goal.get_fields_and_field_types()["commit_branch"] == "int32"
     assert set(Replan.Feedback.get_fields_and_field_types()) == {"branches_done", "elapsed_ms"}
 
 
+def _launch_tree():
+    return ast.parse((ROOT / "launch" / "flashrt.launch.py").read_text())
+
+
+def _calls(tree, name):
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == name]
+
+
 def test_launch_file_names_an_installed_executable_and_an_existing_params_file():
-    tree = ast.parse((ROOT / "launch" / "flashrt.launch.py").read_text())
+    tree = _launch_tree()
     consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
               for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
     setup = (ROOT / "setup.py").read_text()
@@ -37,6 +54,27 @@ def test_launch_file_names_an_installed_executable_and_an_existing_params_file()
     assert '("share/" + package_name + "/config", glob("config/*.yaml"))' in setup
     module = dict((n, m) for n, m, _ in scripts)[consts["EXECUTABLE"]]
     assert (ROOT / (module.replace(".", "/") + ".py")).exists()
+    from flashrt_ros.ros.node import NODE_NAME
+    assert consts["NODE_NAME"] == NODE_NAME
+
+
+def test_launch_file_starts_a_lifecycle_node_with_the_documented_arguments():
+    tree = _launch_tree()
+    declared = {c.args[0].value for c in _calls(tree, "DeclareLaunchArgument")}
+    assert declared == {"namespace", "params_file", "autostart", "log_level", "use_sim_time"}
+    assert not _calls(tree, "Node"), "a plain Node cannot be driven through lifecycle transitions"
+    (node,) = _calls(tree, "LifecycleNode")
+    kw = {k.arg: k.value for k in node.keywords}
+    used = {c.args[0].value for c in _calls(tree, "LaunchConfiguration")}
+    assert used == declared, "every argument reaches the node"
+    assert ast.unparse(kw["namespace"]) == "LaunchConfiguration('namespace')"
+    params = ast.unparse(kw["parameters"])
+    assert "LaunchConfiguration('params_file')" in params
+    assert "'autostart': ParameterValue(LaunchConfiguration('autostart'), value_type=bool)" in params
+    assert "'use_sim_time': ParameterValue(LaunchConfiguration('use_sim_time'), value_type=bool)" in params
+    assert ast.unparse(kw["arguments"]) == "['--ros-args', '--log-level', LaunchConfiguration('log_level')]"
+    doc = ast.get_docstring(tree)
+    assert "ros2 lifecycle set /robot1/flashrt configure" in doc and "activate" in doc
 
 
 def joint_state(names, pos, vel):
@@ -56,6 +94,32 @@ def test_joint_state_conversion_orders_by_joint_names():
         joint_state_to_obs(joint_state(["a"], [float("inf")], [0.0]), 2)
 
 
+@pytest.mark.parametrize("names, pos, vel, match", [
+    (["j0", "j1"], [0.0] * 7, [0.0] * 7, "2 names, 7 positions and 7 velocities"),
+    ([f"j{i}" for i in range(14)], [0.0] * 14, [], "14 positions and 0 velocities"),
+    ([f"j{i}" for i in range(10)], [0.0] * 10, [0.0] * 4, "10 positions and 4 velocities"),
+    ([], [0.0] * 7, [0.0] * 7, "0 names"),
+    (["a", "b", "a"], [0.0] * 3, [0.0] * 3, "more than once"),
+])
+def test_joint_state_whose_names_positions_and_velocities_disagree_is_refused(names, pos, vel, match):
+    for joint_names in ((), ("a", "b")):
+        with pytest.raises(ValueError, match=match):
+            joint_state_to_obs(joint_state(names, pos, vel), len(pos) + len(vel), joint_names)
+
+
+def test_reader_learns_the_joint_order_from_the_first_message_and_maps_later_ones_by_name():
+    reader = ObservationReader("joint_state", 4)
+    assert reader(joint_state(["a", "b"], [1.0, 2.0], [10.0, 20.0])).tolist() == [1.0, 2.0, 10.0, 20.0]
+    assert reader.joint_names == ["a", "b"]
+    assert reader(joint_state(["b", "a"], [2.0, 1.0], [20.0, 10.0])).tolist() == [1.0, 2.0, 10.0, 20.0]
+    with pytest.raises(ValueError, match="lacks joints"):
+        reader(joint_state(["a", "c"], [1.0, 2.0], [10.0, 20.0]))
+    first_rejected = ObservationReader("joint_state", 4)
+    with pytest.raises(ValueError):
+        first_rejected(joint_state(["a", "a"], [1.0, 2.0], [10.0, 20.0]))
+    assert first_rejected.joint_names == []  # a refused message teaches nothing
+
+
 def test_float_array_and_replan_observation_validation():
     from std_msgs.msg import Float32MultiArray
     assert float_array_to_obs(Float32MultiArray(data=[1.0, 2.0]), 2).dtype == np.float32
@@ -66,12 +130,15 @@ def test_float_array_and_replan_observation_validation():
         replan_observations([0.0] * 23, 2, 3, 4)
 
 
-@pytest.mark.parametrize("name, ok", [("a.safetensors", True), ("d/e/f.safetensors", True), ("./x", True),
-                                      ("../x", False), ("a/../../x", False), ("/etc/x", False), ("", False),
-                                      ("~/x", False)])
-def test_capsule_file_names_stay_inside_capsule_dir(name, ok):
+@pytest.mark.parametrize("name, ok", [
+    ("a.safetensors", True), ("Run_01-b.safetensors", True), ("x" * 128, True),
+    ("x" * 129, False), ("x" * 300, False), ("d/e.safetensors", False), ("../x", False), ("/etc/x", False),
+    ("", False), ("~x", False), (".", False), ("..", False), (".hidden", False), ("a\nb", False),
+    ("a\x00b", False), ("a b", False), ("caf\u00e9", False), ("a\\b", False),
+])
+def test_capsule_file_names_are_plain_names_of_a_conservative_character_set(name, ok):
     if ok:
-        assert ".." not in safe_relative_path(name)
+        assert check_file_name(name) == name
     else:
-        with pytest.raises(ValueError):
-            safe_relative_path(name)
+        with pytest.raises(ValueError, match="file_name"):
+            check_file_name(name)

@@ -1,76 +1,229 @@
-"""Lifecycle transitions, and the surfaces that exist only while active."""
+"""Lifecycle transitions over ROS, what exists in each state, and the parameters' contract."""
+import signal
 import time
 
 import pytest
-from ros_harness import NodeProcess, Planner
+from ros_harness import NodeProcess, Planner, call, joint_state
 
 from conftest import observation_trace
+from flashrt_ros.ros.diagnostics import cpu_model
 
 pytestmark = pytest.mark.ros
+
+# what launch/flashrt.launch.py passes besides the params file (autostart:=false, log_level, use_sim_time)
+LAUNCH_ARGS = ("--log-level", "info")
 
 
 def change_state(planner, transition_id: int) -> bool:
     from lifecycle_msgs.srv import ChangeState
-    cli = planner.node.create_client(ChangeState, "/test/flashrt/change_state")
-    assert cli.wait_for_service(timeout_sec=20)
     req = ChangeState.Request()
     req.transition.id = transition_id
-    return planner.client._spin_until(cli.call_async(req), 20).success
+    return call(planner, ChangeState, "/test/flashrt/change_state", 20, transition=req.transition).success
 
 
 def get_state(planner) -> str:
     from lifecycle_msgs.srv import GetState
-    cli = planner.node.create_client(GetState, "/test/flashrt/get_state")
-    assert cli.wait_for_service(timeout_sec=20)
-    return planner.client._spin_until(cli.call_async(GetState.Request()), 10).current_state.label
+    return call(planner, GetState, "/test/flashrt/get_state", 20).current_state.label
 
 
 def serving(planner, expect: bool, timeout: float = 10.0) -> bool:
     """Wait for the graph to show the snapshot service (dis)appearing."""
-    cli = planner.client.clients["snapshot"]
     end = time.monotonic() + timeout
-    while cli.service_is_ready() != expect and time.monotonic() < end:
+    while bool(planner.node.count_services("/test/snapshot")) != expect and time.monotonic() < end:
         planner.spin(0.05)
-    return cli.service_is_ready()
+    return bool(planner.node.count_services("/test/snapshot"))
 
 
-def test_configure_activate_deactivate_activate_serves_only_while_active(ros_domain, tmp_path):
+class Diagnostics:
+    def __init__(self, planner):
+        from diagnostic_msgs.msg import DiagnosticArray
+        self.planner, self.msgs = planner, []
+        planner.node.create_subscription(DiagnosticArray, "/diagnostics", self.msgs.append, 10)
+
+    def until(self, pred, timeout: float = 10.0):
+        """The first status from now on that satisfies pred(values): a message published before a
+        transition or a step may still arrive after it (topics are not ordered across each other)."""
+        n, values = len(self.msgs), None
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for msg in self.msgs[n:]:
+                (status,) = msg.status
+                values = {kv.key: kv.value for kv in status.values}
+                if pred(values):
+                    return status, values
+            n = len(self.msgs)
+            self.planner.spin(0.05)
+        raise AssertionError(f"no /diagnostics status as expected within {timeout} s; last: {values}")
+
+    def state(self, expect: str):
+        return self.until(lambda v: v["lifecycle_state"] == expect)
+
+
+def describe(planner, names):
+    from rcl_interfaces.srv import DescribeParameters
+    return call(planner, DescribeParameters, "/test/flashrt/describe_parameters", names=names).descriptors
+
+
+def set_param(planner, name, value):
+    from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+    from rcl_interfaces.srv import SetParameters
+    v = (ParameterValue(type=ParameterType.PARAMETER_INTEGER, integer_value=value) if isinstance(value, int)
+         else ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=value))
+    return call(planner, SetParameters, "/test/flashrt/set_parameters",
+                parameters=[Parameter(name=name, value=v)]).results[0]
+
+
+def test_lifecycle_transitions_over_ros_with_diagnostics_in_every_state(ros_domain, tmp_path):
     from lifecycle_msgs.msg import Transition
-    proc = NodeProcess(ros_domain, tmp_path / "node.log", autostart=False)
+    proc = NodeProcess(ros_domain, tmp_path / "node.log", autostart=False, backend="auto", use_sim_time=False,
+                       extra_args=LAUNCH_ARGS)
     planner = Planner()
+    diag = Diagnostics(planner)
     try:
         assert get_state(planner) == "unconfigured"
-        assert not serving(planner, True, timeout=2.0)
+        status, values = diag.state("unconfigured")
+        assert status.name == "test/flashrt: runtime"
+        assert not serving(planner, True, timeout=1.0)
         assert change_state(planner, Transition.TRANSITION_CONFIGURE) and get_state(planner) == "inactive"
-        assert not serving(planner, True, timeout=2.0)
+        status, values = diag.state("inactive")
+        assert status.hardware_id == cpu_model() != "numpy"
+        assert not serving(planner, True, timeout=1.0)
         assert change_state(planner, Transition.TRANSITION_ACTIVATE) and get_state(planner) == "active"
         planner.wait_ready()
         obs = observation_trace(20)
         planner.run(obs[:5])
+        status, values = diag.until(lambda v: v["lifecycle_state"] == "active" and v["steps"] == "5")
+        assert status.level == status.OK and int(values["rollback_depth_steps"]) == 4
+        assert float(values["rollback_depth_s"]) > 0 and int(values["kv_log_entries_total"]) > 0
         assert change_state(planner, Transition.TRANSITION_DEACTIVATE) and get_state(planner) == "inactive"
         assert not serving(planner, False)
         n = len(planner.steps)
-        from ros_harness import joint_state
         planner.publish(joint_state(obs[5], 1))
         planner.spin(0.5)
         assert len(planner.steps) == n, "an inactive node must not step"
+        diag.state("inactive")
         assert change_state(planner, Transition.TRANSITION_ACTIVATE)
         planner.wait_ready()
         assert planner.step(obs[5]).step == 6  # the state survived deactivation
         assert change_state(planner, Transition.TRANSITION_DEACTIVATE)
         assert change_state(planner, Transition.TRANSITION_CLEANUP) and get_state(planner) == "unconfigured"
+        diag.state("unconfigured")
+        proc.proc.send_signal(signal.SIGTERM)  # what a process supervisor sends: a clean exit too
+        assert proc.proc.wait(15) == 0
     finally:
         planner.close()
         assert proc.stop() == 0
-        assert "Traceback" not in proc.output()
+    out = proc.output()
+    assert "Traceback" not in out
+    # the runtime's Python logging reaches the ROS log: why backend auto took NumPy
+    assert "[flashrt_ros.runtime] backend: numpy (auto; CUDA unavailable" in out, out
 
 
-def test_bad_configuration_fails_the_transition_with_a_reason(ros_domain, tmp_path):
-    proc = NodeProcess(ros_domain, tmp_path / "node.log", n_heads=3)
+def test_sizes_are_read_only_in_the_descriptor_and_deadlines_have_one_validation(flashrt):
+    _, planner = flashrt
+    kv, budget, deadline, cdir = describe(planner, ["kv_window", "capsule_budget_mb", "replan_deadline_ms",
+                                                    "capsule_dir"])
+    assert kv.read_only and budget.read_only and cdir.read_only and not deadline.read_only
+    assert "read-only" in kv.description and "ROS_HOME" in cdir.description
+    frozen = set_param(planner, "kv_window", 64)
+    assert not frozen.successful and "read-only" in frozen.reason
+    for bad in (float("inf"), float("nan"), -1.0):
+        r = set_param(planner, "replan_deadline_ms", bad)
+        assert not r.successful and "replan_deadline_ms" in r.reason
+    assert set_param(planner, "replan_deadline_ms", 30).successful  # an integer for a float
+    assert set_param(planner, "replan_deadline_ms", 30.0).successful
+
+
+@pytest.fixture
+def node_params():
+    return {"capsule_budget_mb": 512}  # an integer for a float parameter is accepted
+
+
+BAD_STARTS = {
+    "kv_abc": ({"kv_window": "abc"}, None, "kv_window"),
+    "kv_float": ({"kv_window": 1.5}, None, "kv_window"),
+    "deadline_inf": ({"replan_deadline_ms": ".inf"}, None, "replan_deadline_ms"),
+    "empty_capsule_dir": ({"capsule_dir": "''"}, None, "capsule_dir"),
+    "backend_typo": ({"backend": "cdua"}, None, "backend"),
+    "joint_names_dup": ({"joint_names": ["a", "a"]}, None, "joint_names"),
+    "missing_params_file": ({}, "/nonexistent/flashrt.yaml", "params file"),
+    "invalid_params_file": ({}, "bad.yaml", "params file"),
+}
+
+
+def test_bad_parameters_and_params_files_give_one_line_naming_the_problem(ros_domain, tmp_path):
+    (tmp_path / "bad.yaml").write_text("/**:\n  ros__parameters:\n    kv_window: [unclosed\n")
+    procs = {}
     try:
-        proc.proc.wait(30)
-        out = proc.output()
-        assert proc.proc.returncode == 1 and "n_heads" in out and "configure failed" in out, out
-        assert "Traceback" not in out
+        for name, (params, params_file, _) in BAD_STARTS.items():
+            pf = (tmp_path / params_file) if params_file == "bad.yaml" else params_file
+            kw = {"params_file": pf} if params_file else {}
+            procs[name] = NodeProcess(ros_domain, tmp_path / f"{name}.log", **kw, **params)
+        for proc in procs.values():
+            proc.proc.wait(60)
     finally:
-        proc.stop()
+        for proc in procs.values():
+            proc.stop()
+    for name, proc in procs.items():
+        out = proc.output()
+        want = BAD_STARTS[name][2]
+        assert proc.proc.returncode in (1, 2), (name, out)
+        assert "Traceback" not in out, (name, out)
+        errors = [ln for ln in out.splitlines() if want in ln and ("configure failed" in ln or "cannot start" in ln)]
+        assert len(errors) == 1, (name, out)
+
+
+def test_an_inactive_node_publishes_nothing_on_its_lifecycle_publishers(ros_domain, tmp_path):
+    """In-process (a real rclpy node and executor): step while configured but inactive, then active."""
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.lifecycle import TransitionCallbackReturn
+    from rclpy.parameter import Parameter
+
+    from flashrt_interfaces.msg import PolicyStep
+    from flashrt_ros.ros.node import FlashRTNode
+
+    node = FlashRTNode(parameter_overrides=[
+        Parameter("autostart", value=False), Parameter("backend", value="numpy"),
+        Parameter("kv_window", value=64), Parameter("capsule_dir", value=str(tmp_path / "capsules"))])
+    listener = rclpy.create_node("listener")
+    got = []
+    listener.create_subscription(PolicyStep, "/policy_step", got.append, 10)
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    executor.add_node(listener)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        end = time.monotonic() + 10
+        while listener.count_publishers("/policy_step") == 0 and time.monotonic() < end:
+            executor.spin_once(timeout_sec=0.05)
+        obs = observation_trace(4)
+        node.step_from_message(joint_state(obs[0], 1))  # the policy steps ...
+        for _ in range(20):
+            executor.spin_once(timeout_sec=0.05)
+        assert node.stats.steps == 1 and got == []  # ... but an inactive node publishes nothing
+        node.trigger_activate()
+        node.step_from_message(joint_state(obs[1], 2))
+        end = time.monotonic() + 10
+        while not got and time.monotonic() < end:
+            executor.spin_once(timeout_sec=0.05)
+        assert [m.step for m in got] == [2]
+        node.trigger_deactivate()
+        node.step_from_message(joint_state(obs[2], 3))
+        for _ in range(20):
+            executor.spin_once(timeout_sec=0.05)
+        assert [m.step for m in got] == [2]
+    finally:
+        node.release()
+        executor.shutdown()
+        listener.destroy_node()
+        node.destroy_node()
+
+
+def test_capsule_dir_defaults_to_ros_home_which_survives_a_reboot(monkeypatch, tmp_path):
+    from flashrt_ros.ros.params import default_capsule_dir
+    monkeypatch.setenv("ROS_HOME", str(tmp_path / "ros_home"))
+    assert default_capsule_dir() == str(tmp_path / "ros_home" / "flashrt_capsules")
+    monkeypatch.delenv("ROS_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_capsule_dir() == str(tmp_path / "home" / ".ros" / "flashrt_capsules")

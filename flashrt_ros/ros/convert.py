@@ -12,26 +12,52 @@ OBSERVATION_TYPES = ("joint_state", "float32_array")
 
 
 def joint_state_to_obs(msg, obs_dim: int, joint_names: Sequence[str] = ()) -> np.ndarray:
-    """[positions..., velocities...] as float32 [obs_dim]. With joint_names, values are taken by name in
-    that order (extra joints in the message are ignored); otherwise in message order."""
+    """[positions..., velocities...] as float32 [obs_dim]. Names, positions and velocities must have one
+    entry per joint, and names must be unique. With joint_names, values are taken by name in that order
+    (extra joints in the message are ignored); otherwise in message order."""
+    names = list(msg.name)
     pos = np.asarray(msg.position, dtype=np.float64)
     vel = np.asarray(msg.velocity, dtype=np.float64)
+    if not (len(names) == len(pos) == len(vel)):
+        raise ValueError(f"JointState has {len(names)} names, {len(pos)} positions and {len(vel)} velocities; "
+                         "they must match one per joint")
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"JointState names joints {dup[:3]} more than once")
     if joint_names:
-        names = list(msg.name)
-        if len(names) != len(pos):
-            raise ValueError(f"JointState has {len(names)} names but {len(pos)} positions")
-        missing = [j for j in joint_names if j not in names]
+        index = {n: i for i, n in enumerate(names)}
+        missing = [j for j in joint_names if j not in index]
         if missing:
             raise ValueError(f"JointState lacks joints {missing[:3]} (has {names[:8]})")
-        idx = [names.index(j) for j in joint_names]
-        if len(vel) != len(pos):
-            raise ValueError(f"JointState has {len(pos)} positions but {len(vel)} velocities")
+        idx = [index[j] for j in joint_names]
         pos, vel = pos[idx], vel[idx]
     obs = np.concatenate([pos, vel])
     if obs.shape != (obs_dim,):
         raise ValueError(f"JointState gives {len(pos)} positions + {len(vel)} velocities = {obs.size} values, "
                          f"obs_dim is {obs_dim}")
     return _finite(obs.astype(np.float32))
+
+
+class ObservationReader:
+    """Stateful message_to_obs for one stream. Without configured joint_names, the names of the first
+    accepted JointState become the joint order and are enforced from then on (a reordered message is
+    mapped by name; one that lacks a joint is refused), so message order cannot silently permute the
+    observation."""
+
+    def __init__(self, observation_type: str, obs_dim: int, joint_names: Sequence[str] = ()):
+        if observation_type not in OBSERVATION_TYPES:
+            raise ValueError(f"observation_type must be one of {OBSERVATION_TYPES}, got {observation_type!r}")
+        self.observation_type, self.obs_dim = observation_type, obs_dim
+        self.joint_names = list(joint_names)
+        self.learned = False
+
+    def __call__(self, msg) -> np.ndarray:
+        if self.observation_type == "float32_array":
+            return float_array_to_obs(msg, self.obs_dim)
+        obs = joint_state_to_obs(msg, self.obs_dim, self.joint_names)
+        if not self.joint_names:
+            self.joint_names, self.learned = list(msg.name), True
+        return obs
 
 
 def float_array_to_obs(msg, obs_dim: int) -> np.ndarray:
@@ -82,13 +108,22 @@ def replan_observations(flat: Sequence[float], branches: int, horizon: int, obs_
     return _finite(arr).reshape(branches, horizon, obs_dim)
 
 
-def safe_relative_path(file_name: str) -> str:
-    """A capsule file name relative to capsule_dir: no absolute paths, no '..', nothing empty."""
-    if not file_name or "\x00" in file_name:
-        raise ValueError("file_name must be a non-empty relative path")
-    if file_name.startswith(("/", "\\", "~")):
-        raise ValueError(f"file_name must be relative to capsule_dir, got absolute {file_name!r}")
-    parts = file_name.replace("\\", "/").split("/")
-    if any(p == ".." for p in parts):
-        raise ValueError(f"file_name must not contain '..': {file_name!r}")
-    return "/".join(p for p in parts if p not in ("", "."))
+FILE_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+MAX_FILE_NAME = 128
+
+
+def check_file_name(file_name: str) -> str:
+    """A capsule file name inside capsule_dir: one component of [A-Za-z0-9._-], no leading dot (no
+    hidden files, not '.' or '..'), at most 128 characters. No directories, so nothing to traverse."""
+    if not file_name:
+        raise ValueError("file_name must not be empty")
+    if len(file_name) > MAX_FILE_NAME:
+        raise ValueError(f"file_name has {len(file_name)} characters, at most {MAX_FILE_NAME} are allowed")
+    bad = sorted({c for c in file_name if c not in FILE_NAME_CHARS})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad[:4])
+        raise ValueError(f"file_name {file_name[:40]!r} contains {shown}: use only letters, digits, '.', '_' "
+                         "and '-' (a plain name inside capsule_dir; no directories)")
+    if file_name.startswith("."):
+        raise ValueError(f"file_name {file_name!r} must not start with '.'")
+    return file_name

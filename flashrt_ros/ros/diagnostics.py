@@ -1,14 +1,64 @@
-"""/diagnostics content: one DiagnosticStatus for the runtime."""
+"""/diagnostics content: one DiagnosticStatus for the runtime, in every lifecycle state.
+
+Follows diagnostic_updater's conventions: the status name is the node's name without the leading
+slash (``robot1/flashrt: runtime``), and ``hardware_id`` names the device the policy runs on.
+"""
 from __future__ import annotations
+
+import platform
+from pathlib import Path
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 
 
-def diagnostics_message(node, stats, session, step_deadline_ms: float) -> DiagnosticArray:
+def cpu_model() -> str:
+    """The CPU model: /proc/cpuinfo's 'model name' (x86), else the board's model (a Jetson's
+    /proc/device-tree/model), else what Python knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    try:
+        model = Path("/proc/device-tree/model").read_text().strip("\x00 \n")
+        if model:
+            return model
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(backend) -> str:
+    """What hardware_id reports: the GPU's name and compute capability on CUDA, the CPU model otherwise."""
+    if getattr(backend, "name", "") == "cuda":
+        try:
+            import cupy
+            dev = cupy.cuda.Device()
+            props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+            name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+            return f"{name} (sm_{dev.compute_capability})"
+        except Exception as e:  # noqa: BLE001 - a name is not worth failing diagnostics for
+            return f"CUDA device ({type(e).__name__})"
+    return cpu_model()
+
+
+def observed_step_rate_hz(step_times) -> float:
+    """Steps per second over the recent steps (0 when fewer than two)."""
+    if len(step_times) < 2 or step_times[-1] <= step_times[0]:
+        return 0.0
+    return (len(step_times) - 1) / (step_times[-1] - step_times[0])
+
+
+def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats, session, usage,
+                        step_deadline_ms: float) -> DiagnosticArray:
+    """``usage``: the store's StoreUsage, or None when it could not be read without waiting."""
     lat = np.asarray(stats.latencies_ms[-1000:], dtype=np.float64)
     p50, p99 = (float(np.percentile(lat, 50)), float(np.percentile(lat, 99))) if lat.size else (0.0, 0.0)
     values = {
+        "lifecycle_state": lifecycle_state,
         "backend": session.backend.name if session else "unconfigured",
         "steps": stats.steps,
         "step_latency_p50_ms": f"{p50:.3f}",
@@ -21,20 +71,25 @@ def diagnostics_message(node, stats, session, step_deadline_ms: float) -> Diagno
         "replans_rejected": stats.replans_rejected,
         "replan_deadline_misses": stats.replan_deadline_misses,
     }
+    if usage is not None:
+        rate = observed_step_rate_hz(stats.step_times)
+        depth_s = usage.rollback_depth_steps / rate if rate > 0 else 0.0
+        values.update(capsules_used=usage.capsules, capsules_pinned=usage.pinned, capsule_capacity=usage.capacity,
+                      capsule_bytes_used=usage.bytes_used, capsule_budget_bytes=usage.budget_bytes,
+                      rollback_depth_steps=usage.rollback_depth_steps, rollback_depth_s=f"{depth_s:.2f}",
+                      observed_step_rate_hz=f"{rate:.1f}", kv_log_entries_used=usage.log_entries_used,
+                      kv_log_entries_total=usage.log_entries_total,
+                      kv_log_use_percent=f"{100.0 * usage.log_entries_used / max(1, usage.log_entries_total):.1f}")
     if session is not None:
-        u = session.store_usage()
-        values.update(capsules_used=u.capsules, capsules_pinned=u.pinned, capsule_capacity=u.capacity,
-                      capsule_bytes_used=u.bytes_used, capsule_budget_bytes=u.budget_bytes,
-                      rollback_depth_steps=u.rollback_depth_steps, kv_log_entries_used=u.log_entries_used,
-                      kv_log_entries_total=u.log_entries_total, live_capsule_id=session.live_capsule_id)
+        values["live_capsule_id"] = session.live_capsule_id
     level, message = DiagnosticStatus.OK, "ok"
-    if session is None:
-        level, message = DiagnosticStatus.WARN, "not configured"
+    if lifecycle_state != "active":
+        level, message = DiagnosticStatus.WARN, f"{lifecycle_state}: not stepping"
     elif p99 > step_deadline_ms:
         level, message = DiagnosticStatus.WARN, f"step p99 {p99:.2f} ms > step_deadline_ms {step_deadline_ms}"
     elif stats.capsule_errors:
         level, message = DiagnosticStatus.WARN, "capsules missing (store full of pins?)"
-    status = DiagnosticStatus(level=level, name=f"{node.get_fully_qualified_name()}: runtime", message=message,
-                              hardware_id=values["backend"],
+    status = DiagnosticStatus(level=level, name=f"{name.lstrip('/')}: runtime", message=message,
+                              hardware_id=hardware_id,
                               values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
     return DiagnosticArray(status=[status])

@@ -1,84 +1,172 @@
-"""Node parameters: every PolicyConfig field plus the node's own, each with a description."""
+"""Node parameters: every PolicyConfig field plus the node's own, each with a description.
+
+Every parameter is declared with dynamic typing, so a value of the wrong type never ends in an rclpy
+traceback at declaration: the values are checked here, by name, when the node configures (and for the
+few live parameters, when they are set), giving a one-line error that names the parameter. An integer
+for a float parameter (``capsule_budget_mb: 512``) is accepted.
+
+Sizes and the node's structural parameters are declared ``read_only``: they are read once, from the
+params file or ``-p`` at start-up, and ``ros2 param describe`` says so. Changing one means restarting
+the node. Only the deadlines can be set while the node runs.
+"""
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from pathlib import Path
 
-from rcl_interfaces.msg import FloatingPointRange, ParameterDescriptor, SetParametersResult
-from rclpy.exceptions import ParameterUninitializedException
+from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
 from rclpy.parameter import Parameter
 
 from ..runtime.config import PolicyConfig
 
-# name: (default, description, changeable while configured)
+
+def default_capsule_dir() -> str:
+    """$ROS_HOME/flashrt_capsules, ROS_HOME defaulting to ~/.ros (where ROS keeps its own state):
+    exports survive a reboot, unlike /tmp."""
+    ros_home = os.environ.get("ROS_HOME") or str(Path("~/.ros").expanduser())
+    return str(Path(ros_home) / "flashrt_capsules")
+
+
+def _positive_number(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name}: must be a positive finite number, got {v!r}")
+    return float(v)
+
+
+def _string(name: str, v, choices: tuple[str, ...] = ()) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"{name}: expected a string, got {v!r}")
+    if choices and v not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(choices)}, got {v!r}")
+    return v
+
+
+def _bool(name: str, v) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{name}: expected true or false, got {v!r}")
+    return v
+
+
+def _joint_names(name: str, v) -> list[str]:
+    if v is None:
+        return []
+    if not isinstance(v, (list, tuple)) or not all(isinstance(j, str) and j for j in v):
+        raise ValueError(f"{name}: expected a list of non-empty strings, got {v!r}")
+    if len(set(v)) != len(v):
+        dup = sorted({j for j in v if list(v).count(j) > 1})
+        raise ValueError(f"{name}: duplicate joint names {dup}")
+    return list(v)
+
+
+def _capsule_dir(name: str, v) -> str:
+    v = _string(name, v)
+    if not v.strip():
+        raise ValueError(f"{name}: must not be empty (an empty directory would mean the working directory)")
+    return v
+
+
+# name: (default, description, validator, changeable at runtime)
 NODE_PARAMS = {
-    "backend": ("auto", "auto | numpy | cuda: 'auto' takes CUDA when CuPy has a usable device", False),
+    "backend": ("auto", "auto | numpy | cuda: 'auto' takes CUDA when CuPy has a usable device",
+                lambda n, v: _string(n, v, ("auto", "numpy", "cuda")), False),
     "observation_type": ("joint_state", "joint_state (sensor_msgs/JointState) | float32_array "
-                         "(std_msgs/Float32MultiArray)", False),
-    "joint_names": (Parameter.Type.STRING_ARRAY, "order in which JointState positions, then velocities, fill "
-                    "the observation; empty = message order", False),
+                         "(std_msgs/Float32MultiArray)",
+                         lambda n, v: _string(n, v, ("joint_state", "float32_array")), False),
+    "joint_names": (None, "order in which JointState positions, then velocities, fill the observation. "
+                    "Unset: the names of the first accepted message, enforced from then on", _joint_names, False),
     "observation_reliable": (False, "reliable QoS on 'observation' (lossless replay); false = sensor-data "
-                             "(best effort). Depth 1 either way: during a replan only the latest is held", False),
-    "replan_deadline_ms": (50.0, "default Replan deadline when a goal says 0", True),
-    "step_deadline_ms": (10.0, "a step slower than this is counted and warned about", True),
-    "capsule_dir": ("/tmp/flashrt_capsules", "directory for export_capsule / import_capsule file names", True),
-    "diagnostics_period_s": (1.0, "period of /diagnostics", False),
-    "autostart": (True, "configure and activate on start-up, without a lifecycle manager", False),
+                             "(best effort). Depth 1 either way: during a replan only the latest is held",
+                             _bool, False),
+    "replan_deadline_ms": (50.0, "default Replan deadline when a goal says 0 (positive, finite)",
+                           _positive_number, True),
+    "step_deadline_ms": (10.0, "a step slower than this is counted and warned about (positive, finite)",
+                         _positive_number, True),
+    "capsule_dir": (default_capsule_dir(), "directory of export_capsule / import_capsule files (created "
+                    "with mode 0700; refused if another user owns it). Default $ROS_HOME/flashrt_capsules, "
+                    "ROS_HOME defaulting to ~/.ros", _capsule_dir, False),
+    "diagnostics_period_s": (1.0, "period of /diagnostics (published in every lifecycle state)",
+                             _positive_number, False),
+    "autostart": (True, "configure and activate on start-up, without a lifecycle manager", _bool, False),
 }
-READ_ONLY_WHEN_CONFIGURED = {f.name for f in dataclasses.fields(PolicyConfig)} | {
-    n for n, (_, _, live) in NODE_PARAMS.items() if not live}
+LIVE_PARAMS = {n for n, (_, _, _, live) in NODE_PARAMS.items() if live}
+READ_ONLY_NOTE = " [read-only: set at start-up (params file or -p); restart the node to change it]"
 
 
-def declare_all(node) -> None:
+def command_line_overrides(argv, node_name: str) -> dict:
+    """``-p name:=value`` of the ROS arguments, typed as rcl types them (YAML). Needed because when a
+    params file and ``-p`` give one parameter values of different types (``kv_window: 1024`` in the
+    file, ``-p kv_window:=abc``), rcl keeps both and rclpy silently returns the file's: the ``-p``
+    value, which must win, would be lost without a word."""
+    import yaml
+
+    out, in_ros_args, it = {}, False, iter(argv or ())
+    for arg in it:
+        if arg == "--ros-args":
+            in_ros_args = True
+        elif arg == "--":
+            in_ros_args = False
+        elif in_ros_args and arg in ("-p", "--param"):
+            name, sep, text = next(it, "").partition(":=")
+            if not sep:
+                continue
+            prefix, _, name = name.rpartition(":")
+            if prefix and prefix.strip("/").split("/")[-1] != node_name:
+                continue  # meant for another node
+            try:
+                out[name] = yaml.safe_load(text) if text else ""
+            except yaml.YAMLError:
+                out[name] = text
+    return out
+
+
+def declare_all(node, overrides: dict | None = None) -> None:
+    """``overrides``: command_line_overrides(); those values are declared as given (see there)."""
+    overrides = overrides or {}
+
+    def declare(name, default, descriptor):
+        if name in overrides:
+            node.declare_parameter(name, overrides[name], descriptor, ignore_override=True)
+        else:
+            node.declare_parameter(name, default, descriptor)
+
     for f in dataclasses.fields(PolicyConfig):
-        default = f.default
-        desc = ParameterDescriptor(description=f.metadata["help"])
-        if isinstance(default, float) and "min" in f.metadata:
-            desc.floating_point_range = [FloatingPointRange(from_value=float(f.metadata["min"]),
-                                                            to_value=float("inf"), step=0.0)]
-        node.declare_parameter(f.name, default, desc)
-    for name, (default, help_text, _) in NODE_PARAMS.items():
-        node.declare_parameter(name, default, ParameterDescriptor(description=help_text))
+        declare(f.name, f.default, ParameterDescriptor(
+            description=f.metadata["help"] + READ_ONLY_NOTE, read_only=True, dynamic_typing=True))
+    for name, (default, help_text, _, live) in NODE_PARAMS.items():
+        declare(name, default, ParameterDescriptor(
+            description=help_text + ("" if live else READ_ONLY_NOTE), read_only=not live, dynamic_typing=True))
+
+
+def check_node_param(name: str, value):
+    """The one validation of a node parameter, at configure and when it is set at runtime."""
+    return NODE_PARAMS[name][2](name, value)
 
 
 def read_config(node) -> tuple[PolicyConfig, dict]:
-    """PolicyConfig (ValueError naming the field) and the node's own parameters."""
-    values = {f.name: node.get_parameter(f.name).value for f in dataclasses.fields(PolicyConfig)}
-    for f in dataclasses.fields(PolicyConfig):  # YAML may give 768 for a float field
-        if f.type in ("float", float) and isinstance(values[f.name], int):
-            values[f.name] = float(values[f.name])
-    cfg = PolicyConfig(**values)
-    own = {n: _value_or_none(node, n) for n in NODE_PARAMS}
-    own["joint_names"] = list(own["joint_names"] or [])
-    if own["backend"] not in ("auto", "numpy", "cuda"):
-        raise ValueError(f"backend: expected auto, numpy or cuda, got {own['backend']!r}")
-    if own["observation_type"] not in ("joint_state", "float32_array"):
-        raise ValueError(f"observation_type: expected joint_state or float32_array, got {own['observation_type']!r}")
-    for name in ("replan_deadline_ms", "step_deadline_ms", "diagnostics_period_s"):
-        if not (isinstance(own[name], (int, float)) and math.isfinite(own[name]) and own[name] > 0):
-            raise ValueError(f"{name}: must be a positive number, got {own[name]!r}")
+    """PolicyConfig and the node's own parameters; ValueError naming the parameter."""
+    values = {f.name: _value(node, f.name) for f in dataclasses.fields(PolicyConfig)}
+    cfg = PolicyConfig(**values)  # checks types and ranges field by field, naming the field
+    own = {n: check_node_param(n, _value(node, n)) for n in NODE_PARAMS}
     return cfg, own
 
 
-def _value_or_none(node, name: str):
-    try:
-        return node.get_parameter(name).value
-    except ParameterUninitializedException:  # a typed parameter with no value (joint_names by default)
-        return None
+def _value(node, name: str):
+    p = node.get_parameter(name)
+    return None if p.type_ == Parameter.Type.NOT_SET else p.value
 
 
-def guard_read_only(node, is_configured) -> None:
-    """Refuse changes that would need a new allocation / capture while configured."""
+def guard_live_params(node) -> None:
+    """Read-only parameters are refused by rclpy itself; the live ones get the configure-time check."""
 
     def check(params):
-        if is_configured():
-            frozen = [p.name for p in params if p.name in READ_ONLY_WHEN_CONFIGURED]
-            if frozen:
-                return SetParametersResult(successful=False, reason=f"{frozen} are read-only while configured "
-                                           "(they size buffers or the captured graph); clean up first")
         for p in params:
-            if p.name in ("replan_deadline_ms", "step_deadline_ms") and not (p.value and p.value > 0):
-                return SetParametersResult(successful=False, reason=f"{p.name} must be > 0")
+            if p.name in LIVE_PARAMS:
+                try:
+                    check_node_param(p.name, None if p.type_ == Parameter.Type.NOT_SET else p.value)
+                except ValueError as e:
+                    return SetParametersResult(successful=False, reason=str(e))
         return SetParametersResult(successful=True)
 
     node.add_on_set_parameters_callback(check)

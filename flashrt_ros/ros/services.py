@@ -1,118 +1,183 @@
-"""Service handlers of the flashrt node. Every error becomes success=false with a message; nothing
-raises into the executor, and a failed request leaves the live state as it was."""
+"""Service handlers of the flashrt node.
+
+Every handler runs on a worker thread, never on the executor thread: a call that waits for the
+runtime lock (held by a replan) or writes a file leaves the executor free to step observations and to
+take goals and cancels. The ROS callback is a coroutine that awaits the worker's result; the worker
+completing the future wakes the executor (a done callback is scheduled as a task).
+
+Every error, of any type, becomes success=false with a one-line message; nothing raises into the
+executor, and a failed request leaves the live state as it was.
+"""
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 from builtin_interfaces.msg import Time
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.task import Future
 from std_srvs.srv import Trigger
 
 from flashrt_interfaces.msg import CapsuleInfo
-from flashrt_interfaces.srv import DropCapsule, ExportCapsule, ImportCapsule, ListCapsules, Rollback, Snapshot
+from flashrt_interfaces.srv import (
+    DropCapsule,
+    ExportCapsule,
+    ImportCapsule,
+    ListCapsules,
+    Rollback,
+    SetPin,
+    Snapshot,
+)
 
 from ..runtime.errors import CapsuleError
-from .convert import capsule_info_to_msg, safe_relative_path
+from .capsule_dir import CapsuleDir
+from .convert import capsule_info_to_msg
 
 EXPECTED = (CapsuleError, ValueError, OSError)
+WORKERS = 1  # calls run in the order they arrived, as they would on the executor thread
 
 
 def info_msg(info) -> CapsuleInfo:
     return capsule_info_to_msg(info, CapsuleInfo, Time)
 
 
+def describe_error(err: BaseException) -> str:
+    """One line a robot engineer can act on; the type is named only when it is not a domain error."""
+    if isinstance(err, ModuleNotFoundError) and err.name:
+        package = err.name.split(".")[0]
+        return f"Python module '{package}' is not installed (pip install {package})"
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if isinstance(err, EXPECTED) else f"{type(err).__name__}: {text}"
+
+
+class _Parked:
+    """Awaited by a handler whose service was destroyed while it ran: rclpy cannot send a response on
+    a destroyed service (it would raise into the executor), so the task stays pending instead."""
+
+    def __await__(self):
+        while True:
+            yield
+
+
 class CapsuleServices:
     """Creates and owns the node's services (created on activate, destroyed on deactivate)."""
 
-    def __init__(self, node):
+    def __init__(self, node, capsule_dir: CapsuleDir):
         self.node = node
-        self.handles = [
-            node.create_service(Snapshot, "snapshot", self.snapshot),
-            node.create_service(Rollback, "rollback", self.rollback),
-            node.create_service(ListCapsules, "list_capsules", self.list_capsules),
-            node.create_service(DropCapsule, "drop_capsule", self.drop_capsule),
-            node.create_service(ExportCapsule, "export_capsule", self.export_capsule),
-            node.create_service(ImportCapsule, "import_capsule", self.import_capsule),
-            node.create_service(Trigger, "reset", self.reset),
+        self.capsule_dir = capsule_dir
+        self._open = True
+        self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="flashrt_srv")
+        table = [
+            (Snapshot, "snapshot", self.snapshot),
+            (Rollback, "rollback", self.rollback),
+            (ListCapsules, "list_capsules", self.list_capsules),
+            (DropCapsule, "drop_capsule", self.drop_capsule),
+            (SetPin, "set_pin", self.set_pin),
+            (ExportCapsule, "export_capsule", self.export_capsule),
+            (ImportCapsule, "import_capsule", self.import_capsule),
+            (Trigger, "reset", self.reset),
         ]
+        # Their own reentrant group: a handler awaiting its worker must not hold the node's default
+        # (mutually exclusive) group, or observations, timers and goal/cancel handling would wait for it.
+        group = ReentrantCallbackGroup()
+        self.handles = [node.create_service(t, name, self._off_executor(name, fn), callback_group=group)
+                        for t, name, fn in table]
 
     def destroy(self) -> None:
+        self._open = False
         for h in self.handles:
             self.node.destroy_service(h)
         self.handles = []
+        self._pool.shutdown(wait=False)  # a call in flight finishes on its own; its answer is dropped
 
     @property
     def session(self):
-        return self.node.session
+        session = self.node.session
+        if session is None:
+            raise RuntimeError("the node is not configured")
+        return session
 
-    def _fail(self, response, what: str, err: Exception):
-        response.success = False
-        response.message = f"{what} failed: {err}"
-        self.node.get_logger().warning(response.message)
-        return response
+    # ---- the bridge: executor coroutine <-> worker thread ---------------------------------
+    def _off_executor(self, name: str, work):
+        async def callback(request, response):
+            try:
+                done = Future(executor=self.node.executor)
+                done.add_done_callback(lambda _: None)  # scheduling it wakes the executor
+                self._pool.submit(self._run, done, work, request, response)
+                err = await done
+            except Exception as e:  # noqa: BLE001 - e.g. the pool was shut down meanwhile
+                err = e
+            if err is not None:
+                self._fail(response, name, err)
+            if not self._open:
+                await _Parked()
+            return response
 
-    def _path(self, file_name: str) -> Path:
-        root = Path(self.node.get_parameter("capsule_dir").value).expanduser()
-        return root / safe_relative_path(file_name)
+        return callback
 
-    def snapshot(self, request, response):
+    @staticmethod
+    def _run(done: Future, work, request, response) -> None:
         try:
-            info = self.session.snapshot(request.label, request.pin, stamp_ns=self.node.last_stamp_ns)
-        except EXPECTED as e:
-            return self._fail(response, "snapshot", e)
+            work(request, response)
+            done.set_result(None)
+        except BaseException as e:  # noqa: BLE001 - every error is answered, none escapes
+            done.set_result(e)
+
+    def _fail(self, response, what: str, err: BaseException) -> None:
+        if hasattr(response, "success"):
+            response.success = False
+            response.message = f"{what} failed: {describe_error(err)}"
+            text = response.message
+        else:
+            text = f"{what} failed: {describe_error(err)}"
+        log = self.node.get_logger()
+        (log.warning if isinstance(err, EXPECTED) else log.error)(text)
+
+    # ---- handlers (worker thread) ---------------------------------------------------------
+    def snapshot(self, request, response):
+        info = self.session.snapshot(request.label, request.pin, stamp_ns=self.node.last_stamp_ns)
         response.success, response.message, response.capsule = True, f"capsule {info.id}", info_msg(info)
-        return response
 
     def rollback(self, request, response):
         t0 = time.perf_counter()
-        try:
-            info = self.session.rollback(request.capsule_id or None, int(request.steps_back))
-        except EXPECTED as e:
-            return self._fail(response, "rollback", e)
+        info = self.session.rollback(request.capsule_id or None, int(request.steps_back))
         response.elapsed_ms = (time.perf_counter() - t0) * 1e3
         response.success, response.message = True, f"capsule {info.id} (step {info.step}) is live"
         response.capsule = info_msg(info)
-        return response
 
     def list_capsules(self, request, response):
-        with self.session.lock:  # one consistent view while the replan worker changes the store
-            capsules = self.session.list_capsules(pinned_only=request.pinned_only)
-            usage = self.session.store_usage()
-            response.live_capsule_id = self.session.live_capsule_id
+        session = self.session
+        with session.lock:  # one consistent view while the replan worker changes the store
+            capsules = session.list_capsules(pinned_only=request.pinned_only)
+            usage = session.store_usage()
+            response.live_capsule_id = session.live_capsule_id
         response.capsules = [info_msg(i) for i in capsules]
         response.bytes_used = usage.bytes_used
         response.bytes_budget = usage.budget_bytes
-        return response
+        response.success, response.message = True, f"{len(capsules)} capsules"
 
     def drop_capsule(self, request, response):
-        try:
-            self.session.drop(request.capsule_id)
-        except EXPECTED as e:
-            return self._fail(response, "drop_capsule", e)
+        self.session.drop(request.capsule_id)
         response.success, response.message = True, f"capsule {request.capsule_id} dropped"
-        return response
+
+    def set_pin(self, request, response):
+        session = self.session
+        info = session.pin(request.capsule_id) if request.pin else session.unpin(request.capsule_id)
+        response.success, response.capsule = True, info_msg(info)
+        response.message = f"capsule {info.id} {'pinned' if info.pinned else 'unpinned'}"
 
     def export_capsule(self, request, response):
-        try:
-            path = self._path(request.file_name)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            response.sha256 = self.session.export_capsule(request.capsule_id or self.session.live_capsule_id, path)
-        except EXPECTED as e:
-            return self._fail(response, "export_capsule", e)
+        path = self.capsule_dir.path_for(request.file_name, create=True)
+        # 0 = the live capsule; the file is written after the runtime lock is released
+        response.sha256 = self.session.export_capsule(request.capsule_id, path)
         response.success, response.message = True, f"wrote {path}"
-        return response
 
     def import_capsule(self, request, response):
-        try:
-            info = self.session.import_capsule(self._path(request.file_name), restore=request.restore)
-        except EXPECTED as e:
-            return self._fail(response, "import_capsule", e)
+        info = self.session.import_capsule(self.capsule_dir.path_for(request.file_name), restore=request.restore)
         response.success = True
         response.message = f"imported as capsule {info.id}" + (" (live)" if request.restore else "")
         response.capsule = info_msg(info)
-        return response
 
     def reset(self, request, response):
         self.session.reset()
         response.success, response.message = True, "policy state reset to zeros; capsules kept"
-        return response

@@ -1,0 +1,59 @@
+"""/diagnostics content: names, the device, the lifecycle state, rollback depth in steps and seconds."""
+import re
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from flashrt_ros.runtime import StoreUsage
+from flashrt_ros.runtime.backend import NumpyBackend, cuda_probe, select
+
+
+def _stats(steps: int, rate_hz: float):
+    from flashrt_ros.ros.node import NodeStats
+    stats = NodeStats(steps=steps)
+    stats.latencies_ms = [0.5] * steps
+    stats.step_times = deque(i / rate_hz for i in range(steps))
+    return stats
+
+
+def _values(msg):
+    (status,) = msg.status
+    return status, {kv.key: kv.value for kv in status.values}
+
+
+def test_hardware_id_on_numpy_is_the_cpu_model():
+    from flashrt_ros.ros.diagnostics import cpu_model, device_name
+    name = device_name(NumpyBackend())
+    assert name == cpu_model() and name not in ("", "numpy")
+    info = Path("/proc/cpuinfo")
+    models = re.findall(r"^model name\s*:\s*(.+)$", info.read_text(), re.M) if info.exists() else []
+    if models:
+        assert name == models[0].strip()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_probe() is not None, reason=f"no CUDA device: {cuda_probe()}")
+def test_hardware_id_on_cuda_is_the_gpu_name_and_compute_capability():
+    from flashrt_ros.ros.diagnostics import device_name
+    assert re.fullmatch(r".+ \(sm_\d+\)", device_name(select("cuda")))
+
+
+def test_status_is_named_without_the_leading_slash_and_reports_rollback_depth_in_seconds():
+    from flashrt_ros.ros.diagnostics import diagnostics_message
+    usage = StoreUsage(capsules=51, pinned=1, capacity=128, bytes_used=1000, budget_bytes=4000, oldest_step=50,
+                       newest_step=100, log_entries_used=100, log_entries_total=400)
+    msg = diagnostics_message("/robot1/flashrt", "active", "some CPU", _stats(100, 100.0), None, usage, 10.0)
+    status, values = _values(msg)
+    assert status.name == "robot1/flashrt: runtime" and status.hardware_id == "some CPU"
+    assert values["rollback_depth_steps"] == "50" and values["rollback_depth_s"] == "0.50"
+    assert values["observed_step_rate_hz"] == "100.0" and values["kv_log_use_percent"] == "25.0"
+    assert status.level == status.OK
+
+
+def test_an_inactive_node_reports_its_state_as_a_warning_not_silence():
+    from flashrt_ros.ros.diagnostics import diagnostics_message
+    msg = diagnostics_message("/flashrt", "inactive", "some CPU", _stats(0, 100.0), None, None, 10.0)
+    status, values = _values(msg)
+    assert status.level == status.WARN and "inactive" in status.message
+    assert values["lifecycle_state"] == "inactive" and values["steps"] == "0"
