@@ -111,3 +111,19 @@ def test_diff_reports_a_shorter_run_at_the_first_missing_step(offline_run, tmp_p
         report = json.loads(res.stdout)
         assert (report["a_steps"], report["b_steps"], report["compared"]) == (n_a, n_b, 999)
         assert report["differing_steps"] == 0 and report["first_diverging_index"] == 999
+
+
+
+def test_a_rollback_check_fails_when_the_re_fed_actions_differ_by_one_bit():
+    from flashrt_ros.tools.replay_stream import RollbackChecks
+
+    checks = RollbackChecks(every=4, depth=3)
+    actions = [np.full(7, 0.25 * k, np.float32) for k in range(3)]
+    for k, a in enumerate(actions):
+        checks.push(k, a)
+    checks.record([a.copy() for a in actions])
+    planted = [a.copy() for a in actions]
+    planted[1].view(np.uint32)[4] ^= 1  # one ulp in one joint of one step
+    checks.record(planted)
+    checks.record(actions[:2])  # a check that re-fed too few steps is a failure too
+    assert (checks.run, checks.passed) == (3, 1)

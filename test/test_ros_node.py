@@ -14,13 +14,16 @@ pytestmark = pytest.mark.ros
 def test_each_observation_steps_once_in_order_with_increasing_capsules(flashrt):
     _, planner = flashrt
     obs = observation_trace(40)
+    first_stamp = planner.stamp
     planner.run(obs)
     steps = planner.steps
     assert [m.step for m in steps] == list(range(1, 41))
     ids = [m.capsule_id for m in steps]
     assert all(b > a for a, b in zip(ids, ids[1:]))
     assert all(len(m.action) == 7 and len(m.action_chunk) == 8 * 7 and m.chunk_len == 8 for m in steps)
-    assert steps[5].header.stamp.nanosec != steps[6].header.stamp.nanosec  # stamps come from the observations
+    # each policy_step carries its observation's stamp exactly (not the time it was received)
+    stamps = [m.header.stamp.sec * 10**9 + m.header.stamp.nanosec for m in steps]
+    assert stamps == [first_stamp + 10_000_000 * (k + 1) for k in range(40)]
 
 
 def test_rollback_by_id_and_by_steps_back_reproduces_actions_bitwise(flashrt):
@@ -50,13 +53,17 @@ def test_whatif_replan_leaves_live_state_and_capsule_unchanged(flashrt):
     planner.run(obs[:20])
     live_before = planner.client.call("list_capsules").live_capsule_id
     sha_before = _live_sha(planner, "before")
-    out = planner.client.replan(np.stack([obs[20:28]] * 4), capsule_id=live_before - 5)
-    assert out.accepted and out.result.success and out.result.deadline_met, out.result.message
+    branches = np.stack([obs[20:28] + 0.1 * b for b in range(4)]).astype(np.float32)  # four distinct what-ifs
+    out = planner.client.replan(branches, capsule_id=live_before - 5)
+    assert out.accepted and out.result.success, out.result.message
     assert len(out.result.actions) == 4 * 8 * 7 and len(out.result.branch_capsule_ids) == 4
     assert _live_sha(planner, "after") == sha_before
-    # and the branch is exactly what the robot would do from that capsule
-    planner.client.rollback(capsule_id=live_before - 5)
-    assert planner.run(obs[20:28]).tobytes() == out.actions(4, 7)[2].tobytes()
+    actions = out.actions(4, 7)
+    assert len({actions[b].tobytes() for b in range(4)}) == 4
+    # and each branch is exactly what the robot would do from that capsule with its observations
+    for b in range(4):
+        planner.client.rollback(capsule_id=live_before - 5)
+        assert planner.run(branches[b]).tobytes() == actions[b].tobytes(), f"branch {b}"
 
 
 def test_commit_replan_makes_the_branch_live(flashrt):
