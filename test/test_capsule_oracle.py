@@ -6,6 +6,7 @@ operation, each restorable capsule must materialise (small state + window gather
 exactly the bytes a full-copy store took at snapshot time, every pinned capsule must still be there,
 and an evicted capsule must be refused cleanly with the live state untouched.
 """
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -127,3 +128,23 @@ def test_every_restorable_capsule_materialises_to_the_full_copy_oracle(ops, tmp_
             gone = evicted[r % len(evicted)]
             with pytest.raises(UnknownCapsule, match="evicted"):
                 s.materialize(gone)
+
+
+def test_what_if_branches_are_evicted_before_the_timeline_loses_depth():
+    s = Session(wrapping_config())
+    obs = observation_trace(3000)
+    for k, o in enumerate(obs):
+        s.step(o)
+        if k % 25 == 24:  # a 3 x 8 what-if every 25 steps: each branch copies a partial page
+            s.replan(0, np.stack([obs[k:k + 8]] * 3))
+    caps = s.list_capsules()
+    timeline = [c.step for c in caps if not c.label.startswith("replan")]
+    what_ifs = len(caps) - len(timeline)  # the newest few survive, one private page each
+    assert timeline == list(range(timeline[0], 3001, 10))
+    assert 3000 - timeline[0] >= (16 - 3 - what_ifs - 2) * 128 - 150  # the rest of the log is timeline
+    s.replan(0, np.stack([obs[:8]] * 3), commit_branch=1)  # a committed branch is timeline, not a what-if
+    committed = s.live_capsule_id
+    for o in obs[:600]:
+        s.step(o)
+        s.replan(0, np.stack([obs[:8]] * 3))
+    assert committed in s.store

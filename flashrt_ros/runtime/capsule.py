@@ -61,6 +61,7 @@ class _Capsule:
     info: CapsuleInfo
     record: int
     pages: np.ndarray  # [P] int64: the page table of its window (-1 = none)
+    what_if: bool = False  # a replan branch's end state nobody committed: evicted before the timeline
 
 
 class CapsuleStore:
@@ -126,9 +127,12 @@ class CapsuleStore:
 
     # ---- eviction -------------------------------------------------------------------------
     def _evict_oldest(self) -> bool:
-        victim = next((cid for cid, c in self._caps.items() if not c.info.pinned), None)
-        if victim is None:
+        """Free the oldest unpinned what-if capsule (a replan branch nobody committed), else the oldest
+        unpinned capsule: what-ifs, which hold private pages, never eat the timeline's rollback depth."""
+        unpinned = [cid for cid, c in self._caps.items() if not c.info.pinned]
+        if not unpinned:
             return False
+        victim = next((cid for cid in unpinned if self._caps[cid].what_if), unpinned[0])
         self._release(victim)
         return True
 
@@ -154,7 +158,7 @@ class CapsuleStore:
 
     # ---- capsules -------------------------------------------------------------------------
     def snapshot(self, row: int, *, step: int, parent_id: int = 0, stamp_ns: int = 0, label: str = "",
-                 pin: bool = False) -> CapsuleInfo:
+                 pin: bool = False, what_if: bool = False) -> CapsuleInfo:
         """One copy of the row's small state, plus references to the pages of its window."""
         if pin:
             self.check_pin_allowed(self.kv.tables[row])
@@ -162,13 +166,17 @@ class CapsuleStore:
         self.backend.copy(self.records[record], self.arena.state[row])
         pages = self.kv.tables[row].copy()
         self.kv.incref(pages)
-        return self._add(record, pages, parent_id, step, stamp_ns, label, pin)
+        info = self._add(record, pages, parent_id, step, stamp_ns, label, pin)
+        self._caps[info.id].what_if = what_if
+        return info
 
     def restore(self, cid: int, row: int) -> CapsuleInfo:
         """Make ``row`` the capsule's state: one small copy; the window is shared, not copied."""
         cap = self._cap(cid)
         self.backend.copy(self.arena.state[row], self.records[cap.record])
         self.kv.set_row(row, cap.pages)
+        if row == 0:
+            cap.what_if = False  # live now: part of the timeline
         return cap.info
 
     def restore_buffers(self, cid: int, row: int, names: set[str]) -> CapsuleInfo:

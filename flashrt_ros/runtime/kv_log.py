@@ -95,11 +95,15 @@ class KvLog:
     def clear_row(self, row: int) -> None:
         self.set_row(row, np.full(self.P, NO_PAGE, np.int64))
 
-    def prepare_append(self, row: int, pos: int, copy_all: bool = False) -> None:
-        """Before the step that writes position ``pos`` in ``row``: make its page writable by this row."""
+    def prepare_append(self, row: int, pos: int, extend_shared: bool = True) -> None:
+        """Before the step that writes position ``pos`` in ``row``: make its page writable by this row.
+
+        ``extend_shared``: the row may append in place to a page others also hold, when it is the newest
+        writer of that page. The live row does; replan branches don't (they copy the partial page once),
+        so a what-if never pushes the live row into a copy of its own page."""
         j, slot = (pos // KV_PAGE) % self.P, pos % KV_PAGE
         page = int(self.tables[row, j])
-        if slot and page >= 0 and self.fill[page] == slot and not copy_all:
+        if slot and page >= 0 and self.fill[page] == slot and (extend_shared or self.refs[page] == 1):
             self.fill[page] = slot + 1  # the newest writer of this page: append in place
             return
         new = self.alloc()

@@ -315,7 +315,7 @@ class Session:
                 done, message, cancelled = 0, "", False
                 for t in range(h):
                     for r in range(1, 1 + b):
-                        self.kv.prepare_append(r, base_step + t)
+                        self.kv.prepare_append(r, base_step + t, extend_shared=False)
                     self.backend.from_host(obs_rows, obs[:, t])
                     runner.replay()
                     actions[:, t] = self.backend.to_host(act_rows)
@@ -329,7 +329,7 @@ class Session:
                         message, cancelled = f"cancelled after {done}/{h} steps; nothing committed", True
                         break
                 ids = [self.store.snapshot(1 + r, step=base_step + done, parent_id=parent,
-                                           label=f"replan branch {r}").id for r in range(b)]
+                                           label=f"replan branch {r}", what_if=True).id for r in range(b)]
                 for r, cid in enumerate(ids):
                     self._mark_history(cid, self.history.branch(base_node, base_step, obs[r, :done]))
                 if commit_branch is not None and not cancelled:
