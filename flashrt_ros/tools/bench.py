@@ -13,7 +13,7 @@ def main(argv=None) -> int:
     rt = sub.add_parser("runtime", help="capsule copies, rollback + re-plan vs cold recompute")
     rt.add_argument("--json", help="also write the JSON here")
     rt.add_argument("--histories", help="comma-separated history lengths (default 2048,4096,8192,16384; "
-                    "--quick: 256,512)")
+                    "--quick: 128,256)")
     rt.add_argument("--quick", action="store_true", help="the same measurements at toy sizes, in seconds (tests)")
     rt.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
     rt.add_argument("--config", help="params file (default: built-in defaults = config/flashrt.yaml)")
