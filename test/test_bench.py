@@ -55,10 +55,14 @@ def test_rollback_depth_reports_the_sizing_rule_at_the_default_budget_and_a_meas
         steps = StoreSizes.plan(PolicyConfig(kv_window=w)).rollback_depth_steps
         assert depth[f"kv_window_{w}"] == round(steps / 100, 2)
         assert depth[f"kv_window_{w}_detail"]["rollback_depth_steps"] == steps
-    v = depth["verified"]
-    assert v["eviction_started_at_step"] is not None and v["steps_run"] > v["eviction_started_at_step"] + v["kv_window"]
-    assert v["predicted_steps"] > 0 and v["measured_min_steps"] >= v["predicted_steps"]  # the store keeps its promise
-    assert v["measured_max_steps"] >= v["measured_min_steps"] and v["oldest_restored_step"] > 0
+    for key, bound in (("verified", "records"), ("verified_log_bound", "log")):
+        v = depth[key]
+        assert v["bound"] == bound and v["eviction_started_at_step"] is not None
+        assert v["steps_run"] > v["eviction_started_at_step"] + v["kv_window"]
+        assert v["predicted_steps"] > 0 and v["measured_min_steps"] >= v["predicted_steps"]  # the promise is kept
+        assert v["measured_max_steps"] >= v["measured_min_steps"] and v["oldest_restored_step"] > 0
+    assert depth["verified"]["eviction_started_at_step"] == depth["verified"]["records"] + 1  # records ran out
+    assert depth["verified_log_bound"]["eviction_started_at_step"] < depth["verified_log_bound"]["records"]
 
 
 def test_step_capsule_overhead_is_measured_a_b_at_a_full_window(quick):

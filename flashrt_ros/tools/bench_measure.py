@@ -76,16 +76,34 @@ def rollback_depth_formula(cfg: PolicyConfig, windows) -> dict:
     return out
 
 
-def verify_rollback_depth(cfg: PolicyConfig, backend, depth_steps: int, trace) -> dict:
+def log_bound_config(cfg: PolicyConfig, depth_steps: int) -> PolicyConfig:
+    """KV log pages for about ``depth_steps`` entries beside the window (never fewer than the reserves
+    need) and records to spare: the log, not the records, limits the depth. max_branches 1 keeps the
+    replan reserve, and so the smallest possible log, small."""
+    cfg = cfg.replace(max_branches=1)
+    sz = StoreSizes.plan(cfg)
+    pages = max(sz.reserve_pages + window_pages(cfg.kv_window),
+                -(-(depth_steps + cfg.kv_window + 2 * KV_PAGE) // KV_PAGE))
+    records = 2 * pages * KV_PAGE  # more than the pages can ever back
+    budget = records * sz.record_nbytes + pages * KV_PAGE * sz.entry_nbytes + 1  # +1 B: float round trip
+    return cfg.replace(capsule_capacity=records, capsule_budget_mb=budget / 2**20)
+
+
+def verify_rollback_depth(cfg: PolicyConfig, backend, depth_steps: int, trace, bound: str = "records") -> dict:
     """Run a small budget well past the start of eviction; compare the depth the store keeps with the
-    depth the sizing rule predicts, and restore the oldest capsule to show it is really there."""
-    cfg = cfg.replace(capsule_budget_mb=budget_mb_for_depth(cfg, depth_steps), capsule_capacity=0,
-                      capsule_every_n_steps=1)
+    depth the sizing rule predicts, and restore the oldest capsule to show it is really there.
+    ``bound``: "records" (a budget-derived store: records run out first) or "log" (spare records)."""
+    cfg = cfg.replace(capsule_every_n_steps=1)
+    if bound == "records":
+        cfg = cfg.replace(capsule_budget_mb=budget_mb_for_depth(cfg, depth_steps), capsule_capacity=0)
+    else:
+        cfg = log_bound_config(cfg, depth_steps)
     s = Session(cfg, backend)
     predicted = s.sizes.rollback_depth_steps
     n = predicted + cfg.kv_window + 4 * KV_PAGE  # eviction starts before `predicted`; go a window and 4 pages past
     obs = trace(n)
-    progress(f"rollback depth check: {n} steps at {cfg.capsule_budget_mb:.1f} MB, kv_window {cfg.kv_window}")
+    progress(f"rollback depth check ({bound} bound): {n} steps at {cfg.capsule_budget_mb:.1f} MB, "
+             f"kv_window {cfg.kv_window}")
     evict_at, seen = None, []
     for i, o in enumerate(obs):
         s.step(o)
@@ -96,7 +114,9 @@ def verify_rollback_depth(cfg: PolicyConfig, backend, depth_steps: int, trace) -
     u = s.store_usage()
     oldest = s.list_capsules()[0]
     s.rollback(oldest.id)  # the oldest capsule the store still claims is restorable
-    return {"budget_mb": round(cfg.capsule_budget_mb, 3), "kv_window": cfg.kv_window, "steps_run": n,
+    return {"bound": bound, "budget_mb": round(cfg.capsule_budget_mb, 3), "kv_window": cfg.kv_window,
+            "max_branches": cfg.max_branches,
+            "records": s.sizes.records, "log_pages": s.sizes.log_pages, "steps_run": n,
             "eviction_started_at_step": evict_at, "predicted_steps": predicted,
             "measured_steps": u.rollback_depth_steps,
             "measured_min_steps": min(seen, default=None), "measured_max_steps": max(seen, default=None),
