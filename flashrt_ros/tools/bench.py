@@ -12,11 +12,15 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="which", required=True)
     rt = sub.add_parser("runtime", help="capsule copies, rollback + re-plan vs cold recompute")
     rt.add_argument("--json", help="also write the JSON here")
-    rt.add_argument("--histories", default="2048,4096,8192,16384", help="comma-separated history lengths")
+    rt.add_argument("--histories", help="comma-separated history lengths (default 2048,4096,8192,16384; "
+                    "--quick: 128,256)")
+    rt.add_argument("--quick", action="store_true", help="the same measurements at toy sizes, in seconds (tests)")
     rt.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
     rt.add_argument("--config", help="params file (default: built-in defaults = config/flashrt.yaml)")
-    gpu = sub.add_parser("gpu", help="CUDA graph vs eager launches, capsule copy vs raw device copy")
+    gpu = sub.add_parser("gpu", help="the same store measurements on CUDA, snapshot copy vs raw device copy, "
+                         "graph vs eager launches")
     gpu.add_argument("--json", help="also write the JSON here")
+    gpu.add_argument("--config", help="params file (default: built-in defaults = config/flashrt.yaml)")
     rp = sub.add_parser("replay", help="flashrt-replay offline on a 10,000-step 100 Hz bag")
     rp.add_argument("--json", help="also write the JSON here")
     rp.add_argument("--steps", type=int, default=10_000)
