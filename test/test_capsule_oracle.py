@@ -148,3 +148,14 @@ def test_what_if_branches_are_evicted_before_the_timeline_loses_depth():
         s.step(o)
         s.replan(0, np.stack([obs[:8]] * 3))
     assert committed in s.store
+
+
+@pytest.mark.parametrize("kv_window", [128, 300, 1024])
+def test_a_budget_at_the_printed_minimum_is_accepted(kv_window):
+    cfg = small_config(kv_window=kv_window, capsule_capacity=0)
+    with pytest.raises(ValueError, match="at least") as e:
+        StoreSizes.plan(cfg.replace(capsule_budget_mb=0.01))
+    minimum = float(str(e.value).split("at least ")[1].split(" MB")[0])
+    for mb in (minimum + 0.1, minimum + 0.5, minimum + 1.3):
+        sizes = StoreSizes.plan(cfg.replace(capsule_budget_mb=mb))
+        assert sizes.records > sizes.reserve_records and sizes.log_pages >= sizes.reserve_pages

@@ -47,7 +47,7 @@ class StoreSizes:
         if cfg.capsule_capacity:
             records = cfg.capsule_capacity
         else:  # records and pages run out together on one timeline: one of each per step
-            fixed = (reserve_pages * KV_PAGE + cfg.kv_window) * entry
+            fixed = (reserve_pages + window_slots) * page  # exactly the pages the check below needs
             records = max(0, (budget - fixed) // (record + entry))
         log_pages = (budget - records * record) // page
         need_pages = reserve_pages + window_slots
