@@ -106,3 +106,14 @@ def test_store_operations_from_many_threads_never_see_a_changing_store():
     for t in threads:
         t.join()
     assert not errors, errors[:3]
+
+
+def test_a_replan_on_a_full_store_keeps_all_its_branch_capsules_and_commits():
+    s = Session(small_config(capsule_capacity=12, max_branches=8))
+    obs = observation_trace(80)
+    for o in obs[:40]:
+        s.step(o)
+    s.replan(0, np.stack([obs[40:44]] * 8))  # 8 what-ifs fill most of the ring
+    res = s.replan(0, np.stack([obs[44:48]] * 8), commit_branch=7)
+    assert all(cid in s.store for cid in res.branch_capsule_ids)
+    assert s.live_capsule_id == res.branch_capsule_ids[7] and s.step_count == 44

@@ -158,7 +158,7 @@ class CapsuleStore:
 
     # ---- capsules -------------------------------------------------------------------------
     def snapshot(self, row: int, *, step: int, parent_id: int = 0, stamp_ns: int = 0, label: str = "",
-                 pin: bool = False, what_if: bool = False) -> CapsuleInfo:
+                 pin: bool = False) -> CapsuleInfo:
         """One copy of the row's small state, plus references to the pages of its window."""
         if pin:
             self.check_pin_allowed(self.kv.tables[row])
@@ -166,9 +166,13 @@ class CapsuleStore:
         self.backend.copy(self.records[record], self.arena.state[row])
         pages = self.kv.tables[row].copy()
         self.kv.incref(pages)
-        info = self._add(record, pages, parent_id, step, stamp_ns, label, pin)
-        self._caps[info.id].what_if = what_if
-        return info
+        return self._add(record, pages, parent_id, step, stamp_ns, label, pin)
+
+    def mark_what_if(self, ids) -> None:
+        """Replan branches nobody committed: evicted before the timeline's capsules (see _evict_oldest)."""
+        for cid in ids:
+            if cid in self._caps:
+                self._caps[cid].what_if = True
 
     def restore(self, cid: int, row: int) -> CapsuleInfo:
         """Make ``row`` the capsule's state: one small copy; the window is shared, not copied."""

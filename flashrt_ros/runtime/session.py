@@ -329,14 +329,17 @@ class Session:
                         message, cancelled = f"cancelled after {done}/{h} steps; nothing committed", True
                         break
                 ids = [self.store.snapshot(1 + r, step=base_step + done, parent_id=parent,
-                                           label=f"replan branch {r}", what_if=True).id for r in range(b)]
+                                           label=f"replan branch {r}").id for r in range(b)]
                 for r, cid in enumerate(ids):
                     self._mark_history(cid, self.history.branch(base_node, base_step, obs[r, :done]))
-                if commit_branch is not None and not cancelled:
+                committed = commit_branch is not None and not cancelled
+                if committed:
                     self.store.restore(ids[commit_branch], 0)
                     self._step = base_step + done
                     self._live_id = ids[commit_branch]
                     self.history.head = self.history.node_of(self._live_id)
+                # only now: while they were taken, a branch's capsule must not be evicted for its sibling's
+                self.store.mark_what_if([c for r, c in enumerate(ids) if not (committed and r == commit_branch)])
             finally:
                 for r in range(1, 1 + b):  # branch rows give their pages back
                     self.kv.clear_row(r)
