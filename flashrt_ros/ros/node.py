@@ -65,7 +65,6 @@ class FlashRTNode(LifecycleNode):
         self._own: dict = {}
         self._topic_pubs: dict = {}
         self._observation_sub = self._capsule_services = self._replan_server = self._diagnostics_timer = None
-        self._held = None
 
     # ---- lifecycle ------------------------------------------------------------------------
     def on_configure(self, state: State) -> TransitionCallbackReturn:
@@ -113,7 +112,6 @@ class FlashRTNode(LifecycleNode):
         if self._diagnostics_timer is not None:
             self.destroy_timer(self._diagnostics_timer)
         self._observation_sub = self._capsule_services = self._replan_server = self._diagnostics_timer = None
-        self._held = None
         return TransitionCallbackReturn.SUCCESS
 
     def on_cleanup(self, state: State) -> TransitionCallbackReturn:
@@ -130,17 +128,11 @@ class FlashRTNode(LifecycleNode):
 
     # ---- stepping -------------------------------------------------------------------------
     def on_observation(self, msg) -> None:
-        if self._replan_server is not None and self._replan_server.busy.is_set():
-            if self._held is None:
-                self.stats.held += 1
-            self._held = msg  # latest only; run as soon as the replan is delivered
+        # [replan] while a replan runs, the latest observation is held and the replan thread steps it
+        # between two batched steps (ReplanServer.hold / LiveGate)
+        if self._replan_server is not None and self._replan_server.hold(msg):
             return
         self.step_from_message(msg)
-
-    def run_held_observation(self) -> None:
-        msg, self._held = self._held, None
-        if msg is not None:
-            self.step_from_message(msg)
 
     def step_from_message(self, msg) -> None:
         session = self.session

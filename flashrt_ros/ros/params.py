@@ -20,6 +20,8 @@ NODE_PARAMS = {
     "observation_reliable": (False, "reliable QoS on 'observation' (lossless replay); false = sensor-data "
                              "(best effort). Depth 1 either way: during a replan only the latest is held", False),
     "replan_deadline_ms": (50.0, "default Replan deadline when a goal says 0", True),
+    "replan_max_deadline_ms": (200.0, "longest deadline a Replan goal may ask for; a goal over it is rejected "
+                               "(one replan runs at a time, so this bounds how long a goal occupies it)", True),
     "step_deadline_ms": (10.0, "a step slower than this is counted and warned about", True),
     "capsule_dir": ("/tmp/flashrt_capsules", "directory for export_capsule / import_capsule file names", True),
     "diagnostics_period_s": (1.0, "period of /diagnostics", False),
@@ -54,7 +56,7 @@ def read_config(node) -> tuple[PolicyConfig, dict]:
         raise ValueError(f"backend: expected auto, numpy or cuda, got {own['backend']!r}")
     if own["observation_type"] not in ("joint_state", "float32_array"):
         raise ValueError(f"observation_type: expected joint_state or float32_array, got {own['observation_type']!r}")
-    for name in ("replan_deadline_ms", "step_deadline_ms", "diagnostics_period_s"):
+    for name in ("replan_deadline_ms", "replan_max_deadline_ms", "step_deadline_ms", "diagnostics_period_s"):
         if not (isinstance(own[name], (int, float)) and math.isfinite(own[name]) and own[name] > 0):
             raise ValueError(f"{name}: must be a positive number, got {own[name]!r}")
     return cfg, own
@@ -77,7 +79,8 @@ def guard_read_only(node, is_configured) -> None:
                 return SetParametersResult(successful=False, reason=f"{frozen} are read-only while configured "
                                            "(they size buffers or the captured graph); clean up first")
         for p in params:
-            if p.name in ("replan_deadline_ms", "step_deadline_ms") and not (p.value and p.value > 0):
+            if p.name in ("replan_deadline_ms", "replan_max_deadline_ms", "step_deadline_ms") \
+                    and not (p.value and p.value > 0):
                 return SetParametersResult(successful=False, reason=f"{p.name} must be > 0")
         return SetParametersResult(successful=True)
 
