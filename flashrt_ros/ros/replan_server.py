@@ -217,14 +217,13 @@ class ReplanServer:
         except Exception as e:  # noqa: BLE001 - a bad held observation must not end the replan
             self.node.get_logger().error(f"held observation failed: {e!r}", throttle_duration_sec=1.0)
 
-    def _client_gone(self) -> bool:
-        """No action client of 'replan' left in the graph (every rclpy/rclcpp action client subscribes
-        to the feedback topic). rmw does not tell which client sent a goal, so a goal is abandoned
-        when no client at all is left; the deadline cap bounds the rest."""
+    def _action_clients(self) -> int:
+        """Action clients of 'replan' in the graph (every rclpy/rclcpp action client subscribes to the
+        feedback topic); -1 if the graph cannot be read (shutting down: the other checks stop the goal)."""
         try:
-            return self.helper.count_subscribers(self.feedback_topic) == 0
-        except Exception:  # noqa: BLE001 - shutting down: the other checks stop the goal
-            return False
+            return self.helper.count_subscribers(self.feedback_topic)
+        except Exception:  # noqa: BLE001
+            return -1
 
     def _run(self, goal_handle, capsule_id, obs, commit_branch, deadline_ms) -> Replan.Result:
         t0 = time.perf_counter()
@@ -232,6 +231,9 @@ class ReplanServer:
         branches, horizon = obs.shape[:2]
         why_stopped = [""]
         throttle = {"feedback": 0.0, "client": time.monotonic()}
+        # rmw does not say which client sent a goal, so a goal is abandoned once a client was seen and
+        # none is left (a dead planner); with other clients alive, replan_max_deadline_ms bounds it.
+        client_seen = [self._action_clients() > 0]
 
         def stop() -> bool:
             if goal_handle.is_cancel_requested:
@@ -242,7 +244,10 @@ class ReplanServer:
             now = time.monotonic()
             if now - throttle["client"] >= CLIENT_CHECK_PERIOD_S:
                 throttle["client"] = now
-                if self._client_gone():
+                clients = self._action_clients()
+                if clients > 0:
+                    client_seen[0] = True
+                elif clients == 0 and client_seen[0]:
                     why_stopped[0] = "its client is gone (no action client of 'replan' left)"
                     return True
             return False
