@@ -15,6 +15,9 @@ from ros_harness import NodeProcess, Planner, ros_env
 from conftest import observation_trace
 
 pytestmark = pytest.mark.ros
+# Its own namespace: rclpy may keep endpoints of an earlier test's context in this process alive (the
+# global executor holds their handles), and this module needs to know every action client of its node.
+NS = "/replan_stop"
 LONG = 120_000.0  # ms: the deadline of the long goals, and the node's cap
 PROMPT_S = 2.0  # "promptly": a long goal runs for 20 s here (0.5 ms a step), seconds on a fast machine
 
@@ -23,7 +26,7 @@ import sys, rclpy, numpy as np
 from flashrt_ros.ros.client import FlashRTClient
 rclpy.init()
 node = rclpy.create_node("victim_planner")
-client = FlashRTClient(node, "/test")
+client = FlashRTClient(node, sys.argv[2])
 client.wait_until_ready(30)
 task = client.send_replan(np.zeros((1, 40000, 14), np.float32), deadline_ms=float(sys.argv[1]))
 while not task.feedback:
@@ -43,8 +46,9 @@ def long_node(tmp_path_factory):
         env = ros_env(did, tmp / "roslog")
         os.environ["ROS_DOMAIN_ID"] = str(did)
         rclpy.init(domain_id=did)
-        proc = NodeProcess(env, tmp / "node.log", capsule_dir=str(tmp / "capsules"), replan_max_deadline_ms=LONG)
-        planner = Planner()
+        proc = NodeProcess(env, tmp / "node.log", namespace=NS, capsule_dir=str(tmp / "capsules"),
+                           replan_max_deadline_ms=LONG)
+        planner = Planner(namespace=NS)
         try:
             planner.wait_ready()
             planner.run(observation_trace(10))
@@ -80,7 +84,7 @@ def test_a_goal_whose_client_died_is_abandoned(long_node):
     env, proc, planner = long_node
     from flashrt_ros.ros.client import FlashRTClient
     planner.client.replan_client.destroy()  # the victim must be the last action client in the graph
-    victim = subprocess.Popen([sys.executable, "-c", VICTIM, str(LONG)], env=env, stdout=subprocess.PIPE,
+    victim = subprocess.Popen([sys.executable, "-c", VICTIM, str(LONG), NS], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
         assert victim.stdout.readline().strip() == "running"
@@ -95,7 +99,7 @@ def test_a_goal_whose_client_died_is_abandoned(long_node):
     finally:
         if victim.poll() is None:
             victim.kill()
-    planner.client = FlashRTClient(planner.node, "/test")
+    planner.client = FlashRTClient(planner.node, NS)
     planner.client.wait_until_ready(10.0)
     assert planner.client.replan(observation_trace(8)[None]).succeeded  # the node is free again
 

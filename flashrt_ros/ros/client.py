@@ -45,6 +45,7 @@ SERVICES = {"snapshot": Snapshot, "rollback": Rollback, "list_capsules": ListCap
 OPTIONAL_SERVICES = ("unpin",)  # newer nodes only: its type is read from the graph when first used
 # A burst of goals or answers must not overflow the rclpy default depth of 10.
 ACTION_QOS = QoSProfile(depth=256, reliability=ReliabilityPolicy.RELIABLE)
+BUSY = "rejected: busy: another replan is running (at most one runs at a time; send it again when that one is done)"
 
 
 class FlashRTTimeout(TimeoutError):
@@ -109,9 +110,8 @@ class ReplanTask:
 
     def _on_goal_response(self, future) -> None:
         handle = future.result()
-        if handle is None or not handle.accepted:  # a node of this project never does this (see Replan.action)
-            self._finish(GoalStatus.STATUS_UNKNOWN, Replan.Result(success=False, rejected=True,
-                                                                  message="rejected: the server refused the goal"))
+        if handle is None or not handle.accepted:  # the ROS-level rejection only ever means busy (Replan.action)
+            self._finish(GoalStatus.STATUS_UNKNOWN, Replan.Result(success=False, rejected=True, message=BUSY))
             return
         self._goal_handle = handle
         self._result_future = handle.get_result_async()

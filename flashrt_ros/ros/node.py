@@ -29,7 +29,7 @@ from ..runtime.session import Session
 from .convert import message_to_obs, stamp_to_ns
 from .diagnostics import diagnostics_message
 from .params import declare_all, guard_read_only, read_config
-from .replan_server import ReplanServer
+from .replan_server import HELD_MAX, ReplanServer
 from .services import CapsuleServices
 
 NODE_NAME = "flashrt"
@@ -90,10 +90,12 @@ class FlashRTNode(LifecycleNode):
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
         msg_type = JointState if self._own["observation_type"] == "joint_state" else Float32MultiArray
+        # [replan] depth HELD_MAX: an executor stalled for a few sensor periods (a loaded CPU) still steps
+        # every observation, in order, as a replan does with the ones it holds
         if self._own["observation_reliable"]:
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE)
+            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=HELD_MAX, reliability=ReliabilityPolicy.RELIABLE)
         else:
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=HELD_MAX,
                              reliability=qos_profile_sensor_data.reliability)
         self._observation_sub = self.create_subscription(msg_type, "observation", self.on_observation, qos)
         self._capsule_services = CapsuleServices(self)

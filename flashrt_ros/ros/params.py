@@ -18,7 +18,8 @@ NODE_PARAMS = {
     "joint_names": (Parameter.Type.STRING_ARRAY, "order in which JointState positions, then velocities, fill "
                     "the observation; empty = message order", False),
     "observation_reliable": (False, "reliable QoS on 'observation' (lossless replay); false = sensor-data "
-                             "(best effort). Depth 1 either way: during a replan only the latest is held", False),
+                             "(best effort). Depth 4 either way, as during a replan: the 4 newest wait, the oldest is "
+                             "dropped first", False),
     "replan_deadline_ms": (50.0, "default Replan deadline when a goal says 0", True),
     "replan_max_deadline_ms": (200.0, "longest deadline a Replan goal may ask for; a goal over it is rejected "
                                "(one replan runs at a time, so this bounds how long a goal occupies it)", True),

@@ -8,11 +8,14 @@ Threads, and why:
 - The replan itself runs on a worker thread. Between two batched steps it steps the latest held
   observation (LiveGate), publishes throttled feedback and checks whether to stop: a cancel, the node
   deactivating or shutting down, or the goal's client gone from the graph.
-- At most one replan runs. Every other goal is accepted at the ROS level and answered at once with
-  ABORTED, rejected=true and the reason (see Replan.action): ROS 2 itself rejects without a reason.
+- At most one replan runs. A goal that arrives meanwhile is rejected at the ROS level: that only ever
+  means "busy". Any other refusal (a malformed goal, a deadline over the cap, ...) needs its reason, and
+  ROS 2 rejects without one: such a goal is accepted and answered at once with ABORTED, rejected=true
+  and the reason in message (see Replan.action).
 """
 from __future__ import annotations
 
+import collections
 import math
 import queue
 import threading
@@ -32,49 +35,55 @@ from .convert import replan_observations
 # (the rclpy default, depth 10, lost 9 of 20 goals sent at once).
 ACTION_SERVICE_QOS = QoSProfile(depth=256, reliability=ReliabilityPolicy.RELIABLE)
 FEEDBACK_PERIOD_S = 0.02  # at most 50 feedback messages a second, however short the batched step
+BUSY_PAUSE_S = 0.005  # bounds what answering "busy" costs: at most 200 answers a second
+HELD_MAX = 4  # observations held during a replan; the subscription keeps as many (a stalled executor)
 CLIENT_CHECK_PERIOD_S = 0.05  # graph queries between batched steps, at most this often
-# rclpy keeps every finished goal (handle + result) this long for a late get_result (default 900 s):
-# clients retrying refused goals back to back would otherwise pile up thousands of them.
-RESULT_KEPT_S = 30
+# rclpy keeps every finished goal this long for a late get_result (default 900 s), and every action
+# client deserialises the status list of all of them at each change: with planners replanning back to
+# back, a long list cost each client most of a core.
+RESULT_KEPT_S = 2
+BUSY = "busy: another replan is running (at most one runs at a time; send it again when that one is done)"
 
 
 class LiveGate:
-    """While a replan runs, the latest observation waits here (one slot: a newer one replaces it)
-    and the replan thread steps it between two batched steps. Otherwise the executor steps directly.
+    """While a replan runs, observations wait here (the newest HELD_MAX, oldest dropped first) and the
+    replan thread steps them in order between two batched steps. Otherwise the executor steps directly.
 
-    `busy` stays set until the slot is empty, and only `finish` clears it under the lock, so a held
+    `busy` stays set until the queue is empty, and only `finish` clears it under the lock, so a held
     observation is never lost and never overtaken by a newer one stepped directly."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._busy = False
-        self._msg = None
+        self._msgs: collections.deque = collections.deque(maxlen=HELD_MAX)
 
     def hold(self, msg) -> tuple[bool, bool]:
-        """(held, fresh): held = a replan runs and will step it; fresh = the slot was empty."""
+        """(held, dropped): held = a replan runs and will step it; dropped = the oldest held one gave way."""
         with self._lock:
             if not self._busy:
                 return False, False
-            fresh, self._msg = self._msg is None, msg
-            return True, fresh
+            dropped = len(self._msgs) == self._msgs.maxlen
+            self._msgs.append(msg)
+            return True, dropped
 
     def start(self) -> None:
         with self._lock:
             self._busy = True
 
-    def take(self):
+    def take(self) -> list:
         with self._lock:
-            msg, self._msg = self._msg, None
-            return msg
+            msgs = list(self._msgs)
+            self._msgs.clear()
+            return msgs
 
     def finish(self, step) -> None:
         """Step what is still held, then let the executor step directly again."""
         while True:
             with self._lock:
-                msg, self._msg = self._msg, None
-                if msg is None:
+                if not self._msgs:
                     self._busy = False
                     return
+                msg = self._msgs.popleft()
             step(msg)
 
 
@@ -93,7 +102,7 @@ class ReplanServer:
                                         context=node.context, use_global_arguments=False,
                                         start_parameter_services=False)
         self.server = ActionServer(
-            self.helper, Replan, "replan", execute_callback=self._deliver, goal_callback=lambda _: GoalResponse.ACCEPT,
+            self.helper, Replan, "replan", execute_callback=self._deliver, goal_callback=self._on_goal,
             handle_accepted_callback=self._on_accepted, cancel_callback=lambda _: CancelResponse.ACCEPT,
             goal_service_qos_profile=ACTION_SERVICE_QOS, result_service_qos_profile=ACTION_SERVICE_QOS,
             cancel_service_qos_profile=ACTION_SERVICE_QOS, result_timeout=RESULT_KEPT_S)
@@ -113,8 +122,8 @@ class ReplanServer:
 
     def hold(self, msg) -> bool:
         """Called by the node for every observation: True when a running replan will step it."""
-        held, fresh = self.gate.hold(msg)
-        self.node.stats.held += int(fresh)
+        held, _ = self.gate.hold(msg)
+        self.node.stats.held += int(held)
         return held
 
     def destroy(self, reason: str = "the node is deactivating") -> None:
@@ -153,6 +162,22 @@ class ReplanServer:
                              "node lets one replan run)")
         return (goal.capsule_id or None, obs, None if goal.commit_branch < 0 else goal.commit_branch, deadline)
 
+    def _on_goal(self, goal) -> GoalResponse:
+        """A goal while another replan runs is rejected here, at the ROS level: that answer is cheap
+        (no goal to track, no status, no result), and it only ever means busy (see Replan.action).
+        Every other refusal needs its reason, so it is accepted and answered ABORTED."""
+        with self._state:
+            busy = self._current is not None and not self._closing
+        if busy:
+            self.node.stats.replans_rejected += 1
+            self.node.get_logger().warning("replan goal rejected: busy, another replan is running",
+                                           throttle_duration_sec=1.0)
+            # Back-pressure: clients retrying at once would make answering "busy" the node's main work
+            # and starve the live step of CPU; this thread gives the CPU away for a moment instead.
+            time.sleep(BUSY_PAUSE_S)
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
+
     def _on_accepted(self, goal_handle) -> None:
         try:
             args, reason = self._check(goal_handle.request), ""
@@ -161,8 +186,8 @@ class ReplanServer:
         with self._state:
             if not reason and self._closing:
                 reason = f"{self._closing}: no new replans"
-            if not reason and self._current is not None:
-                reason = "busy: another replan is running (at most one runs; retry when it is done)"
+            if not reason and self._current is not None:  # only if goals interleave; _on_goal rejects first
+                reason = BUSY
             if not reason:
                 self._current = goal_handle
                 self._idle.clear()
@@ -253,8 +278,7 @@ class ReplanServer:
             return False
 
         def between_steps(done: int) -> None:
-            msg = self.gate.take()  # the live step waits at most one batched step
-            if msg is not None:
+            for msg in self.gate.take():  # the live step waits at most one batched step
                 self._step_held(msg)
             now = time.monotonic()
             if (done == horizon or now - throttle["feedback"] >= FEEDBACK_PERIOD_S) and not self._closing \
