@@ -5,13 +5,15 @@ Threads, and why:
   executor thread. Goals and cancels are therefore answered even while the node's main executor
   thread waits for the runtime lock (a service call behind a running replan): nothing here ever
   takes the session lock on that thread.
-- The replan itself runs on a worker thread. Between two batched steps it steps the latest held
-  observation (LiveGate), publishes throttled feedback and checks whether to stop: a cancel, the node
-  deactivating or shutting down, or the goal's client gone from the graph.
-- At most one replan runs. A goal that arrives meanwhile is rejected at the ROS level: that only ever
-  means "busy". Any other refusal (a malformed goal, a deadline over the cap, ...) needs its reason, and
-  ROS 2 rejects without one: such a goal is accepted and answered at once with ABORTED, rejected=true
-  and the reason in message (see Replan.action).
+- The replan itself runs on a worker thread. Between two batched steps it steps the observations
+  held meanwhile (LiveGate), publishes throttled feedback and checks whether to stop: a cancel, the
+  node deactivating or shutting down, or the goal's client gone from the graph.
+- At most one replan runs. A goal that arrives meanwhile is rejected at the ROS level: that only
+  ever means "busy", and each such answer pauses the admission thread briefly, so that clients
+  retrying at once cannot turn answering "busy" into the node's main work. Any other refusal (a
+  malformed goal, a deadline over the cap, ...) needs its reason, and ROS 2 rejects without one: such
+  a goal is accepted and answered at once with ABORTED, rejected=true and the reason in message
+  (see Replan.action).
 """
 from __future__ import annotations
 
