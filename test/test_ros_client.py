@@ -56,11 +56,22 @@ def test_client_goal_handles_named_services_and_failures(flashrt, tmp_path):
     bad = client.drop_capsule(424242)
     assert not bad.success and "424242" in bad.message
     assert client.reset().success
-    if "/test/unpin" in dict(planner.node.get_service_names_and_types()):  # nodes that have it
-        assert client.unpin(snap.capsule.id).success
+    services = dict(planner.node.get_service_names_and_types())
+    if "/test/unpin" in services or "/test/set_pin" in services:  # nodes that have one
+        unpinned = client.unpin(snap.capsule.id)
+        assert unpinned.success and not unpinned.capsule.pinned, unpinned.message
     else:
         with pytest.raises(FlashRTTimeout, match="unpin"):
             client.unpin(snap.capsule.id, timeout_s=0.5)
+
+    # an optional service is found in the graph, its type imported from the name the graph gives
+    from flashrt_interfaces.srv import DropCapsule
+
+    def fake_unpin(request, response):
+        response.success, response.message = True, f"unpinned {request.capsule_id}"
+        return response
+    planner.node.create_service(DropCapsule, "/fake/unpin", fake_unpin)
+    assert FlashRTClient(planner.node, "/fake").unpin(5).message == "unpinned 5"
 
     # --- no answer raises FlashRTTimeout, whatever was asked ---
     nobody = FlashRTClient(planner.node, "/nobody")

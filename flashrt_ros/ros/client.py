@@ -42,7 +42,8 @@ from flashrt_interfaces.srv import DropCapsule, ExportCapsule, ImportCapsule, Li
 SERVICES = {"snapshot": Snapshot, "rollback": Rollback, "list_capsules": ListCapsules,
             "drop_capsule": DropCapsule, "export_capsule": ExportCapsule, "import_capsule": ImportCapsule,
             "reset": Trigger}
-OPTIONAL_SERVICES = ("unpin",)  # newer nodes only: its type is read from the graph when first used
+# Newer nodes only: their types are read from the graph when first used.
+OPTIONAL_SERVICES = ("set_pin", "unpin")
 # A burst of goals or answers must not overflow the rclpy default depth of 10.
 ACTION_QOS = QoSProfile(depth=256, reliability=ReliabilityPolicy.RELIABLE)
 BUSY = "rejected: busy: another replan is running (at most one runs at a time; send it again when that one is done)"
@@ -137,10 +138,10 @@ class ReplanTask:
     def cancel(self, timeout_s: float = 5.0) -> bool:
         """Ask the node to stop the goal after its current batched step (it then never commits).
         Returns whether the node took the request; False if the goal had already ended or was refused."""
-        self._client.wait_for(self._send_future, timeout_s, "the goal response")
-        if self._goal_handle is None or self._done.is_set():
+        handle = self._client.wait_for(self._send_future, timeout_s, "the goal response")
+        if handle is None or not handle.accepted or self._done.is_set():
             return False
-        response = self._client.wait_for(self._goal_handle.cancel_goal_async(), timeout_s, "the cancel response")
+        response = self._client.wait_for(handle.cancel_goal_async(), timeout_s, "the cancel response")
         return len(response.goals_canceling) > 0
 
 
@@ -225,22 +226,35 @@ class FlashRTClient:
     def reset(self, timeout_s: float = 5.0) -> Trigger.Response:
         return self.call("reset", timeout_s)
 
+    def set_pin(self, capsule_id: int, pin: bool = True, timeout_s: float = 5.0):
+        """The 'set_pin' service (newer nodes): pin or unpin a capsule; FlashRTTimeout if the node has none."""
+        return self.call("set_pin", timeout_s, capsule_id=int(capsule_id), pin=bool(pin))
+
+    def pin(self, capsule_id: int, timeout_s: float = 5.0):
+        return self.set_pin(capsule_id, True, timeout_s)
+
     def unpin(self, capsule_id: int, timeout_s: float = 5.0):
-        """The 'unpin' service (newer nodes); FlashRTTimeout if the node has none."""
-        return self.call("unpin", timeout_s, capsule_id=int(capsule_id))
+        """Over the node's 'unpin' service, or 'set_pin' with pin=false; FlashRTTimeout if it has neither."""
+        name = self._first_service(("unpin", "set_pin"), timeout_s)
+        fields = {"capsule_id": int(capsule_id)} if name == "unpin" else {"capsule_id": int(capsule_id), "pin": False}
+        return self.call(name, timeout_s, **fields)
+
+    def _first_service(self, names: tuple[str, ...], timeout_s: float) -> str:
+        end = time.monotonic() + timeout_s
+        while True:
+            present = dict(self.node.get_service_names_and_types())
+            for name in names:
+                if self.node.resolve_service_name(self._name(name)) in present:
+                    return name
+            if time.monotonic() > end:
+                raise FlashRTTimeout(f"none of the services {names} available after {timeout_s} s")
+            time.sleep(0.05)
 
     def _optional_client(self, name: str, timeout_s: float):
         if name not in self._optional:
+            self._first_service((name,), timeout_s)
             full = self.node.resolve_service_name(self._name(name))
-            end = time.monotonic() + timeout_s
-            while True:
-                types = dict(self.node.get_service_names_and_types()).get(full)
-                if types:
-                    break
-                if time.monotonic() > end:
-                    raise FlashRTTimeout(f"service '{full}' not available after {timeout_s} s")
-                time.sleep(0.05)
-            pkg, _, type_name = types[0].split("/")
+            pkg, _, type_name = dict(self.node.get_service_names_and_types())[full][0].split("/")
             srv_type = getattr(importlib.import_module(f"{pkg}.srv"), type_name)
             self._optional[name] = (self.node.create_client(srv_type, self._name(name)), srv_type)
         return self._optional[name]
