@@ -25,6 +25,7 @@ def limit_file_size():
 
 
 def start(ros_domain, tmp_path, env=None, preexec_fn=None, **params):
+    params.setdefault("replan_max_deadline_ms", 60_000.0)  # these tests need replans that run for seconds
     proc = NodeProcess(env or ros_domain, tmp_path / "node.log", capsule_dir=str(tmp_path / "capsules"),
                        preexec_fn=preexec_fn, **params)
     planner = Planner()

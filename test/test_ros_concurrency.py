@@ -37,11 +37,12 @@ def test_sensor_stream_with_concurrent_rollbacks_and_replans(flashrt, ros_domain
             if r.success:
                 jumps.add(r.capsule.step)
             commit = 1 if i % 5 == 0 else -1
-            out = planner.client.replan(np.stack([obs[:8] + 0.1 * b for b in range(4)]), commit_branch=commit)
+            out = planner.client.replan(np.stack([obs[:8] + 0.1 * b for b in range(4)]),
+                                        commit_branch=commit if commit >= 0 else None)
             replans.append(out)
-            if commit >= 0 and out.result.success:
+            if commit >= 0 and out.succeeded:
                 committed = out.result.branch_capsule_ids[commit]
-                lst = planner.client.call("list_capsules")
+                lst = planner.client.list_capsules()
                 jumps.add(next(c.step for c in lst.capsules if c.id == committed))
             planner.spin(0.01)
         sensor_out, _ = sensor.communicate(timeout=20)
@@ -52,9 +53,10 @@ def test_sensor_stream_with_concurrent_rollbacks_and_replans(flashrt, ros_domain
     assert sensor.returncode == 0 and "Traceback" not in sensor_out, sensor_out
     assert len(replans) > 20
     for out in replans:
-        assert out.accepted
-        assert out.result.success or (not out.result.deadline_met and out.result.message), out.result
-        assert out.result.success and (out.result.deadline_met or "deadline" in out.result.message)
+        # one client waits for each answer, so no goal is refused as busy; a replan that ran succeeds,
+        # and one that ran out of time says so (a partial result)
+        assert out.accepted and out.succeeded, out.reason or out.result.message
+        assert out.result.deadline_met or "deadline" in out.result.message, out.result.message
     steps = planner.steps
     # observations that arrive during a replan are held, latest only, so not all 2000 become steps; the
     # stream must still keep flowing the whole time
@@ -66,3 +68,70 @@ def test_sensor_stream_with_concurrent_rollbacks_and_replans(flashrt, ros_domain
     assert not bad, f"lost or duplicated step numbers: {bad[:10]}"
     out = proc.output()
     assert "Traceback" not in out and "Error" not in out, out[-3000:]
+
+
+CLIENT = """
+import json, sys, time, rclpy, numpy as np
+from flashrt_ros.ros.client import FlashRTClient
+rclpy.init()
+node = rclpy.create_node(sys.argv[1])
+client = FlashRTClient(node, "/test")
+client.wait_until_ready(30)
+obs = np.stack([np.linspace(-1, 1, 8 * 14, dtype=np.float32).reshape(8, 14) * (1 + 0.1 * b) for b in range(4)])
+print("ready", flush=True)
+counts = {"ran": 0, "busy": 0, "other": 0}
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:  # back to back: the next goal as soon as the last one is answered
+    out = client.replan(obs, timeout_s=10.0)
+    counts["ran" if out.succeeded else "busy" if "busy" in out.reason else "other"] += 1
+print(json.dumps(counts), flush=True)
+"""
+RATE_HZ, STREAM_S = 100.0, 6.0
+# The gap criterion is about waiting on replans. The live step waits for at most one batched replan
+# step (about 1 ms here); before the fix it waited for whole queues of replans (gaps of 3.5 to 11.4 s).
+# On a 2-core machine shared with other test runs, the sensor, the node and this process are also
+# descheduled now and then: receive gaps of up to 175 ms were measured at a load average of 9, with
+# every observation still stepped. 3 sensor periods plus 200 ms of scheduling margin holds there and
+# is still 15x below what waiting on replans gave.
+MAX_GAP_S = 3 / RATE_HZ + 0.2
+
+
+def test_three_clients_replanning_back_to_back_do_not_starve_the_100hz_control_loop(flashrt, ros_domain):
+    import json
+
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+    from flashrt_interfaces.msg import PolicyStep
+    proc, planner = flashrt
+    received = []  # (receive time, step message)
+    planner.node.create_subscription(PolicyStep, "/test/policy_step", lambda m: received.append((time.monotonic(), m)),
+                                     QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
+    clients = [subprocess.Popen([sys.executable, "-c", CLIENT, f"planner{i}", str(STREAM_S + 2.0)], env=ros_domain,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
+    try:
+        for c in clients:
+            assert c.stdout.readline().strip() == "ready"
+        planner.spin(0.5)  # the clients are replanning back to back now
+        sensor = subprocess.Popen([sys.executable, "-m", "flashrt_ros.tools.sensor_sim", "--rate", str(RATE_HZ),
+                                   "--duration", str(STREAM_S), "--namespace", "/test"], env=ros_domain,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        end = time.monotonic() + STREAM_S + 30.0
+        while sensor.poll() is None and time.monotonic() < end:  # receive times are taken as they come
+            planner.spin(0.05)
+        sensor_out = sensor.communicate(timeout=10)[0]
+        planner.spin(0.3)
+        counts = [json.loads(c.communicate(timeout=30)[0].strip().splitlines()[-1]) for c in clients]
+    finally:
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+    sent = int(sensor_out.split("sent")[-1])
+    assert sensor.returncode == 0 and sent >= 0.9 * RATE_HZ * STREAM_S, sensor_out
+    # all three got replans through; the others were told busy (at most one runs), nothing else failed
+    assert all(c["ran"] > 0 and c["busy"] > 0 and c["other"] == 0 for c in counts), counts
+    stepped = len(received)
+    gaps = np.diff([t for t, _ in received])
+    assert stepped >= 0.95 * sent, f"only {stepped} of {sent} observations stepped; replans: {counts}"
+    assert gaps.max() < MAX_GAP_S, f"largest gap between steps {gaps.max() * 1e3:.0f} ms; replans: {counts}"
+    out = proc.output()
+    assert "Traceback" not in out and "[ERROR]" not in out, out[-3000:]

@@ -31,7 +31,8 @@ def test_interfaces_import_with_the_contract_fields():
     assert set(SetPin.Response.get_fields_and_field_types()) == {"success", "message", "capsule"}
     assert set(ExportCapsule.Response.get_fields_and_field_types()) == {"success", "message", "sha256"}
     assert Replan.Goal.get_fields_and_field_types()["commit_branch"] == "int32"
-    assert set(Replan.Feedback.get_fields_and_field_types()) == {"branches_done", "elapsed_ms"}
+    assert set(Replan.Feedback.get_fields_and_field_types()) == {"branches_done", "steps_done", "elapsed_ms"}
+    assert {"rejected": "boolean", "steps_done": "uint32"}.items() <= Replan.Result.get_fields_and_field_types().items()
 
 
 def _launch_tree():

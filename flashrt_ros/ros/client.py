@@ -1,16 +1,39 @@
-"""FlashRTClient: what a planner uses to talk to a flashrt node (services + the Replan action).
+"""FlashRTClient: what a planner uses to talk to a flashrt node (its services and the Replan action).
 
-Blocking calls with timeouts on top of a plain rclpy Node; the caller owns the node and its context.
-Used by the demo's planner, the ROS benchmark and the tests.
+In the manner of nav2_simple_commander, on top of an rclpy Node the caller owns:
+
+    client = FlashRTClient(node, "/robot1")
+    client.wait_until_ready()
+    task = client.send_replan(obs)            # non-blocking: a ReplanTask
+    while not task.is_task_complete(): ...    # or task.cancel()
+    out = task.get_result()                   # ReplanOutcome; out.actions() -> [branches, steps, action_dim]
+    client.rollback(steps_back=20)            # one named method per service
+
+Failures, one style:
+- no answer (server not there, or no reply within timeout_s) raises FlashRTTimeout;
+- every answer is returned, failures included: a service response with success=false and a message,
+  a ReplanOutcome with accepted=False and a reason, or with the result's success=false. Nothing else raises.
+
+"None" arguments (capsule_id, commit_branch, deadline_ms) are sent in the wire spelling documented in
+the .srv / .action comments (0, -1, 0).
+
+Spinning: if no executor holds the node, a blocking call spins it here; if an executor holds it
+(spinning in another thread), calls wait on the futures and never spin it. Do not
+make blocking calls from a callback of a single-threaded executor that owns the node: they would wait
+on the thread that must deliver the answer. Use send_replan + is_task_complete there.
 """
 from __future__ import annotations
 
+import importlib
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import rclpy
+from action_msgs.msg import GoalStatus
 from rclpy.action import ActionClient
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_srvs.srv import Trigger
 
 from flashrt_interfaces.action import Replan
@@ -19,30 +42,121 @@ from flashrt_interfaces.srv import DropCapsule, ExportCapsule, ImportCapsule, Li
 SERVICES = {"snapshot": Snapshot, "rollback": Rollback, "list_capsules": ListCapsules,
             "drop_capsule": DropCapsule, "export_capsule": ExportCapsule, "import_capsule": ImportCapsule,
             "reset": Trigger}
+# Newer nodes only: their types are read from the graph when first used.
+OPTIONAL_SERVICES = ("set_pin", "unpin")
+# A burst of goals or answers must not overflow the rclpy default depth of 10.
+ACTION_QOS = QoSProfile(depth=256, reliability=ReliabilityPolicy.RELIABLE)
+BUSY = "rejected: busy: another replan is running (at most one runs at a time; send it again when that one is done)"
 
 
 class FlashRTTimeout(TimeoutError):
-    pass
+    """No answer: the node (or the service / action) is not there, or did not reply in time."""
+
+
+def _none_id(capsule_id: int | None) -> int:
+    return 0 if capsule_id is None else int(capsule_id)
 
 
 @dataclass
 class ReplanOutcome:
-    accepted: bool
+    accepted: bool  # False: refused before running (reason says why); nothing ran, nothing changed
+    reason: str  # why it was refused, '' when accepted
     status: int  # action_msgs/GoalStatus
-    result: Replan.Result | None
-    feedback: list
-    rtt_ms: float
+    result: Replan.Result  # always a Result; for a refusal success=False, rejected=True
+    branches: int
+    feedback: list = field(default_factory=list)
+    rtt_ms: float = 0.0
 
-    def actions(self, branches: int, action_dim: int) -> np.ndarray:
-        return np.asarray(self.result.actions, np.float32).reshape(branches, -1, action_dim)
+    @property
+    def succeeded(self) -> bool:
+        return self.status == GoalStatus.STATUS_SUCCEEDED and self.result.success
+
+    @property
+    def cancelled(self) -> bool:
+        return self.status == GoalStatus.STATUS_CANCELED
+
+    def actions(self, branches: int | None = None, action_dim: int | None = None) -> np.ndarray:
+        """[branches, steps_done, action_dim] float32 (steps_done < horizon for a partial result).
+        branches / action_dim, if given, are checked against the answer."""
+        flat = np.asarray(self.result.actions, np.float32)
+        steps = int(self.result.steps_done)
+        if steps == 0 or self.branches == 0:
+            return flat.reshape(self.branches, 0, action_dim or 0)
+        out = flat.reshape(self.branches, steps, -1)
+        if branches not in (None, out.shape[0]) or action_dim not in (None, out.shape[2]):
+            raise ValueError(f"actions are {out.shape}, not [{branches}, steps, {action_dim}]")
+        return out
+
+
+class ReplanTask:
+    """A Replan goal in flight; never blocks unless asked to (get_result)."""
+
+    def __init__(self, client: FlashRTClient, goal: Replan.Goal, feedback_callback=None):
+        self._client = client
+        self.goal = goal
+        self.feedback: list = []
+        self._user_feedback = feedback_callback
+        self._t0 = time.perf_counter()
+        self._goal_handle = None
+        self._result_future = None
+        self._outcome: ReplanOutcome | None = None
+        self._done = threading.Event()
+        self._send_future = client.replan_client.send_goal_async(goal, feedback_callback=self._on_feedback)
+        self._send_future.add_done_callback(self._on_goal_response)
+
+    def _on_feedback(self, msg) -> None:
+        self.feedback.append(msg.feedback)
+        if self._user_feedback is not None:
+            self._user_feedback(msg.feedback)
+
+    def _on_goal_response(self, future) -> None:
+        handle = future.result()
+        if handle is None or not handle.accepted:  # the ROS-level rejection only ever means busy (Replan.action)
+            self._finish(GoalStatus.STATUS_UNKNOWN, Replan.Result(success=False, rejected=True, message=BUSY))
+            return
+        self._goal_handle = handle
+        self._result_future = handle.get_result_async()
+        self._result_future.add_done_callback(lambda f: self._finish(f.result().status, f.result().result))
+
+    def _finish(self, status: int, result: Replan.Result) -> None:
+        reason = result.message if result.rejected else ""
+        self._outcome = ReplanOutcome(not result.rejected, reason, status, result, int(self.goal.branches),
+                                      self.feedback, (time.perf_counter() - self._t0) * 1e3)
+        self._done.set()
+
+    def is_task_complete(self) -> bool:
+        """True once the answer is in (spins the node once, without waiting, if nobody else does)."""
+        if not self._done.is_set() and not self._client.spun_elsewhere():
+            rclpy.spin_once(self._client.node, timeout_sec=0.0)
+        return self._done.is_set()
+
+    def get_result(self, timeout_s: float = 10.0) -> ReplanOutcome:
+        """Wait for the answer; FlashRTTimeout if it does not come within timeout_s."""
+        self._client.wait_for(self._done, timeout_s, "the replan result")
+        return self._outcome
+
+    def cancel(self, timeout_s: float = 5.0) -> bool:
+        """Ask the node to stop the goal after its current batched step (it then never commits).
+        Returns whether the node took the request; False if the goal had already ended or was refused."""
+        handle = self._client.wait_for(self._send_future, timeout_s, "the goal response")
+        if handle is None or not handle.accepted or self._done.is_set():
+            return False
+        response = self._client.wait_for(handle.cancel_goal_async(), timeout_s, "the cancel response")
+        return len(response.goals_canceling) > 0
 
 
 class FlashRTClient:
     def __init__(self, node, namespace: str = ""):
         self.node = node
-        ns = namespace.rstrip("/")
-        self.clients = {name: node.create_client(t, f"{ns}/{name}" if ns else name) for name, t in SERVICES.items()}
-        self.replan_client = ActionClient(node, Replan, f"{ns}/replan" if ns else "replan")
+        self.namespace = namespace.rstrip("/")
+        self.clients = {name: node.create_client(t, self._name(name)) for name, t in SERVICES.items()}
+        self.replan_client = ActionClient(node, Replan, self._name("replan"), goal_service_qos_profile=ACTION_QOS,
+                                          result_service_qos_profile=ACTION_QOS,
+                                          cancel_service_qos_profile=ACTION_QOS)
+        self._optional: dict = {}
+
+    def _name(self, name: str) -> str:
+        return f"{self.namespace}/{name}" if self.namespace else name
 
     def wait_until_ready(self, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -52,47 +166,121 @@ class FlashRTClient:
         if not self.replan_client.wait_for_server(timeout_sec=max(0.1, deadline - time.monotonic())):
             raise FlashRTTimeout(f"action 'replan' not available after {timeout_s} s")
 
-    def _spin_until(self, future, timeout_s: float):
-        rclpy.spin_until_future_complete(self.node, future, timeout_sec=timeout_s)
-        if not future.done():
-            raise FlashRTTimeout(f"no answer within {timeout_s} s")
-        return future.result()
+    # ---- waiting --------------------------------------------------------------------------
+    def spun_elsewhere(self) -> bool:
+        """The node belongs to an executor now (rclpy.spin_once adds it only for the call, and leaves
+        node.executor set afterwards: membership is what counts)."""
+        executor = self.node.executor
+        return executor is not None and self.node in executor.get_nodes()
 
+    def wait_for(self, future, timeout_s: float, what: str = "an answer"):
+        """future's result (an rclpy Future or a threading.Event); FlashRTTimeout after timeout_s."""
+        end = time.monotonic() + timeout_s
+        done = future.is_set if isinstance(future, threading.Event) else future.done
+        if not self.spun_elsewhere():  # nobody spins this node: spin it here
+            while not done() and time.monotonic() < end:
+                rclpy.spin_once(self.node, timeout_sec=min(0.05, max(0.0, end - time.monotonic())))
+        elif isinstance(future, threading.Event):
+            future.wait(max(0.0, end - time.monotonic()))
+        else:  # its executor delivers the answer on another thread
+            arrived = threading.Event()
+            future.add_done_callback(lambda _: arrived.set())
+            arrived.wait(max(0.0, end - time.monotonic()))
+        if not done():
+            raise FlashRTTimeout(f"no answer ({what}) within {timeout_s} s")
+        return None if isinstance(future, threading.Event) else future.result()
+
+    _spin_until = wait_for  # the name older callers use
+
+    # ---- services: one named method each; the response comes back whatever it says --------
     def call(self, name: str, timeout_s: float = 5.0, **fields):
-        return self._spin_until(self.clients[name].call_async(SERVICES[name].Request(**fields)), timeout_s)
-
-    def rollback(self, capsule_id: int = 0, steps_back: int = 0, timeout_s: float = 5.0) -> Rollback.Response:
-        return self.call("rollback", timeout_s, capsule_id=capsule_id, steps_back=steps_back)
+        if name in OPTIONAL_SERVICES:
+            cli, srv_type = self._optional_client(name, timeout_s)
+        else:
+            cli, srv_type = self.clients[name], SERVICES[name]
+        if not cli.service_is_ready() and not cli.wait_for_service(timeout_sec=timeout_s):
+            raise FlashRTTimeout(f"service '{cli.srv_name}' not available after {timeout_s} s")
+        return self.wait_for(cli.call_async(srv_type.Request(**fields)), timeout_s, f"service '{cli.srv_name}'")
 
     def snapshot(self, label: str = "", pin: bool = False, timeout_s: float = 5.0) -> Snapshot.Response:
         return self.call("snapshot", timeout_s, label=label, pin=pin)
 
-    def replan(self, observations: np.ndarray, capsule_id: int = 0, commit_branch: int = -1,
-               deadline_ms: float = 0.0, cancel_after_feedback: int | None = None,
-               timeout_s: float = 10.0) -> ReplanOutcome:
-        """observations: [branches, horizon, obs_dim]. Blocks until the result (or raises on timeout)."""
+    def rollback(self, capsule_id: int | None = None, steps_back: int = 0, timeout_s: float = 5.0) -> Rollback.Response:
+        """capsule_id None: from the live state; steps_back along that capsule's lineage."""
+        return self.call("rollback", timeout_s, capsule_id=_none_id(capsule_id), steps_back=steps_back)
+
+    def list_capsules(self, pinned_only: bool = False, timeout_s: float = 5.0) -> ListCapsules.Response:
+        return self.call("list_capsules", timeout_s, pinned_only=pinned_only)
+
+    def drop_capsule(self, capsule_id: int, timeout_s: float = 5.0) -> DropCapsule.Response:
+        return self.call("drop_capsule", timeout_s, capsule_id=int(capsule_id))
+
+    def export_capsule(self, file_name: str, capsule_id: int | None = None,
+                       timeout_s: float = 10.0) -> ExportCapsule.Response:
+        """capsule_id None: the live capsule. file_name is relative to the node's capsule_dir."""
+        return self.call("export_capsule", timeout_s, capsule_id=_none_id(capsule_id), file_name=file_name)
+
+    def import_capsule(self, file_name: str, restore: bool = False, timeout_s: float = 10.0) -> ImportCapsule.Response:
+        return self.call("import_capsule", timeout_s, file_name=file_name, restore=restore)
+
+    def reset(self, timeout_s: float = 5.0) -> Trigger.Response:
+        return self.call("reset", timeout_s)
+
+    def set_pin(self, capsule_id: int, pin: bool = True, timeout_s: float = 5.0):
+        """The 'set_pin' service (newer nodes): pin or unpin a capsule; FlashRTTimeout if the node has none."""
+        return self.call("set_pin", timeout_s, capsule_id=int(capsule_id), pin=bool(pin))
+
+    def pin(self, capsule_id: int, timeout_s: float = 5.0):
+        return self.set_pin(capsule_id, True, timeout_s)
+
+    def unpin(self, capsule_id: int, timeout_s: float = 5.0):
+        """Over the node's 'unpin' service, or 'set_pin' with pin=false; FlashRTTimeout if it has neither."""
+        name = self._first_service(("unpin", "set_pin"), timeout_s)
+        fields = {"capsule_id": int(capsule_id)} if name == "unpin" else {"capsule_id": int(capsule_id), "pin": False}
+        return self.call(name, timeout_s, **fields)
+
+    def _first_service(self, names: tuple[str, ...], timeout_s: float) -> str:
+        end = time.monotonic() + timeout_s
+        while True:
+            present = dict(self.node.get_service_names_and_types())
+            for name in names:
+                if self.node.resolve_service_name(self._name(name)) in present:
+                    return name
+            if time.monotonic() > end:
+                raise FlashRTTimeout(f"none of the services {names} available after {timeout_s} s")
+            time.sleep(0.05)
+
+    def _optional_client(self, name: str, timeout_s: float):
+        if name not in self._optional:
+            self._first_service((name,), timeout_s)
+            full = self.node.resolve_service_name(self._name(name))
+            pkg, _, type_name = dict(self.node.get_service_names_and_types())[full][0].split("/")
+            srv_type = getattr(importlib.import_module(f"{pkg}.srv"), type_name)
+            self._optional[name] = (self.node.create_client(srv_type, self._name(name)), srv_type)
+        return self._optional[name]
+
+    # ---- the Replan action ----------------------------------------------------------------
+    def send_replan(self, observations, capsule_id: int | None = None, commit_branch: int | None = None,
+                    deadline_ms: float | None = None, feedback_callback=None) -> ReplanTask:
+        """Send a Replan goal and return at once. observations: [branches, horizon, obs_dim].
+        capsule_id None: the live state; commit_branch None: what-if; deadline_ms None: the node's default."""
         obs = np.asarray(observations, np.float32)
         branches, horizon = (obs.shape[0], obs.shape[1]) if obs.ndim == 3 else (0, 0)
-        goal = Replan.Goal(capsule_id=capsule_id, branches=branches, horizon=horizon,
-                           observations=obs.ravel().tolist(), commit_branch=commit_branch, deadline_ms=deadline_ms)
-        return self.send_goal(goal, cancel_after_feedback, timeout_s)
+        goal = Replan.Goal(capsule_id=_none_id(capsule_id), branches=branches, horizon=horizon,
+                           observations=obs.ravel().tolist(),
+                           commit_branch=-1 if commit_branch is None else int(commit_branch),
+                           deadline_ms=0.0 if deadline_ms is None else float(deadline_ms))
+        return self.send_goal_async(goal, feedback_callback)
 
-    def send_goal(self, goal: Replan.Goal, cancel_after_feedback: int | None = None,
-                  timeout_s: float = 10.0) -> ReplanOutcome:
-        feedback: list = []
-        state = {"cancelled": False}
-        handle_box = {}
+    def send_goal_async(self, goal: Replan.Goal, feedback_callback=None) -> ReplanTask:
+        """A raw goal, as it goes on the wire."""
+        return ReplanTask(self, goal, feedback_callback)
 
-        def on_feedback(msg):
-            feedback.append(msg.feedback)
-            if cancel_after_feedback is not None and len(feedback) >= cancel_after_feedback and not state["cancelled"]:
-                state["cancelled"] = True
-                handle_box["h"].cancel_goal_async()
+    def replan(self, observations, capsule_id: int | None = None, commit_branch: int | None = None,
+               deadline_ms: float | None = None, timeout_s: float = 10.0) -> ReplanOutcome:
+        """send_replan, then wait for the outcome (FlashRTTimeout if none within timeout_s)."""
+        return self.send_replan(observations, capsule_id, commit_branch, deadline_ms).get_result(timeout_s)
 
-        t0 = time.perf_counter()
-        handle = self._spin_until(self.replan_client.send_goal_async(goal, feedback_callback=on_feedback), timeout_s)
-        if not handle.accepted:
-            return ReplanOutcome(False, 0, None, feedback, (time.perf_counter() - t0) * 1e3)
-        handle_box["h"] = handle
-        res = self._spin_until(handle.get_result_async(), timeout_s)
-        return ReplanOutcome(True, res.status, res.result, feedback, (time.perf_counter() - t0) * 1e3)
+    def send_goal(self, goal: Replan.Goal, timeout_s: float = 10.0) -> ReplanOutcome:
+        """A raw goal, blocking."""
+        return self.send_goal_async(goal).get_result(timeout_s)

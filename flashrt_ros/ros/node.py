@@ -38,7 +38,7 @@ from .capsule_dir import CapsuleDir
 from .convert import ObservationReader, stamp_to_ns
 from .diagnostics import device_name, diagnostics_message
 from .params import check_node_param, command_line_overrides, declare_all, guard_live_params, read_config
-from .replan_server import ReplanServer
+from .replan_server import HELD_MAX, ReplanServer
 from .services import CapsuleServices
 
 NODE_NAME = "flashrt"
@@ -108,7 +108,6 @@ class FlashRTNode(LifecycleNode):
         self._capsule_dir: CapsuleDir | None = None
         self._topic_pubs: dict = {}
         self._observation_sub = self._capsule_services = self._replan_server = None
-        self._held = None
         self._last_usage = None
         # /diagnostics is a plain publisher on a timer made here: it reports every lifecycle state,
         # so a supervisor sees an inactive node as inactive instead of as stale.
@@ -152,10 +151,12 @@ class FlashRTNode(LifecycleNode):
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
         msg_type = JointState if self._own["observation_type"] == "joint_state" else Float32MultiArray
+        # [replan] depth HELD_MAX: an executor stalled for a few sensor periods (a loaded CPU) still steps
+        # every observation, in order, as a replan does with the ones it holds
         if self._own["observation_reliable"]:
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE)
+            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=HELD_MAX, reliability=ReliabilityPolicy.RELIABLE)
         else:
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
+            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=HELD_MAX,
                              reliability=qos_profile_sensor_data.reliability)
         super().on_activate(state)  # enables the lifecycle publishers
         self._observation_sub = self.create_subscription(msg_type, "observation", self.on_observation, qos)
@@ -173,7 +174,6 @@ class FlashRTNode(LifecycleNode):
         if self._capsule_services is not None:
             self._capsule_services.destroy()
         self._observation_sub = self._capsule_services = self._replan_server = None
-        self._held = None
         super().on_deactivate(state)  # disables the lifecycle publishers
         return TransitionCallbackReturn.SUCCESS
 
@@ -204,17 +204,11 @@ class FlashRTNode(LifecycleNode):
 
     # ---- stepping -------------------------------------------------------------------------
     def on_observation(self, msg) -> None:
-        if self._replan_server is not None and self._replan_server.busy.is_set():
-            if self._held is None:
-                self.stats.held += 1
-            self._held = msg  # latest only; run as soon as the replan is delivered
+        # [replan] while a replan runs, the latest observation is held and the replan thread steps it
+        # between two batched steps (ReplanServer.hold / LiveGate)
+        if self._replan_server is not None and self._replan_server.hold(msg):
             return
         self.step_from_message(msg)
-
-    def run_held_observation(self) -> None:
-        msg, self._held = self._held, None
-        if msg is not None:
-            self.step_from_message(msg)
 
     def step_from_message(self, msg) -> None:
         session, reader = self.session, self._reader

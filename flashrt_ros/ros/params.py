@@ -77,10 +77,14 @@ NODE_PARAMS = {
     "joint_names": (None, "order in which JointState positions, then velocities, fill the observation. "
                     "Unset: the names of the first accepted message, enforced from then on", _joint_names, False),
     "observation_reliable": (False, "reliable QoS on 'observation' (lossless replay); false = sensor-data "
-                             "(best effort). Depth 1 either way: during a replan only the latest is held",
+                             "(best effort). Depth 4 either way, as during a replan: the 4 newest wait, the "
+                             "oldest is dropped first",
                              _bool, False),
     "replan_deadline_ms": (50.0, "default Replan deadline when a goal says 0 (positive, finite)",
                            _positive_number, True),
+    "replan_max_deadline_ms": (200.0, "longest deadline a Replan goal may ask for; a goal over it is rejected "
+                               "(one replan runs at a time, so this bounds how long a goal occupies it)",
+                               _positive_number, True),
     "step_deadline_ms": (10.0, "a step slower than this is counted and warned about (positive, finite)",
                          _positive_number, True),
     "capsule_dir": (default_capsule_dir(), "directory of export_capsule / import_capsule files (created "

@@ -1,56 +1,154 @@
-"""The `replan` action: goal validation, a worker thread that runs Session.replan, result delivery.
+"""The `replan` action: admission, one worker thread that runs Session.replan, result delivery.
 
-An accepted goal is run on a worker thread, so the executor keeps serving meanwhile: a cancel request
-is seen between batched steps, and observations that arrive are held (latest only) instead of blocking.
-When the worker is done it calls goal_handle.execute(); the execute callback, back on the executor
-thread, only packs the stored result and runs the held observation.
+Threads, and why:
+- The action server lives on a small helper node (`<node>_replan`, same namespace) spun by its own
+  executor thread. Goals and cancels are therefore answered even while the node's main executor
+  thread waits for the runtime lock (a service call behind a running replan): nothing here ever
+  takes the session lock on that thread.
+- The replan itself runs on a worker thread. Between two batched steps it steps the observations
+  held meanwhile (LiveGate), publishes throttled feedback and checks whether to stop: a cancel, the
+  node deactivating or shutting down, or the goal's client gone from the graph.
+- At most one replan runs. A goal that arrives meanwhile is rejected at the ROS level: that only
+  ever means "busy", and each such answer pauses the admission thread briefly, so that clients
+  retrying at once cannot turn answering "busy" into the node's main work. Any other refusal (a
+  malformed goal, a deadline over the cap, ...) needs its reason, and ROS 2 rejects without one: such
+  a goal is accepted and answered at once with ABORTED, rejected=true and the reason in message
+  (see Replan.action).
 """
 from __future__ import annotations
 
+import collections
 import math
 import queue
 import threading
 import time
 
-import numpy as np
+import rclpy
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from flashrt_interfaces.action import Replan
 
 from ..runtime.errors import CapsuleError
 from .convert import replan_observations
 
+# Deep enough that a burst of goals from several clients is never dropped before it is answered
+# (the rclpy default, depth 10, lost 9 of 20 goals sent at once).
+ACTION_SERVICE_QOS = QoSProfile(depth=256, reliability=ReliabilityPolicy.RELIABLE)
+FEEDBACK_PERIOD_S = 0.02  # at most 50 feedback messages a second, however short the batched step
+BUSY_PAUSE_S = 0.005  # bounds what answering "busy" costs: at most 200 answers a second
+HELD_MAX = 4  # observations held during a replan; the subscription keeps as many (a stalled executor)
+CLIENT_CHECK_PERIOD_S = 0.05  # graph queries between batched steps, at most this often
+# rclpy keeps every finished goal this long for a late get_result (default 900 s), and every action
+# client deserialises the status list of all of them at each change: with planners replanning back to
+# back, a long list cost each client most of a core.
+RESULT_KEPT_S = 2
+BUSY = "busy: another replan is running (at most one runs at a time; send it again when that one is done)"
+
+
+class LiveGate:
+    """While a replan runs, observations wait here (the newest HELD_MAX, oldest dropped first) and the
+    replan thread steps them in order between two batched steps. Otherwise the executor steps directly.
+
+    `busy` stays set until the queue is empty, and only `finish` clears it under the lock, so a held
+    observation is never lost and never overtaken by a newer one stepped directly."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._busy = False
+        self._msgs: collections.deque = collections.deque(maxlen=HELD_MAX)
+
+    def hold(self, msg) -> tuple[bool, bool]:
+        """(held, dropped): held = a replan runs and will step it; dropped = the oldest held one gave way."""
+        with self._lock:
+            if not self._busy:
+                return False, False
+            dropped = len(self._msgs) == self._msgs.maxlen
+            self._msgs.append(msg)
+            return True, dropped
+
+    def start(self) -> None:
+        with self._lock:
+            self._busy = True
+
+    def take(self) -> list:
+        with self._lock:
+            msgs = list(self._msgs)
+            self._msgs.clear()
+            return msgs
+
+    def finish(self, step) -> None:
+        """Step what is still held, then let the executor step directly again."""
+        while True:
+            with self._lock:
+                if not self._msgs:
+                    self._busy = False
+                    return
+                msg = self._msgs.popleft()
+            step(msg)
+
 
 class ReplanServer:
     def __init__(self, node):
         self.node = node
-        self._queue: queue.Queue = queue.Queue()
+        self.gate = LiveGate()
+        self._state = threading.Lock()  # guards _current and _closing; never held across a replan step
+        self._current = None  # goal handle of the running replan
+        self._closing = ""  # set when the server goes away: the reason, for results and refusals
         self._results: dict[bytes, Replan.Result] = {}
-        self.busy = threading.Event()  # a goal is accepted and not yet delivered
-        self._closed = False
+        self._queue: queue.Queue = queue.Queue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self.helper = rclpy.create_node(f"{node.get_name()}_replan", namespace=node.get_namespace(),
+                                        context=node.context, use_global_arguments=False,
+                                        start_parameter_services=False)
+        self.server = ActionServer(
+            self.helper, Replan, "replan", execute_callback=self._deliver, goal_callback=self._on_goal,
+            handle_accepted_callback=self._on_accepted, cancel_callback=lambda _: CancelResponse.ACCEPT,
+            goal_service_qos_profile=ACTION_SERVICE_QOS, result_service_qos_profile=ACTION_SERVICE_QOS,
+            cancel_service_qos_profile=ACTION_SERVICE_QOS, result_timeout=RESULT_KEPT_S)
+        self.feedback_topic = f"{self.helper.get_namespace().rstrip('/')}/replan/_action/feedback"
+        self.executor = SingleThreadedExecutor(context=node.context)
+        self.executor.add_node(self.helper)
+        self._spinner = threading.Thread(target=self._spin, name="flashrt_replan_server", daemon=True)
+        self._spinner.start()
         self._worker = threading.Thread(target=self._work, name="flashrt_replan", daemon=True)
         self._worker.start()
-        self.server = ActionServer(node, Replan, "replan", execute_callback=self._deliver,
-                                   goal_callback=self._on_goal, cancel_callback=lambda _: CancelResponse.ACCEPT,
-                                   handle_accepted_callback=self._on_accepted)
 
-    def destroy(self) -> None:
-        self._closed = True
-        self._queue.put(None)
-        self._worker.join(timeout=5.0)  # a replan in flight finishes (it is bounded by its deadline)
-        self.server.destroy()
-
-    # ---- executor thread ------------------------------------------------------------------
-    def _on_goal(self, goal) -> GoalResponse:
+    def _spin(self) -> None:
         try:
-            self._validate(goal)
-        except (ValueError, CapsuleError) as e:
-            self.node.get_logger().warning(f"replan goal rejected: {e}")
-            self.node.stats.replans_rejected += 1
-            return GoalResponse.REJECT
-        return GoalResponse.ACCEPT
+            self.executor.spin()
+        except Exception:  # noqa: BLE001 - shutdown (SIGINT) ends the spin; nothing to report
+            pass
 
-    def _validate(self, goal) -> np.ndarray:
+    def hold(self, msg) -> bool:
+        """Called by the node for every observation: True when a running replan will step it."""
+        held, _ = self.gate.hold(msg)
+        self.node.stats.held += int(held)
+        return held
+
+    def destroy(self, reason: str = "the node is deactivating") -> None:
+        """Stop the running goal (answered ABORTED, nothing committed) and go away; returns within
+        about one batched replan step plus the delivery of that answer."""
+        with self._state:
+            self._closing = reason
+        self._idle.wait(timeout=5.0)  # the worker sees _closing between two batched steps
+        self._queue.put(None)
+        self._worker.join(timeout=1.0)
+        if self.node.context.ok():  # let the executor send the answers it was given: two hops, because
+            flushed = threading.Event()  # a delivery queues the sending of its result as one more task
+            self.executor.create_task(lambda: self.executor.create_task(flushed.set))
+            flushed.wait(timeout=1.0)
+        self.executor.shutdown(timeout_sec=1.0)
+        self._spinner.join(timeout=1.0)
+        self.server.destroy()
+        self.helper.destroy_node()
+
+    # ---- helper executor thread: admission and delivery ----------------------------------
+    def _check(self, goal):
+        """The goal as arguments of Session.replan, from the goal alone (no lock: the capsule id is
+        checked when the replan starts); ValueError names what is wrong."""
         cfg = self.node.session.cfg
         if not 1 <= goal.branches <= cfg.max_branches:
             raise ValueError(f"branches must be 1..{cfg.max_branches} (max_branches), got {goal.branches}")
@@ -58,70 +156,157 @@ class ReplanServer:
         if not (goal.commit_branch == -1 or 0 <= goal.commit_branch < goal.branches):
             raise ValueError(f"commit_branch must be -1 (what-if) or 0..{goal.branches - 1}, got {goal.commit_branch}")
         if not (math.isfinite(goal.deadline_ms) and goal.deadline_ms >= 0):
-            raise ValueError(f"deadline_ms must be >= 0 (0 = node default), got {goal.deadline_ms}")
-        if goal.capsule_id:
-            self.node.session.capsule_info(goal.capsule_id)
-        return obs
+            raise ValueError(f"deadline_ms must be >= 0 (0 = replan_deadline_ms), got {goal.deadline_ms}")
+        deadline = float(goal.deadline_ms or self.node.get_parameter("replan_deadline_ms").value)
+        cap = float(self.node.get_parameter("replan_max_deadline_ms").value)
+        if deadline > cap:
+            raise ValueError(f"deadline_ms {deadline:g} is over replan_max_deadline_ms {cap:g} (the longest the "
+                             "node lets one replan run)")
+        return (goal.capsule_id or None, obs, None if goal.commit_branch < 0 else goal.commit_branch, deadline)
+
+    def _on_goal(self, goal) -> GoalResponse:
+        """A goal while another replan runs is rejected here, at the ROS level: that answer is cheap
+        (no goal to track, no status, no result), and it only ever means busy (see Replan.action).
+        Every other refusal needs its reason, so it is accepted and answered ABORTED."""
+        with self._state:
+            busy = self._current is not None and not self._closing
+        if busy:
+            self.node.stats.replans_rejected += 1
+            self.node.get_logger().warning("replan goal rejected: busy, another replan is running",
+                                           throttle_duration_sec=1.0)
+            # Back-pressure: clients retrying at once would make answering "busy" the node's main work
+            # and starve the live step of CPU; this thread gives the CPU away for a moment instead.
+            time.sleep(BUSY_PAUSE_S)
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
 
     def _on_accepted(self, goal_handle) -> None:
-        self.busy.set()
-        self._queue.put(goal_handle)
+        try:
+            args, reason = self._check(goal_handle.request), ""
+        except (ValueError, CapsuleError) as e:
+            args, reason = None, str(e)
+        with self._state:
+            if not reason and self._closing:
+                reason = f"{self._closing}: no new replans"
+            if not reason and self._current is not None:  # only if goals interleave; _on_goal rejects first
+                reason = BUSY
+            if not reason:
+                self._current = goal_handle
+                self._idle.clear()
+                self.gate.start()
+        if reason:
+            self.node.stats.replans_rejected += 1
+            self.node.get_logger().warning(f"replan goal rejected: {reason}", throttle_duration_sec=1.0)
+            self._results[bytes(goal_handle.goal_id.uuid)] = Replan.Result(
+                success=False, rejected=True, message=f"rejected: {reason}",
+                live_capsule_id=self.node.session.live_capsule_id)
+            goal_handle.execute()
+            return
+        self._queue.put((goal_handle, args))
 
     def _deliver(self, goal_handle) -> Replan.Result:
         result = self._results.pop(bytes(goal_handle.goal_id.uuid), None)
-        if result is None:  # cancelled before the worker ran it
-            result = Replan.Result(success=False, message="cancelled before it ran",
-                                   live_capsule_id=self.node.session.live_capsule_id)
-        if goal_handle.is_cancel_requested:
+        if result is None:
+            result = Replan.Result(success=False, message="no result (the node is shutting down)")
+        if result.success:
+            goal_handle.succeed()  # also when a cancel came after it had finished: the commit happened
+        elif goal_handle.is_cancel_requested and not result.rejected:
             goal_handle.canceled()
-        elif result.success:
-            goal_handle.succeed()
         else:
             goal_handle.abort()
-        if self._queue.empty() and not self._results:
-            self.busy.clear()
-            self.node.run_held_observation()
         return result
 
     # ---- worker thread --------------------------------------------------------------------
     def _work(self) -> None:
         while True:
-            goal_handle = self._queue.get()
-            if goal_handle is None or self._closed:
+            item = self._queue.get()
+            if item is None:
                 return
+            goal_handle, args = item
             try:
-                self._results[bytes(goal_handle.goal_id.uuid)] = self._run(goal_handle)
+                result = self._run(goal_handle, *args)
             except Exception as e:  # noqa: BLE001 - never let the worker die; report instead
-                self.node.get_logger().error(f"replan failed unexpectedly: {e!r}")
-                self._results[bytes(goal_handle.goal_id.uuid)] = Replan.Result(success=False, message=repr(e))
-            if not self._closed:  # shutting down: no executor left to deliver to
+                if self.node.context.ok():
+                    self.node.get_logger().error(f"replan failed unexpectedly: {e!r}")
+                result = Replan.Result(success=False, message=f"failed: {e!r}")
+            finally:
+                self.gate.finish(self._step_held)
+                with self._state:
+                    self._current = None
+            self._results[bytes(goal_handle.goal_id.uuid)] = result
+            if self.node.context.ok():  # after SIGINT there is no executor left to answer with
                 goal_handle.execute()
+            self._idle.set()
 
-    def _run(self, goal_handle) -> Replan.Result:
-        t0 = time.perf_counter()
-        goal = goal_handle.request
-        session = self.node.session
-        if goal_handle.is_cancel_requested:
-            return Replan.Result(success=False, message="cancelled before it ran",
-                                 live_capsule_id=session.live_capsule_id)
+    def _step_held(self, msg) -> None:
         try:
-            obs = self._validate(goal)  # again: the capsule may have been evicted since the goal was accepted
-            deadline = goal.deadline_ms or self.node.get_parameter("replan_deadline_ms").value
+            self.node.step_from_message(msg)
+        except Exception as e:  # noqa: BLE001 - a bad held observation must not end the replan
+            self.node.get_logger().error(f"held observation failed: {e!r}", throttle_duration_sec=1.0)
 
-            def feedback(steps_done: int) -> None:
-                # branches run as one batch: all of them finish together, at the last step
-                fb = Replan.Feedback(branches_done=goal.branches if steps_done == goal.horizon else 0,
-                                     elapsed_ms=(time.perf_counter() - t0) * 1e3)
-                goal_handle.publish_feedback(fb)
+    def _action_clients(self) -> int:
+        """Action clients of 'replan' in the graph (every rclpy/rclcpp action client subscribes to the
+        feedback topic); -1 if the graph cannot be read (shutting down: the other checks stop the goal)."""
+        try:
+            return self.helper.count_subscribers(self.feedback_topic)
+        except Exception:  # noqa: BLE001
+            return -1
 
-            res = session.replan(goal.capsule_id or None, obs,
-                                 commit_branch=None if goal.commit_branch < 0 else goal.commit_branch,
-                                 deadline_ms=float(deadline), cancel=lambda: goal_handle.is_cancel_requested,
-                                 on_step=feedback)
-        except (ValueError, CapsuleError) as e:
-            return Replan.Result(success=False, message=str(e), live_capsule_id=session.live_capsule_id)
-        self.node.stats.replans += 1
-        self.node.stats.replan_deadline_misses += int(not res.deadline_met)
-        return Replan.Result(success=True, message=res.message, actions=res.actions.ravel().tolist(),
-                             branch_capsule_ids=res.branch_capsule_ids, elapsed_ms=res.elapsed_ms,
-                             deadline_met=res.deadline_met, live_capsule_id=res.live_capsule_id)
+    def _run(self, goal_handle, capsule_id, obs, commit_branch, deadline_ms) -> Replan.Result:
+        t0 = time.perf_counter()
+        session = self.node.session
+        branches, horizon = obs.shape[:2]
+        why_stopped = [""]
+        throttle = {"feedback": 0.0, "client": time.monotonic()}
+        # rmw does not say which client sent a goal, so a goal is abandoned once a client was seen and
+        # none is left (a dead planner); with other clients alive, replan_max_deadline_ms bounds it.
+        client_seen = [self._action_clients() > 0]
+
+        def stop() -> bool:
+            if goal_handle.is_cancel_requested:
+                return True
+            if self._closing or not self.node.context.ok():
+                why_stopped[0] = self._closing or "the node is shutting down"
+                return True
+            now = time.monotonic()
+            if now - throttle["client"] >= CLIENT_CHECK_PERIOD_S:
+                throttle["client"] = now
+                clients = self._action_clients()
+                if clients > 0:
+                    client_seen[0] = True
+                elif clients == 0 and client_seen[0]:
+                    why_stopped[0] = "its client is gone (no action client of 'replan' left)"
+                    return True
+            return False
+
+        def between_steps(done: int) -> None:
+            for msg in self.gate.take():  # the live step waits at most one batched step
+                self._step_held(msg)
+            now = time.monotonic()
+            if (done == horizon or now - throttle["feedback"] >= FEEDBACK_PERIOD_S) and not self._closing \
+                    and self.node.context.ok():
+                throttle["feedback"] = now
+                try:
+                    goal_handle.publish_feedback(Replan.Feedback(
+                        branches_done=branches if done == horizon else 0, steps_done=done,
+                        elapsed_ms=(time.perf_counter() - t0) * 1e3))
+                except Exception:  # noqa: BLE001 - the context went away meanwhile (SIGINT): nothing to tell
+                    pass
+
+        try:
+            res = session.replan(capsule_id, obs, commit_branch=commit_branch, deadline_ms=deadline_ms,
+                                 cancel=stop, on_step=between_steps)
+        except (ValueError, CapsuleError) as e:  # e.g. the capsule was evicted or never existed
+            return Replan.Result(success=False, rejected=True, message=f"rejected: {e}",
+                                 live_capsule_id=session.live_capsule_id)
+        message = res.message
+        if res.cancelled and why_stopped[0]:
+            message = f"stopped: {why_stopped[0]}; {res.message}"
+            self.node.get_logger().warning(f"replan {message}")
+        elif not res.cancelled:
+            self.node.stats.replans += 1
+            self.node.stats.replan_deadline_misses += int(not res.deadline_met)
+        return Replan.Result(success=not res.cancelled, message=message, actions=res.actions.ravel().tolist(),
+                             steps_done=res.steps_done, branch_capsule_ids=res.branch_capsule_ids,
+                             elapsed_ms=res.elapsed_ms, deadline_met=res.deadline_met,
+                             live_capsule_id=res.live_capsule_id)

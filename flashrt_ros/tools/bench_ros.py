@@ -90,7 +90,7 @@ def run(args) -> dict:
         for o in trace[:600]:
             step(o)
         pinned = client.snapshot(label="bench", pin=True).capsule.id
-        trig = _timed(args.calls, "trigger", lambda: client._spin_until(trigger.call_async(Trigger.Request()), 5))
+        trig = _timed(args.calls, "trigger", lambda: client.wait_for(trigger.call_async(Trigger.Request()), 5))
         roll = _timed(args.calls, "rollback", lambda: client.rollback(capsule_id=pinned))
         branches = np.stack([trace[600:608] + 0.05 * b for b in range(4)])
         deadline_met = []  # branch capsules evict old unpinned ones; the pinned base stays

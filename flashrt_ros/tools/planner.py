@@ -19,7 +19,7 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from flashrt_interfaces.msg import PolicyStep
 
-from ..ros.client import FlashRTClient
+from ..ros.client import FlashRTClient, FlashRTTimeout
 from .common import p50_p99, synthetic_trace
 
 ROLLBACK_STEPS = 20
@@ -52,39 +52,49 @@ def main(argv=None) -> int:
     client.wait_until_ready(30.0)
     trace = synthetic_trace(4000, 14, seed=3)
     rng = np.random.default_rng(0)
-    rollback_ms, replan_ms, replan_node_ms, misses, checks = [], [], [], 0, [0, 0]
-    commits = 0
+    rollback_ms, replan_ms, replan_node_ms, checks = [], [], [], [0, 0]
+    counts = {"misses": 0, "commits": 0, "refused": 0, "timeouts": 0}
     t0 = time.monotonic()
+
+    def one_round(commit: bool) -> None:
+        r = client.rollback(steps_back=ROLLBACK_STEPS)
+        if r.success:
+            rollback_ms.append(r.elapsed_ms)
+        start = int(rng.integers(0, len(trace) - HORIZON))
+        obs = np.stack([trace[start:start + HORIZON] + 0.05 * b for b in range(BRANCHES)])
+        base = r.capsule.id if r.success else None
+        out = client.replan(obs, capsule_id=base, commit_branch=0 if commit else None)
+        replan_ms.append(out.rtt_ms)
+        counts["misses"] += int(not (out.succeeded and out.result.deadline_met))
+        if not out.accepted:  # refused with a reason (busy, capsule gone, ...): report it, go on
+            counts["refused"] += 1
+            print(f"t={time.monotonic() - t0:5.1f}s replan refused: {out.reason}", flush=True)
+            return
+        replan_node_ms.append(out.result.elapsed_ms)
+        if commit:
+            counts["commits"] += int(out.succeeded)
+        elif base and out.succeeded and out.result.deadline_met:
+            again = client.replan(obs, capsule_id=base)
+            if again.succeeded and again.result.deadline_met:  # compare complete answers only
+                checks[0] += 1
+                checks[1] += int(again.actions().tobytes() == out.actions().tobytes())
+        print(f"t={time.monotonic() - t0:5.1f}s steps={len(steps):5d}  rollback {r.elapsed_ms:5.2f} ms  "
+              f"replan {BRANCHES}x{HORIZON} {out.rtt_ms:6.2f} ms (node {out.result.elapsed_ms:5.2f}) "
+              f"{'commit' if commit else 'what-if'}"
+              f"{'' if out.result.deadline_met else ' DEADLINE MISSED'}  byte-exact {checks[1]}/{checks[0]}",
+              flush=True)
+
     rounds = 0
     try:
         while time.monotonic() - t0 < args.duration:
             next_round = time.monotonic() + args.period
             rounds += 1
-            r = client.rollback(steps_back=ROLLBACK_STEPS)
-            if r.success:
-                rollback_ms.append(r.elapsed_ms)
-            start = int(rng.integers(0, len(trace) - HORIZON))
-            obs = np.stack([trace[start:start + HORIZON] + 0.05 * b for b in range(BRANCHES)])
-            base = r.capsule.id if r.success else 0
-            commit = rounds % COMMIT_EVERY == 0
-            out = client.replan(obs, capsule_id=base, commit_branch=0 if commit else -1)
-            replan_ms.append(out.rtt_ms)
-            replan_node_ms.append(out.result.elapsed_ms if out.accepted else float("nan"))
-            misses += int(not (out.accepted and out.result.deadline_met))
-            if commit:
-                commits += int(out.accepted and out.result.success)
-            elif base:
-                again = client.replan(obs, capsule_id=base)
-                if out.result.deadline_met and again.result.deadline_met:  # compare complete answers only
-                    checks[0] += 1
-                    checks[1] += int(np.asarray(again.result.actions, np.float32).tobytes()
-                                     == np.asarray(out.result.actions, np.float32).tobytes())
+            try:
+                one_round(commit=rounds % COMMIT_EVERY == 0)
+            except FlashRTTimeout as e:  # no answer this round: say so and keep planning
+                counts["timeouts"] += 1
+                print(f"t={time.monotonic() - t0:5.1f}s {e}", flush=True)
             rclpy.spin_once(node, timeout_sec=0.0)
-            print(f"t={time.monotonic() - t0:5.1f}s steps={len(steps):5d}  rollback {r.elapsed_ms:5.2f} ms  "
-                  f"replan {BRANCHES}x{HORIZON} {out.rtt_ms:6.2f} ms (node {out.result.elapsed_ms:5.2f}) "
-                  f"{'commit' if commit else 'what-if'}"
-                  f"{'' if out.result.deadline_met else ' DEADLINE MISSED'}  byte-exact {checks[1]}/{checks[0]}",
-                  flush=True)
             while time.monotonic() < next_round:
                 rclpy.spin_once(node, timeout_sec=max(0.0, next_round - time.monotonic()))
         end = time.monotonic() + 1.5  # one more /diagnostics period
@@ -96,9 +106,10 @@ def main(argv=None) -> int:
             "step_latency_ms": p50_p99([m.step_latency_ms for m in steps]),
             "rollback_ms": p50_p99(rollback_ms), "replan_ms": p50_p99(replan_ms),
             "replan_node_ms": p50_p99(replan_node_ms),
-            "deadline_misses": misses, "step_deadline_misses": int(diag.get("step_deadline_misses", 0)),
+            "deadline_misses": counts["misses"], "step_deadline_misses": int(diag.get("step_deadline_misses", 0)),
             "byte_exact_checks": {"run": checks[0], "passed": checks[1]},
-            "rounds": rounds, "commits": commits, "held_observations": int(diag.get("held_observations", 0)),
+            "rounds": rounds, "commits": counts["commits"], "replans_refused": counts["refused"],
+            "timeouts": counts["timeouts"], "held_observations": int(diag.get("held_observations", 0)),
             "backend": diag.get("backend", "?"),
         }
         if args.json:

@@ -1,0 +1,135 @@
+"""How a long running replan ends over DDS: a cancel (answered even while a service waits for the
+runtime lock, and never committing), a client that dies, a deactivation, SIGINT.
+
+One node start-up for the module (tests run in file order; the last one stops the node). The node
+allows long goals (replan_max_deadline_ms) so that a replan runs for seconds on any machine."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from replan_helpers import change_state, live_sha, long_goal_observations, wait_for_feedback
+from ros_harness import NodeProcess, Planner, ros_env
+
+from conftest import observation_trace
+
+pytestmark = pytest.mark.ros
+# Its own namespace: rclpy may keep endpoints of an earlier test's context in this process alive (the
+# global executor holds their handles), and this module needs to know every action client of its node.
+NS = "/replan_stop"
+LONG = 120_000.0  # ms: the deadline of the long goals, and the node's cap
+PROMPT_S = 2.0  # "promptly": a long goal runs for 20 s here (0.5 ms a step), seconds on a fast machine
+
+VICTIM = """
+import sys, rclpy, numpy as np
+from flashrt_ros.ros.client import FlashRTClient
+rclpy.init()
+node = rclpy.create_node("victim_planner")
+client = FlashRTClient(node, sys.argv[2])
+client.wait_until_ready(30)
+task = client.send_replan(np.zeros((1, 40000, 14), np.float32), deadline_ms=float(sys.argv[1]))
+while not task.feedback:
+    rclpy.spin_once(node, timeout_sec=0.05)
+print("running", flush=True)
+while True:
+    rclpy.spin_once(node, timeout_sec=0.1)
+"""
+
+
+@pytest.fixture(scope="module")
+def long_node(tmp_path_factory):
+    import rclpy
+    from domain_coordinator import domain_id
+    tmp = tmp_path_factory.mktemp("replan_stop")
+    with domain_id() as did:
+        env = ros_env(did, tmp / "roslog")
+        os.environ["ROS_DOMAIN_ID"] = str(did)
+        rclpy.init(domain_id=did)
+        proc = NodeProcess(env, tmp / "node.log", namespace=NS, capsule_dir=str(tmp / "capsules"),
+                           replan_max_deadline_ms=LONG)
+        planner = Planner(namespace=NS)
+        try:
+            planner.wait_ready()
+            planner.run(observation_trace(10))
+            yield env, proc, planner
+        finally:
+            planner.close()
+            proc.stop()
+            rclpy.try_shutdown()
+
+
+def test_cancel_is_answered_while_a_service_waits_for_the_lock_and_a_cancelled_commit_never_commits(long_node):
+    from flashrt_interfaces.srv import Snapshot
+    _, _, planner = long_node
+    sha = live_sha(planner, "before_cancel")
+    task = planner.client.send_replan(long_goal_observations(), commit_branch=0, deadline_ms=LONG)
+    wait_for_feedback(planner, task)
+    # this call waits for the runtime lock (the replan holds it) on the node's main executor thread
+    waiting = planner.client.clients["snapshot"].call_async(Snapshot.Request(label="waits"))
+    planner.spin(0.3)
+    assert not waiting.done()
+    t0 = time.monotonic()
+    assert task.cancel(timeout_s=10.0)
+    answered_s = time.monotonic() - t0
+    out = task.get_result(timeout_s=30.0)
+    assert answered_s < PROMPT_S, f"the cancel waited {answered_s:.1f} s"
+    assert out.cancelled and not out.result.success and 0 < out.result.steps_done < 40_000, out.result.message
+    assert out.result.live_capsule_id not in out.result.branch_capsule_ids
+    assert planner.client.wait_for(waiting, 10.0).success  # the service got the lock once the replan stopped
+    assert live_sha(planner, "after_cancel") == sha, "a cancelled commit changed the live state"
+
+
+def test_a_goal_whose_client_died_is_abandoned(long_node):
+    env, proc, planner = long_node
+    from flashrt_ros.ros.client import FlashRTClient
+    planner.client.replan_client.destroy()  # the victim must be the last action client in the graph
+    victim = subprocess.Popen([sys.executable, "-c", VICTIM, str(LONG), NS], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        assert victim.stdout.readline().strip() == "running"
+        victim.terminate()  # SIGTERM: its participant leaves the graph at once (SIGKILL: after the DDS lease)
+        victim.wait(10)
+        end = time.monotonic() + 5.0
+        while "its client is gone" not in proc.output() and time.monotonic() < end:
+            time.sleep(0.05)
+        log = proc.output()
+        assert "stopped: its client is gone" in log and "nothing committed" in log, log[-2000:]
+        assert "after 40000/40000" not in log
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    planner.client = FlashRTClient(planner.node, NS)
+    planner.client.wait_until_ready(10.0)
+    assert planner.client.replan(observation_trace(8)[None]).succeeded  # the node is free again
+
+
+def test_deactivate_during_a_replan_answers_the_goal_at_once_and_commits_nothing(long_node):
+    from action_msgs.msg import GoalStatus
+    from lifecycle_msgs.msg import Transition
+    _, _, planner = long_node
+    sha = live_sha(planner, "before_deactivate")
+    task = planner.client.send_replan(long_goal_observations(), commit_branch=0, deadline_ms=LONG)
+    wait_for_feedback(planner, task)
+    t0 = time.monotonic()
+    assert change_state(planner, Transition.TRANSITION_DEACTIVATE)
+    took_s = time.monotonic() - t0
+    out = task.get_result(timeout_s=10.0)
+    assert took_s < PROMPT_S, f"deactivate took {took_s:.1f} s"
+    assert out.status == GoalStatus.STATUS_ABORTED and not out.result.success and not out.result.rejected
+    assert "deactivating" in out.result.message and out.result.steps_done < 40_000
+    assert change_state(planner, Transition.TRANSITION_ACTIVATE)
+    planner.wait_ready()
+    assert live_sha(planner, "after_deactivate") == sha
+
+
+def test_sigint_during_a_replan_exits_0_without_errors(long_node):
+    _, proc, planner = long_node
+    task = planner.client.send_replan(long_goal_observations(), deadline_ms=LONG)
+    wait_for_feedback(planner, task)
+    t0 = time.monotonic()
+    rc = proc.stop()
+    took_s = time.monotonic() - t0
+    log = proc.output()
+    assert rc == 0 and took_s < 5.0, (rc, took_s, log[-2000:])
+    assert "[ERROR]" not in log and "Traceback" not in log, log[-3000:]
