@@ -51,3 +51,15 @@ def test_demo_refuses_a_run_too_short_to_work_with_one_line(args, message):
                          text=True, timeout=120)
     assert res.returncode == 2 and message in res.stderr
     assert "Traceback" not in res.stderr and res.stdout == ""
+
+
+def test_runtime_demo_compares_a_deadline_cut_replan_over_the_steps_it_did(tmp_path, monkeypatch):
+    from flashrt_ros.runtime import Session
+    from flashrt_ros.tools import demo
+
+    replan = Session.replan
+    monkeypatch.setattr(Session, "replan", lambda self, *a, **kw: replan(self, *a, **{**kw, "deadline_ms": 1e-6}))
+    rc = demo.main(["--runtime", "--steps", "40", "--json", str(tmp_path / "d.json")])
+    s = json.loads((tmp_path / "d.json").read_text())
+    assert s["replan"]["steps_done"] == 1 and not s["replan"]["deadline_met"]  # a loaded machine's partial replan
+    assert s["replan"]["branch0_equals_live_stepping"] and s["ok"] and rc == 0
