@@ -4,38 +4,51 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(abspath $(VENV))/bin/python
 PYTHON ?= python3
+PIP_Q := -q --disable-pip-version-check
+# `make demo DEMO_ARGS="--duration 5"`: a short mission (CI); any flashrt-demo option goes here.
+DEMO_ARGS ?=
 
-# DDS must never leave this machine; every run gets its own domain and a throwaway log dir.
+# DDS must never leave this machine; every run gets its own domain.
 export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
 ifndef ROS_DOMAIN_ID
 export ROS_DOMAIN_ID := $(shell echo $$(( 20 + $$$$ % 180 )))
 endif
-ifndef ROS_LOG_DIR
-export ROS_LOG_DIR := $(shell mktemp -d /tmp/flashrt-roslog.XXXXXX)
-endif
 export PYTHONDONTWRITEBYTECODE := 1
+# A throwaway ROS log dir, made only by the recipes that start ROS processes (prefix their command
+# with this), so `make help` and the build steps leave nothing behind in $TMPDIR.
+WITH_ROS_LOG := export ROS_LOG_DIR="$${ROS_LOG_DIR:-$$(mktemp -d -t flashrt-roslog.XXXXXX)}";
+
+# setup.cfg sends console scripts to lib/flashrt_ros, where `ros2 run` looks in a colcon install;
+# in a venv they belong in bin/, so every venv install overrides that with this extra config.
+VENV_SCRIPTS := DIST_EXTRA_CONFIG=$(CURDIR)/scripts/venv_scripts.cfg
+# $(call venv_install,VENV): the package itself, editable, scripts in VENV/bin.
+venv_install = $(VENV_SCRIPTS) $(1)/bin/python -m pip install $(PIP_Q) --no-deps --no-build-isolation -e .
 
 SETUP_STAMP := $(VENV)/.stamp-setup
 IFACE_STAMP := $(VENV)/.stamp-interfaces
 IFACE_SRC := $(wildcard flashrt_interfaces/*.txt flashrt_interfaces/*.xml flashrt_interfaces/msg/* \
                         flashrt_interfaces/srv/* flashrt_interfaces/action/*)
+PKG_SRC := setup.py setup.cfg scripts/venv_scripts.cfg
 
-.PHONY: help setup interfaces demo test lint bench bench-ros gpu-check clean
+.PHONY: help setup interfaces demo test test-compat test-jazzy lint bench bench-ros gpu-check clean
 help:
-	@echo "make demo      run the main demo on the CPU default (creates .venv on first use)"
-	@echo "make test      run the full test suite"
-	@echo "make bench     runtime benchmark -> out/bench_runtime.json"
-	@echo "make bench-ros latency through ROS 2 -> out/bench_ros.json"
-	@echo "make lint      ruff"
-	@echo "make gpu-check GPU tests + benchmarks (needs a CUDA device)"
+	@echo "make demo        run the main demo on the CPU default (creates .venv on first use);"
+	@echo "                 DEMO_ARGS=\"--duration 5\" for a short one"
+	@echo "make test        run the full test suite"
+	@echo "make test-compat the tests that need no ROS wheels on Python 3.10 + numpy 1.x (Humble's stack)"
+	@echo "make test-jazzy  the ROS, demo and replay tests against ROS 2 Jazzy wheels (.venv-jazzy)"
+	@echo "make bench       runtime benchmark -> out/bench_runtime.json"
+	@echo "make bench-ros   latency through ROS 2 -> out/bench_ros.json"
+	@echo "make lint        ruff"
+	@echo "make gpu-check   GPU tests + benchmarks (needs a CUDA device)"
 
 setup: $(SETUP_STAMP) $(IFACE_STAMP)
 interfaces: $(IFACE_STAMP)
 
-$(SETUP_STAMP): requirements.txt requirements-ros.txt setup.py setup.cfg
+$(SETUP_STAMP): requirements.txt requirements-ros.txt constraints.txt $(PKG_SRC)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -r requirements-ros.txt
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(PY) -m pip install $(PIP_Q) -r requirements.txt -r requirements-ros.txt -c constraints.txt
+	$(call venv_install,$(VENV))
 	@touch $@
 
 # flashrt_interfaces (ament_cmake) built with plain cmake into the venv: no colcon, no /opt/ros.
@@ -45,11 +58,49 @@ $(IFACE_STAMP): $(SETUP_STAMP) $(IFACE_SRC) scripts/build_interfaces.sh
 	@touch $@
 
 demo: $(SETUP_STAMP) $(IFACE_STAMP)
-	$(VENV)/bin/flashrt-demo
+	$(WITH_ROS_LOG) $(VENV)/bin/flashrt-demo $(DEMO_ARGS)
 
 test: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(VENV)/bin/ruff check -q flashrt_ros test launch
-	$(PY) -m pytest -q test
+	$(WITH_ROS_LOG) $(PY) -m pytest -q test
+
+# ---- the robot's stack: Python 3.10 (JetPack 6 / Humble) with numpy 1.x, no ROS wheels -------------
+COMPAT_VENV := .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.stamp-setup
+# The pure-Python bag libraries (not ROS wheels), so offline replay is tested on Python 3.10 too.
+BAG_LIBS = $(shell grep -oE '^(rosbags|mcap|mcap-ros2-support)(==[^ ]*)?' requirements-ros.txt)
+
+$(COMPAT_STAMP): requirements.txt requirements-ros.txt constraints-compat.txt scripts/find_python.sh $(PKG_SRC)
+	@test -x $(COMPAT_VENV)/bin/python || { py=$$(scripts/find_python.sh 3.10) && $$py -m venv $(COMPAT_VENV); }
+	$(COMPAT_VENV)/bin/python -m pip install $(PIP_Q) -r requirements.txt $(BAG_LIBS) -c constraints-compat.txt
+	$(call venv_install,$(COMPAT_VENV))
+	@touch $@
+
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -c 'import sys, numpy; print("test-compat: Python", sys.version.split()[0], \
+	  "numpy", numpy.__version__); sys.exit(sys.version_info[:2] != (3, 10) or numpy.__version__ >= "2")'
+	$(COMPAT_VENV)/bin/python -m pytest -q -m "not ros" test
+
+# ---- ROS 2 Jazzy wheels in a second venv --------------------------------------------------------------
+JAZZY_VENV := .venv-jazzy
+JAZZY_STAMP := $(JAZZY_VENV)/.stamp-setup
+JAZZY_IFACE_STAMP := $(JAZZY_VENV)/.stamp-interfaces
+JAZZY_TESTS := test/test_ros_*.py test/test_demos.py test/test_replay.py
+
+$(JAZZY_STAMP): requirements.txt requirements-jazzy.txt constraints.txt $(PKG_SRC)
+	@test -x $(JAZZY_VENV)/bin/python || $(PYTHON) -m venv $(JAZZY_VENV)
+	$(JAZZY_VENV)/bin/python -m pip install $(PIP_Q) -r requirements.txt -r requirements-jazzy.txt -c constraints.txt
+	$(call venv_install,$(JAZZY_VENV))
+	@touch $@
+
+$(JAZZY_IFACE_STAMP): $(JAZZY_STAMP) $(IFACE_SRC) scripts/build_interfaces.sh
+	@mkdir -p build
+	scripts/build_interfaces.sh $(JAZZY_VENV) build/interfaces-jazzy
+	@touch $@
+
+test-jazzy: $(JAZZY_STAMP) $(JAZZY_IFACE_STAMP)
+	$(JAZZY_VENV)/bin/python -c 'import rclpy, importlib.metadata as m; print("test-jazzy: rclpy", m.version("ros-rclpy"))'
+	$(WITH_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q $(JAZZY_TESTS)
 
 lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff check flashrt_ros test launch
@@ -60,7 +111,7 @@ bench: $(SETUP_STAMP)
 
 bench-ros: $(SETUP_STAMP) $(IFACE_STAMP)
 	@mkdir -p out
-	$(VENV)/bin/flashrt-bench ros --json out/bench_ros.json
+	$(WITH_ROS_LOG) $(VENV)/bin/flashrt-bench ros --json out/bench_ros.json
 
 # On a GPU machine; works without .venv (the device image has cupy, numpy, pytest, safetensors).
 GPU_PY ?= $(if $(wildcard $(VENV)/bin/python),$(PY),python3)

@@ -23,6 +23,15 @@ os.environ.setdefault("ROS_LOG_DIR", "/tmp/flashrt-test-roslog")
 from flashrt_ros.runtime import PolicyConfig, Session  # noqa: E402
 
 
+def pytest_collection_modifyitems(items):
+    """The `ros` marker (tests that need the ROS 2 wheels) also goes on every test in a test_ros_*.py
+    file and every test that starts rclpy (the ros_domain fixture), so `-m "not ros"` (make
+    test-compat, a venv without ROS) selects exactly the tests that need no ROS wheels."""
+    for item in items:
+        if item.path.name.startswith("test_ros_") or "ros_domain" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ros)
+
+
 def small_config(**kw) -> PolicyConfig:
     """Small but complete: every state kind, a window that wraps within a short test."""
     base = dict(d_model=32, n_layers=2, n_heads=2, kv_window=48, chunk_len=4, capsule_capacity=96,

@@ -11,15 +11,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="flashrt-demo", description=__doc__)
     ap.add_argument("--runtime", action="store_true", help="the runtime demo only, no ROS processes")
     ap.add_argument("--duration", type=float, default=20.0, help="mission length in seconds (ROS demo)")
-    ap.add_argument("--steps", type=int, default=300, help="trace length (runtime demo)")
+    ap.add_argument("--steps", type=int, default=300,
+                    help="trace length (runtime demo), at least 2; it rolls back min(50, steps // 2) steps")
     ap.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
     ap.add_argument("--config", help="params file (default: the shipped config/flashrt.yaml values)")
     ap.add_argument("--json", help="write the summary JSON here")
     args = ap.parse_args(argv)
     if args.runtime:
-        from .demo_runtime import run
+        from .demo_runtime import MIN_STEPS, run
+        if args.steps < MIN_STEPS:  # refused up front, before any allocation
+            ap.error(f"--steps must be at least {MIN_STEPS} (the demo rolls back within the trace)")
     else:
         from .demo_mission import run
+        if not args.duration > 0:
+            ap.error("--duration must be > 0 seconds")
     try:
         summary = run(args)
     except KeyboardInterrupt:
