@@ -30,7 +30,7 @@ IFACE_SRC := $(wildcard flashrt_interfaces/*.txt flashrt_interfaces/*.xml flashr
                         flashrt_interfaces/srv/* flashrt_interfaces/action/*)
 PKG_SRC := setup.py setup.cfg scripts/venv_scripts.cfg
 
-.PHONY: help setup interfaces demo test test-compat test-jazzy lint bench bench-ros gpu-check clean
+.PHONY: help setup interfaces demo test test-compat test-jazzy lint bench bench-ros gpu-check mutate clean
 help:
 	@echo "make demo        run the main demo on the CPU default (creates .venv on first use);"
 	@echo "                 DEMO_ARGS=\"--duration 5\" for a short one"
@@ -41,6 +41,7 @@ help:
 	@echo "make bench-ros   latency through ROS 2 -> out/bench_ros.json"
 	@echo "make lint        ruff"
 	@echo "make gpu-check   GPU tests + benchmarks (needs a CUDA device)"
+	@echo "make mutate      break the code on purpose, one named mutation at a time; each must be caught"
 
 setup: $(SETUP_STAMP) $(IFACE_STAMP)
 interfaces: $(IFACE_STAMP)
@@ -61,7 +62,7 @@ demo: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(WITH_ROS_LOG) $(VENV)/bin/flashrt-demo $(DEMO_ARGS)
 
 test: $(SETUP_STAMP) $(IFACE_STAMP)
-	$(VENV)/bin/ruff check -q flashrt_ros test launch
+	$(VENV)/bin/ruff check -q flashrt_ros test launch scripts
 	$(WITH_ROS_LOG) $(PY) -m pytest -q test
 
 # ---- the robot's stack: Python 3.10 (JetPack 6 / Humble) with numpy 1.x, no ROS wheels -------------
@@ -85,7 +86,7 @@ test-compat: $(COMPAT_STAMP)
 JAZZY_VENV := .venv-jazzy
 JAZZY_STAMP := $(JAZZY_VENV)/.stamp-setup
 JAZZY_IFACE_STAMP := $(JAZZY_VENV)/.stamp-interfaces
-JAZZY_TESTS := test/test_ros_*.py test/test_demos.py test/test_replay.py
+JAZZY_TESTS := test/test_ros_*.py test/test_faults.py test/test_demos.py test/test_replay*.py
 
 $(JAZZY_STAMP): requirements.txt requirements-jazzy.txt constraints.txt $(PKG_SRC)
 	@test -x $(JAZZY_VENV)/bin/python || $(PYTHON) -m venv $(JAZZY_VENV)
@@ -103,7 +104,11 @@ test-jazzy: $(JAZZY_STAMP) $(JAZZY_IFACE_STAMP)
 	$(WITH_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q $(JAZZY_TESTS)
 
 lint: $(SETUP_STAMP)
-	$(VENV)/bin/ruff check flashrt_ros test launch
+	$(VENV)/bin/ruff check flashrt_ros test launch scripts
+
+# Not part of `make test` (it reruns test files once per mutation, a few minutes): test/mutations.py
+mutate: $(SETUP_STAMP) $(IFACE_STAMP)
+	$(WITH_ROS_LOG) $(PY) scripts/mutate.py $(MUTATIONS)
 
 bench: $(SETUP_STAMP)
 	@mkdir -p out

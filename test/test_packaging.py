@@ -72,7 +72,8 @@ ROSDEP_KEYS = {"numpy": "python3-numpy", "yaml": "python3-yaml", "rosbags": "pyt
 
 
 def third_party_imports(*dirs) -> set[str]:
-    local = {"flashrt_ros", "conftest", "ros_harness", "fixtures", "cuda_on_cpu", "test"}
+    # this package, and the test directory's own helper modules (importable because test/ is on the path)
+    local = {"flashrt_ros", "fixtures", "cuda_on_cpu", "test"} | {p.stem for p in (ROOT / "test").glob("*.py")}
     names = set()
     for d in dirs:
         for path in (ROOT / d).rglob("*.py"):

@@ -76,7 +76,7 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
         depth_s = usage.rollback_depth_steps / rate if rate > 0 else 0.0
         values.update(capsules_used=usage.capsules, capsules_pinned=usage.pinned, capsule_capacity=usage.capacity,
                       capsule_bytes_used=usage.bytes_used, capsule_budget_bytes=usage.budget_bytes,
-                      rollback_depth_steps=usage.rollback_depth_steps, rollback_depth_s=f"{depth_s:.2f}",
+                      rollback_depth_steps=usage.rollback_depth_steps, rollback_depth_s=f"{depth_s:.4g}",
                       observed_step_rate_hz=f"{rate:.1f}", kv_log_entries_used=usage.log_entries_used,
                       kv_log_entries_total=usage.log_entries_total,
                       kv_log_use_percent=f"{100.0 * usage.log_entries_used / max(1, usage.log_entries_total):.1f}")

@@ -56,7 +56,12 @@ def run(args) -> dict:
                                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         procs.append(sensor)
         progress("node, 100 Hz sensor and planner started; the planner prints a line per round")
-        rc = planner.wait(timeout=args.duration + 90)
+        rss = NodeRss(node.pid)
+        deadline = time.monotonic() + args.duration + 90
+        while planner.poll() is None and time.monotonic() < deadline:
+            rss.sample(time.monotonic() - t0)
+            time.sleep(1.0)
+        rc = planner.wait(timeout=max(1.0, deadline - time.monotonic()))
         summary = json.loads(planner_json.read_text()) if planner_json.exists() else {}
     finally:
         for p in reversed(procs):
@@ -69,13 +74,40 @@ def run(args) -> dict:
                 p.kill()
         node_log.close()
     node_out = (work / "node.log").read_text()
+    summary["node_rss_mb"] = rss.summary()
     summary["node_exit_code"] = node.returncode
     summary["node_traceback"] = "Traceback" in node_out
     summary["wall_s"] = round(time.monotonic() - t0, 1)
     summary["ok"] = bool(rc == 0 and node.returncode == 0 and not summary["node_traceback"]
-                         and summary.get("steps", 0) > 0)
+                         and summary.get("steps", 0) > 0 and summary.get("deep_rollback", {}).get("ok") is not False)
     _print_summary(summary, work)
     return summary
+
+
+class NodeRss:
+    """The node's resident memory over the run (from /proc), to show it stays bounded."""
+
+    SETTLE_S = 10.0  # configure allocates and prefaults the capsule budget: measure growth after that
+
+    def __init__(self, pid: int):
+        self.path = Path(f"/proc/{pid}/status")
+        self.samples: list[tuple[float, float]] = []  # (seconds since start, MiB)
+
+    def sample(self, t: float) -> None:
+        try:
+            for line in self.path.read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    self.samples.append((t, int(line.split()[1]) / 1024))
+        except OSError:
+            pass
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {}
+        settled = [m for t, m in self.samples if t >= self.SETTLE_S] or [self.samples[-1][1]]
+        return {"after_start": round(settled[0], 1), "end": round(self.samples[-1][1], 1),
+                "max": round(max(m for _, m in self.samples), 1),
+                "growth_after_start": round(self.samples[-1][1] - settled[0], 1)}
 
 
 def _print_summary(s: dict, work: Path) -> None:
@@ -93,6 +125,8 @@ def _print_summary(s: dict, work: Path) -> None:
         ("commits", s.get("commits", 0)),
         ("byte-exact re-plan checks", f"{s.get('byte_exact_checks', {}).get('passed', 0)} / "
                                       f"{s.get('byte_exact_checks', {}).get('run', 0)}"),
+        ("deep rollback check", _deep(s.get("deep_rollback"))),
+        ("node RSS after start / end / max", _rss(s.get("node_rss_mb"))),
         ("node exit", f"{s['node_exit_code']}{' (traceback!)' if s['node_traceback'] else ''}"),
         ("wall time", f"{s['wall_s']} s"),
     ]
@@ -103,3 +137,15 @@ def _print_summary(s: dict, work: Path) -> None:
         print(f"{k.ljust(w)}  {v}")
     print("-" * (w + 30))
     print(f"logs: {work}  ->  {'OK' if s['ok'] else 'FAILED'}")
+
+
+def _deep(d) -> str:
+    if not d:
+        return "n/a"
+    return f"{d['depth_s']:.1f} s back to capsule {d['anchor_capsule']}: {d['result']}"
+
+
+def _rss(d) -> str:
+    if not d:
+        return "n/a"
+    return f"{d['after_start']:.0f} / {d['end']:.0f} / {d['max']:.0f} MiB (+{d['growth_after_start']:.1f} MiB)"

@@ -25,6 +25,7 @@ from .common import p50_p99, synthetic_trace
 ROLLBACK_STEPS = 20
 BRANCHES, HORIZON = 4, 8
 COMMIT_EVERY = 4
+DEEP_ANCHOR_AFTER_S = 1.0  # the deep rollback check goes back to a capsule from this far into the run
 
 
 def main(argv=None) -> int:
@@ -84,9 +85,12 @@ def main(argv=None) -> int:
               f"{'' if out.result.deadline_met else ' DEADLINE MISSED'}  byte-exact {checks[1]}/{checks[0]}",
               flush=True)
 
+    deep = DeepRollbackCheck(client)
     rounds = 0
     try:
         while time.monotonic() - t0 < args.duration:
+            if deep.anchor_id == 0 and time.monotonic() - t0 >= DEEP_ANCHOR_AFTER_S and steps:
+                deep.take_anchor(steps[-1])
             next_round = time.monotonic() + args.period
             rounds += 1
             try:
@@ -97,6 +101,9 @@ def main(argv=None) -> int:
             rclpy.spin_once(node, timeout_sec=0.0)
             while time.monotonic() < next_round:
                 rclpy.spin_once(node, timeout_sec=max(0.0, next_round - time.monotonic()))
+        if steps:
+            deep.check(steps[-1])
+            print(f"deep rollback: {deep.summary()}", flush=True)
         end = time.monotonic() + 1.5  # one more /diagnostics period
         while time.monotonic() < end:
             rclpy.spin_once(node, timeout_sec=0.1)
@@ -110,13 +117,52 @@ def main(argv=None) -> int:
             "byte_exact_checks": {"run": checks[0], "passed": checks[1]},
             "rounds": rounds, "commits": counts["commits"], "replans_refused": counts["refused"],
             "timeouts": counts["timeouts"], "held_observations": int(diag.get("held_observations", 0)),
-            "backend": diag.get("backend", "?"),
+            "backend": diag.get("backend", "?"), "deep_rollback": deep.summary(),
+            "rollback_depth_s_diagnostics": float(diag.get("rollback_depth_s", 0.0) or 0.0),
         }
         if args.json:
             Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
         node.destroy_node()
         rclpy.try_shutdown()
-    return 0 if checks[0] == checks[1] else 1
+    return 0 if checks[0] == checks[1] and deep.ok is not False else 1
+
+
+class DeepRollbackCheck:
+    """At the end of the mission, roll back to a capsule from its first seconds and check the live state
+    is byte-identical to it (state sha of an export of the anchor vs of a snapshot taken right after the
+    rollback): as deep as the run allows, through every rollback, commit and replan in between."""
+
+    def __init__(self, client: FlashRTClient):
+        self.client = client
+        self.anchor_id, self.anchor_stamp_ns, self.anchor_sha = 0, 0, ""
+        self.ok: bool | None = None  # None: not run
+        self.depth_s = 0.0
+        self.message = "not run"
+
+    def take_anchor(self, step: PolicyStep) -> None:
+        pinned = self.client.pin(step.capsule_id)  # kept through every log wrap, however long the run
+        r = self.client.export_capsule("deep_rollback_anchor.safetensors", capsule_id=step.capsule_id)
+        if pinned.success and r.success:
+            self.anchor_id, self.anchor_sha = step.capsule_id, r.sha256
+            self.anchor_stamp_ns = step.header.stamp.sec * 10**9 + step.header.stamp.nanosec
+
+    def check(self, last: PolicyStep) -> None:
+        if not self.anchor_id:
+            self.message = "no anchor (the run was too short)"
+            return
+        self.depth_s = (last.header.stamp.sec * 10**9 + last.header.stamp.nanosec - self.anchor_stamp_ns) / 1e9
+        r = self.client.rollback(capsule_id=self.anchor_id)
+        if not r.success:
+            self.ok, self.message = False, f"rollback to capsule {self.anchor_id} refused: {r.message}"
+            return
+        snap = self.client.snapshot(label="deep rollback check")
+        exp = self.client.export_capsule("deep_rollback_live.safetensors", capsule_id=snap.capsule.id)
+        self.ok = bool(snap.success and exp.success and exp.sha256 == self.anchor_sha)
+        self.message = "byte-exact" if self.ok else f"state differs: {exp.sha256[:12]} vs {self.anchor_sha[:12]}"
+
+    def summary(self) -> dict:
+        return {"anchor_capsule": self.anchor_id, "depth_s": round(self.depth_s, 2), "ok": self.ok,
+                "result": self.message}
 
 
 if __name__ == "__main__":
