@@ -53,6 +53,28 @@ def observation_trace(n: int, obs_dim: int = 14, seed: int = 0) -> np.ndarray:
     return out.astype(np.float32)
 
 
+def assert_states_close(got: dict, want: dict, atol: float) -> None:
+    """Two full states (Session.state_tensors): integer buffers (meta) equal, float ones within atol
+    (only where the math differs: another backend, GEMM vs GEMV order)."""
+    assert list(got) == list(want)
+    for name, w in want.items():
+        if w.dtype.kind == "i":
+            assert np.array_equal(got[name], w), name
+        else:
+            np.testing.assert_allclose(got[name], w, rtol=0, atol=atol, err_msg=name)
+
+
+def assert_refused_unchanged(session, fn, exc, match) -> None:
+    """``fn`` raises ``exc`` matching ``match``, and the live state, capsule and store are as before."""
+    def snap():
+        return (session.state_host().tobytes(), session.live_capsule_id, session.step_count,
+                [c.id for c in session.list_capsules()])
+    before = snap()
+    with pytest.raises(exc, match=match):
+        fn()
+    assert snap() == before
+
+
 @pytest.fixture
 def session() -> Session:
     return Session(small_config())

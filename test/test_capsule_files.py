@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from conftest import observation_trace, small_config
+from conftest import assert_refused_unchanged, observation_trace, small_config
 from flashrt_ros.runtime import CorruptCapsule, Session
 from flashrt_ros.runtime.capsule_file import FORMAT, _digest, state_digest
 from flashrt_ros.runtime.kernels import META_KV_LEN, META_POS, META_STEP
@@ -22,12 +22,8 @@ def stepped():
     return s
 
 
-def unchanged(s, fn, match):
-    before, live, step, n = s.state_host().tobytes(), s.live_capsule_id, s.step_count, len(s.list_capsules())
-    with pytest.raises(CorruptCapsule, match=match):
-        fn()
-    assert (s.state_host().tobytes(), s.live_capsule_id, s.step_count, len(s.list_capsules())) == \
-        (before, live, step, n)
+def refused(s, fn, match):
+    assert_refused_unchanged(s, fn, CorruptCapsule, match)
 
 
 def craft(path, s, tensors=None, info=None, fmt=FORMAT):
@@ -55,7 +51,7 @@ def craft(path, s, tensors=None, info=None, fmt=FORMAT):
 ])
 def test_crafted_metadata_with_a_valid_checksum_is_refused(stepped, tmp_path, info, match):
     path = craft(tmp_path / "c.safetensors", stepped, info=info)
-    unchanged(stepped, lambda: stepped.import_capsule(path, restore=True), match)
+    refused(stepped, lambda: stepped.import_capsule(path, restore=True), match)
 
 
 @pytest.mark.parametrize("field, value, match", [
@@ -69,14 +65,14 @@ def test_crafted_meta_with_a_valid_checksum_is_refused(stepped, tmp_path, field,
     meta = stepped.materialize(stepped.live_capsule_id)["meta"].copy()
     meta[field] = value
     path = craft(tmp_path / "c.safetensors", stepped, tensors={"meta": meta})
-    unchanged(stepped, lambda: stepped.import_capsule(path, restore=True), match)
+    refused(stepped, lambda: stepped.import_capsule(path, restore=True), match)
 
 
 def test_a_state_full_of_nan_is_refused(stepped, tmp_path):
     k = stepped.materialize(stepped.live_capsule_id)["k_cache.0"].copy()
     k[3, 1] = np.nan
     path = craft(tmp_path / "c.safetensors", stepped, tensors={"k_cache.0": k})
-    unchanged(stepped, lambda: stepped.import_capsule(path, restore=True), "non-finite")
+    refused(stepped, lambda: stepped.import_capsule(path, restore=True), "non-finite")
 
 
 def test_metadata_edited_after_export_breaks_the_checksum(stepped, tmp_path):
@@ -87,22 +83,22 @@ def test_metadata_edited_after_export_breaks_the_checksum(stepped, tmp_path):
     assert edited != raw
     header_len = int.from_bytes(raw[:8], "little") + len(edited) - len(raw)
     path.write_bytes(header_len.to_bytes(8, "little") + edited[8:])
-    unchanged(stepped, lambda: stepped.import_capsule(path, restore=True), "checksum")
+    refused(stepped, lambda: stepped.import_capsule(path, restore=True), "checksum")
 
 
 def test_a_format_1_file_is_refused_naming_the_format(stepped, tmp_path):
     path = craft(tmp_path / "c.safetensors", stepped, fmt="flashrt-capsule/1")
-    unchanged(stepped, lambda: stepped.import_capsule(path), "flashrt-capsule/1.*re-export")
+    refused(stepped, lambda: stepped.import_capsule(path), "flashrt-capsule/1.*re-export")
 
 
 def test_oversized_files_and_fifos_are_refused_without_reading_them(stepped, tmp_path):
     big = tmp_path / "big.safetensors"
     with open(big, "wb") as f:
         f.truncate(1 << 30)  # sparse: 1 GiB that would take seconds and RAM to read
-    unchanged(stepped, lambda: stepped.import_capsule(big), "larger than a capsule")
+    refused(stepped, lambda: stepped.import_capsule(big), "larger than a capsule")
     fifo = tmp_path / "fifo.safetensors"
     os.mkfifo(fifo)
-    unchanged(stepped, lambda: stepped.import_capsule(fifo), "not a regular file")
+    refused(stepped, lambda: stepped.import_capsule(fifo), "not a regular file")
 
 
 def test_a_thousand_failed_imports_take_nothing_and_the_live_step_still_takes_capsules(stepped, tmp_path):

@@ -3,7 +3,7 @@ the paged KV log on the device: wrap-around eviction and windows that span sever
 import numpy as np
 import pytest
 
-from conftest import observation_trace, small_config
+from conftest import assert_states_close, observation_trace, small_config
 from flashrt_ros.runtime import PolicyConfig, Session, UnknownCapsule
 from flashrt_ros.runtime.backend import cuda_probe
 from flashrt_ros.runtime.kernels import KV_PAGE
@@ -91,12 +91,7 @@ def test_cuda_cold_prefill_matches_cold_replay(gpu):
     replayed = s.state_tensors()  # small state + KV window gathered from the log (page numbers differ)
     s.cold_prefill()
     prefilled = s.state_tensors()
-    assert list(prefilled) == list(replayed)
-    for name, a in replayed.items():
-        if a.dtype.kind == "i":
-            assert np.array_equal(prefilled[name], a), name
-        else:
-            np.testing.assert_allclose(prefilled[name], a, rtol=0, atol=5e-4, err_msg=name)
+    assert_states_close(prefilled, replayed, atol=5e-4)
 
 
 # ---- the paged KV log on the device --------------------------------------------------------

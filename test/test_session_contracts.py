@@ -5,16 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import observation_trace, small_config
+from conftest import assert_refused_unchanged, observation_trace, small_config
 from flashrt_ros.runtime import CapsuleInUse, Session, UnknownCapsule
-
-
-def unchanged(s, fn, exc, match):
-    before, live, step, n = s.state_host().tobytes(), s.live_capsule_id, s.step_count, len(s.list_capsules())
-    with pytest.raises(exc, match=match):
-        fn()
-    assert (s.state_host().tobytes(), s.live_capsule_id, s.step_count, len(s.list_capsules())) == \
-        (before, live, step, n)
 
 
 @pytest.fixture
@@ -29,12 +21,12 @@ def stepped():
 def test_a_value_that_overflows_float32_is_rejected_before_it_reaches_the_state(stepped, value):
     obs = np.zeros(14)
     obs[3] = value  # finite as float64, inf as float32
-    unchanged(stepped, lambda: stepped.step(obs), ValueError, "non-finite.*index 3")
-    unchanged(stepped, lambda: stepped.replan(0, np.full((1, 2, 14), value)), ValueError, "non-finite")
+    assert_refused_unchanged(stepped, lambda: stepped.step(obs), ValueError, "non-finite.*index 3")
+    assert_refused_unchanged(stepped, lambda: stepped.replan(0, np.full((1, 2, 14), value)), ValueError, "non-finite")
 
 
 def test_the_live_capsule_cannot_be_dropped_and_steps_back_still_walks_the_lineage(stepped):
-    unchanged(stepped, lambda: stepped.drop(stepped.live_capsule_id), CapsuleInUse, "live capsule")
+    assert_refused_unchanged(stepped, lambda: stepped.drop(stepped.live_capsule_id), CapsuleInUse, "live capsule")
     assert stepped.rollback(steps_back=5).step == 25
     stepped.drop(20)  # any other capsule can go
     with pytest.raises(UnknownCapsule, match="dropped"):
@@ -44,8 +36,9 @@ def test_the_live_capsule_cannot_be_dropped_and_steps_back_still_walks_the_linea
 def test_rollback_by_id_and_steps_back_goes_back_along_that_capsules_lineage(stepped):
     assert stepped.rollback(capsule_id=20, steps_back=5).step == 15
     assert stepped.step_count == 15 and stepped.live_capsule_id == 15
-    unchanged(stepped, lambda: stepped.rollback(capsule_id=10, steps_back=11), UnknownCapsule, "before step 0")
-    unchanged(stepped, lambda: stepped.rollback(steps_back=-1), ValueError, "steps_back")
+    assert_refused_unchanged(stepped, lambda: stepped.rollback(capsule_id=10, steps_back=11), UnknownCapsule,
+                             "before step 0")
+    assert_refused_unchanged(stepped, lambda: stepped.rollback(steps_back=-1), ValueError, "steps_back")
 
 
 def test_replan_without_a_deadline_runs_every_step(stepped):
@@ -64,7 +57,7 @@ def test_a_cancelled_replan_never_commits_even_when_asked_to(stepped):
 
 
 def test_labels_are_bounded(stepped):
-    unchanged(stepped, lambda: stepped.snapshot(label="x" * 257), ValueError, "label")
+    assert_refused_unchanged(stepped, lambda: stepped.snapshot(label="x" * 257), ValueError, "label")
     assert stepped.snapshot(label="x" * 256).label == "x" * 256
 
 
