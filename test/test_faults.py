@@ -33,6 +33,23 @@ def start(ros_domain, tmp_path, env=None, preexec_fn=None, **params):
     return proc, planner
 
 
+def start_long_replan(planner, client, obs0, horizon: int):
+    """Send an 8-branch replan of ``horizon`` steps and wait until it runs (its first feedback).
+    Returns (goal handle, feedback list)."""
+    from flashrt_interfaces.action import Replan
+
+    feedback = []
+    goal = Replan.Goal(branches=8, horizon=horizon, observations=np.tile(obs0, 8 * horizon).tolist(),
+                       commit_branch=-1, deadline_ms=60_000.0)
+    handle = spin_until(planner.node, client.send_goal_async(goal, feedback_callback=feedback.append))
+    assert handle.accepted
+    end = time.monotonic() + 10
+    while not feedback and time.monotonic() < end:
+        planner.spin(0.01)
+    assert feedback, "the replan never started"
+    return handle, feedback
+
+
 def stop(proc, planner):
     planner.close()
     rc = proc.stop()
@@ -204,17 +221,9 @@ def test_without_safetensors_export_fails_cleanly_and_sigint_during_a_replan_exi
         # a replan long enough to be running when SIGINT arrives
         client = ActionClient(planner.node, Replan, "/test/replan")
         assert client.wait_for_server(timeout_sec=10)
-        feedback = []
         # long enough to be running when the signal lands, short enough to end within the 5 s the
         # replan server waits for its worker at shutdown, even on a busy machine
-        goal = Replan.Goal(branches=8, horizon=300, observations=np.tile(obs[0], 8 * 300).tolist(),
-                           commit_branch=-1, deadline_ms=60_000.0)
-        handle = spin_until(planner.node, client.send_goal_async(goal, feedback_callback=feedback.append))
-        assert handle.accepted
-        end = time.monotonic() + 10
-        while not feedback and time.monotonic() < end:
-            planner.spin(0.01)
-        assert feedback, "the replan never started"
+        start_long_replan(planner, client, obs[0], 300)
         before = len(proc.output())
         proc.proc.send_signal(signal.SIGINT)
         rc = proc.proc.wait(20)
@@ -241,15 +250,7 @@ def test_a_service_waiting_for_the_runtime_lock_delays_no_cancel_and_survives_a_
         planner.run(obs)
         client = ActionClient(planner.node, Replan, "/test/replan")
         assert client.wait_for_server(timeout_sec=10)
-        feedback = []
-        goal = Replan.Goal(branches=8, horizon=3000, observations=np.tile(obs[0], 8 * 3000).tolist(),
-                           commit_branch=-1, deadline_ms=60_000.0)
-        handle = spin_until(planner.node, client.send_goal_async(goal, feedback_callback=feedback.append))
-        assert handle.accepted
-        end = time.monotonic() + 10
-        while not feedback and time.monotonic() < end:
-            planner.spin(0.01)
-        assert feedback, "the replan never started"
+        handle, feedback = start_long_replan(planner, client, obs[0], 3000)
         snap_cli = planner.node.create_client(Snapshot, "/test/snapshot")
         snap = snap_cli.call_async(Snapshot.Request(label="waits for the replan"))  # needs the lock
         planner.spin(0.2)  # the request is in the node and waiting
@@ -267,14 +268,7 @@ def test_a_service_waiting_for_the_runtime_lock_delays_no_cancel_and_survives_a_
         # deactivating while a call waits for the lock: the call is dropped with its service, the node
         # lives on and comes back
         # (short enough to end within the 5 s the replan server waits for its worker, even on a busy machine)
-        feedback.clear()
-        handle = spin_until(planner.node, client.send_goal_async(Replan.Goal(
-            branches=8, horizon=400, observations=np.tile(obs[0], 8 * 400).tolist(), commit_branch=-1,
-            deadline_ms=60_000.0), feedback_callback=feedback.append))
-        assert handle.accepted
-        end = time.monotonic() + 10
-        while not feedback and time.monotonic() < end:
-            planner.spin(0.01)
+        handle, feedback = start_long_replan(planner, client, obs[0], 400)
         snap_cli.call_async(Snapshot.Request(label="in flight at deactivate"))
         planner.spin(0.1)
         assert change_state(planner, Transition.TRANSITION_DEACTIVATE)
