@@ -281,3 +281,38 @@ def test_a_service_waiting_for_the_runtime_lock_delays_no_cancel_and_survives_a_
     finally:
         out = stop(proc, planner)
     assert "ERROR" not in out, out[-3000:]  # e.g. a response sent on the destroyed service
+
+
+def test_observations_held_during_a_replan_are_stepped_in_order_before_it_ends_and_counted(ros_domain, tmp_path):
+    from action_msgs.msg import GoalStatus
+    from rclpy.action import ActionClient
+    from ros_harness import joint_state
+    from test_ros_lifecycle import Diagnostics
+
+    from flashrt_interfaces.action import Replan
+
+    proc, planner = start(ros_domain, tmp_path)
+    diag = Diagnostics(planner)
+    obs = observation_trace(20)
+    try:
+        planner.run(obs[:5])
+        client = ActionClient(planner.node, Replan, "/test/replan")
+        assert client.wait_for_server(timeout_sec=10)
+        handle, _ = start_long_replan(planner, client, obs[0], 3000)  # runs for seconds
+        result = handle.get_result_async()
+        stamps = [planner.stamp + 10_000_000 * (k + 1) for k in range(3)]
+        for k, stamp in enumerate(stamps):
+            planner.publish(joint_state(obs[5 + k], stamp))
+            planner.spin(0.01)
+        end = time.monotonic() + 10
+        while len(planner.steps) < 8 and time.monotonic() < end:
+            planner.spin(0.01)
+        assert not result.done(), "the replan should still be running"
+        got = [m.header.stamp.sec * 10**9 + m.header.stamp.nanosec for m in planner.steps[5:]]
+        assert got == stamps and [m.step for m in planner.steps[5:]] == [6, 7, 8]
+        _, values = diag.until(lambda v: int(v.get("held_observations", 0)) >= 3)
+        assert int(values["held_observations"]) == 3
+        spin_until(planner.node, handle.cancel_goal_async(), 20)
+        assert spin_until(planner.node, result, 20).status == GoalStatus.STATUS_CANCELED
+    finally:
+        stop(proc, planner)
