@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_refused_unchanged, observation_trace, small_config
-from flashrt_ros.runtime import CapsuleInUse, Session, UnknownCapsule
+from flashrt_ros.runtime import CapsuleInUse, Session, StoreFullOfPins, UnknownCapsule
 
 
 @pytest.fixture
@@ -110,3 +110,58 @@ def test_a_replan_on_a_full_store_keeps_all_its_branch_capsules_and_commits():
     res = s.replan(0, np.stack([obs[44:48]] * 8), commit_branch=7)
     assert all(cid in s.store for cid in res.branch_capsule_ids)
     assert s.live_capsule_id == res.branch_capsule_ids[7] and s.step_count == 44
+
+
+def test_a_failing_on_action_callback_still_leaves_a_consistent_state_and_no_capsule_is_touched():
+    s = Session(small_config(kv_window=128))
+    obs = observation_trace(300)
+    for o in obs[:50]:
+        s.step(o)
+    pinned = s.pin(s.live_capsule_id).id
+    before = s.capsule_host(pinned).tobytes()
+    for o in obs[50:255]:  # the next step crosses a page boundary
+        s.step(o)
+
+    def publisher_gone(action):
+        raise RuntimeError("publisher gone")
+
+    with pytest.raises(RuntimeError, match="publisher gone"):
+        s.step(obs[255], on_action=publisher_gone)
+    assert s.step_count == 256 and int(s.state_tensors()["meta"][1]) == 256  # the step ran and is counted
+    assert s.live_capsule_id and s.capsule_info(s.live_capsule_id).step == 256
+    s.step(obs[256])
+    assert s.capsule_host(pinned).tobytes() == before
+    s.rollback(pinned)
+    again = Session(small_config(kv_window=128))
+    for o in obs[:50]:
+        again.step(o)
+    assert s.state_host().tobytes() == again.state_host().tobytes()
+
+
+def test_a_replan_or_import_that_cannot_fit_is_refused_before_it_evicts_anything(tmp_path):
+    """With pins holding what admission allows, an operation needing more fresh log pages than the rest
+    could give is refused up front: the rollback history is not thrown away for nothing."""
+    from flashrt_ros.runtime.kv_log import LogFull
+
+    s = Session(small_config(kv_window=640, capsule_capacity=0, capsule_budget_mb=2.0, max_branches=1))
+    obs = observation_trace(4000)
+    for o in obs[:700]:
+        s.step(o)
+    s.export_capsule(0, tmp_path / "c.safetensors")  # a full window: 6 pages to load
+    k = 700
+    while True:
+        for o in obs[k:k + 128]:
+            s.step(o)
+        k += 128
+        try:
+            s.snapshot(pin=True)
+        except StoreFullOfPins:
+            break
+    for o in obs[k:k + 800]:
+        s.step(o)
+    listed = [c.id for c in s.list_capsules()]
+    assert_refused_unchanged(s, lambda: s.import_capsule(tmp_path / "c.safetensors"), LogFull, "KV log pages")
+    assert_refused_unchanged(s, lambda: s.replan(0, np.ones((1, 8, 14), np.float32), copy_fork=True), LogFull,
+                             "KV log pages")
+    assert [c.id for c in s.list_capsules()] == listed and s.live_capsule_id in listed
+    assert s.replan(0, np.ones((1, 8, 14), np.float32)).steps_done == 8  # a replan that fits still runs

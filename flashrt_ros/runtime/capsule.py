@@ -61,7 +61,6 @@ class _Capsule:
     info: CapsuleInfo
     record: int
     pages: np.ndarray  # [P] int64: the page table of its window (-1 = none)
-    what_if: bool = False  # a replan branch's end state nobody committed: evicted before the timeline
 
 
 class CapsuleStore:
@@ -87,6 +86,7 @@ class CapsuleStore:
         backend.sync()
         self._free = deque(range(capacity))
         self._caps: dict[int, _Capsule] = {}  # insertion order = age
+        self._what_ifs: dict[int, None] = {}  # the what-if capsules among them, oldest first
         self._next_id = 1
         kv.evict_one = self._evict_oldest
 
@@ -128,15 +128,18 @@ class CapsuleStore:
     # ---- eviction -------------------------------------------------------------------------
     def _evict_oldest(self) -> bool:
         """Free the oldest unpinned what-if capsule (a replan branch nobody committed), else the oldest
-        unpinned capsule: what-ifs, which hold private pages, never eat the timeline's rollback depth."""
-        unpinned = [cid for cid, c in self._caps.items() if not c.info.pinned]
-        if not unpinned:
+        unpinned capsule: what-ifs, which hold private pages, never eat the timeline's rollback depth.
+        Both scans stop at the first unpinned capsule: O(pins), not O(capsules), on the live step."""
+        victim = next((cid for cid in self._what_ifs if not self._caps[cid].info.pinned), None)
+        if victim is None:
+            victim = next((cid for cid, c in self._caps.items() if not c.info.pinned), None)
+        if victim is None:
             return False
-        victim = next((cid for cid in unpinned if self._caps[cid].what_if), unpinned[0])
         self._release(victim)
         return True
 
     def _release(self, cid: int) -> None:
+        self._what_ifs.pop(cid, None)
         cap = self._caps.pop(cid)
         self._free.append(cap.record)
         self.kv.decref(cap.pages)
@@ -172,7 +175,7 @@ class CapsuleStore:
         """Replan branches nobody committed: evicted before the timeline's capsules (see _evict_oldest)."""
         for cid in ids:
             if cid in self._caps:
-                self._caps[cid].what_if = True
+                self._what_ifs[cid] = None
 
     def restore(self, cid: int, row: int) -> CapsuleInfo:
         """Make ``row`` the capsule's state: one small copy; the window is shared, not copied."""
@@ -180,7 +183,7 @@ class CapsuleStore:
         self.backend.copy(self.arena.state[row], self.records[cap.record])
         self.kv.set_row(row, cap.pages)
         if row == 0:
-            cap.what_if = False  # live now: part of the timeline
+            self._what_ifs.pop(cid, None)  # live now: part of the timeline
         return cap.info
 
     def restore_buffers(self, cid: int, row: int, names: set[str]) -> CapsuleInfo:
@@ -226,6 +229,16 @@ class CapsuleStore:
             raise StoreFullOfPins(f"pin refused: pinned capsules would hold {len(held)} of {self.kv.n_pages} KV log "
                                   f"pages and {self.reserve_pages} must stay free for the live step and a replan; "
                                   "unpin one")
+
+    def check_room(self, pages_needed: int, what: str, keep=()) -> None:
+        """Refuse up front (LogFull, nothing changed) an operation that needs more fresh log pages than
+        evicting every unpinned capsule could give: it would otherwise throw the rollback history away
+        and fail anyway. ``keep``: page tables that stay held besides the pins and the rows."""
+        held = [c.pages for c in self._caps.values() if c.info.pinned] + list(keep)
+        have = self.kv.pages_obtainable(held)
+        if pages_needed > have:
+            raise LogFull(f"{what} needs {pages_needed} KV log pages and at most {have} can be freed (the rest "
+                          "hold pinned capsules and the live window): unpin capsules, or ask for less")
 
     def set_pinned(self, cid: int, pinned: bool) -> CapsuleInfo:
         cap = self._cap(cid)
@@ -294,9 +307,12 @@ class CapsuleStore:
         meta = t["meta"]
         n_layers = len(self.kv.k)
         windows = [(t[f"k_cache.{layer}"], t[f"v_cache.{layer}"]) for layer in range(n_layers)]
+        pos, kv_len = int(meta[META_POS]), int(meta[META_KV_LEN])
+        chunks = len(np.unique(self.kv.window_positions(pos, kv_len) // self.kv.k[0].shape[1]))
+        self.check_room(chunks + 1, "this import")  # + 1: the live step's next page
         record = self._take_record()
         try:
-            pages = self.kv.load(windows, int(meta[META_POS]), int(meta[META_KV_LEN]))
+            pages = self.kv.load(windows, pos, kv_len)
         except BaseException:
             self._free.appendleft(record)
             raise

@@ -149,10 +149,18 @@ class KvLog:
             d = k.shape[2]
             kk, vv = np.zeros((kv_window, d), np.float32), np.zeros((kv_window, d), np.float32)
             if len(t):
-                kk[t % kv_window] = self.backend.to_host(k[where])
-                vv[t % kv_window] = self.backend.to_host(v[where])
+                with self.backend.activate():  # the gather runs on the runtime stream, as to_host reads it
+                    kg, vg = k[where], v[where]
+                kk[t % kv_window] = self.backend.to_host(kg)
+                vv[t % kv_window] = self.backend.to_host(vg)
             out.append((kk, vv))
         return out
+
+    def pages_obtainable(self, keep: list[np.ndarray]) -> int:
+        """Pages an allocation can get by evicting every capsule not in ``keep`` (page tables of what
+        stays: pinned capsules, the source of a replan): all but those and the rows' own."""
+        held = np.concatenate([self.tables.ravel()] + [np.asarray(t).ravel() for t in keep])
+        return self.n_pages - len(np.unique(held[held >= 0]))
 
     def load(self, windows: list[tuple[np.ndarray, np.ndarray]], pos: int, kv_len: int) -> np.ndarray:
         """Write a window (as ``gather`` returns it, or in the same slot order) into fresh pages.

@@ -19,6 +19,7 @@ from .buffers import Arena
 from .capsule import CapsuleInfo, CapsuleInUse, CapsuleStore, StoreUsage, UnknownCapsule, write_capsule_file
 from .config import PolicyConfig
 from .history import ObsHistory
+from .kernels import KV_PAGE
 from .kv_log import KvLog
 from .policy import HybridPolicy
 from .sizing import StoreSizes
@@ -165,14 +166,16 @@ class Session:
             self.backend.from_host(self.arena["obs"][0], o)
             self._live.replay()
             action = self.backend.to_host(self.arena["action"][0])
-            if on_action is not None:
-                on_action(action)
-            chunk = self.backend.to_host(self.arena["chunk"][0]).reshape(self.cfg.chunk_len, self.cfg.action_dim)
-            self._step += 1
+            self._step += 1  # the step ran: its bookkeeping and capsule follow whatever on_action does
             self.history.push(o, self._step)
             cid = 0
-            if self._step % self.cfg.capsule_every_n_steps == 0:
-                cid = self._snapshot_live(stamp_ns, "", False).id
+            try:
+                if on_action is not None:
+                    on_action(action)
+            finally:
+                if self._step % self.cfg.capsule_every_n_steps == 0:
+                    cid = self._snapshot_live(stamp_ns, "", False).id
+            chunk = self.backend.to_host(self.arena["chunk"][0]).reshape(self.cfg.chunk_len, self.cfg.action_dim)
             return StepResult(action, chunk, cid, self._step, (time.perf_counter() - t0) * 1e3)
 
     def _snapshot_live(self, stamp_ns: int, label: str, pin: bool) -> CapsuleInfo:
@@ -249,10 +252,12 @@ class Session:
         (the page table into the log)."""
         with self.lock:
             names = {s.name for s in self.arena.state_specs() if s.role in roles}
-            if "kv" in roles:
-                names.add("kv_pages")
+            if "kv" in roles or "meta" in roles:  # the window and the position that reads it move together
+                names |= {"kv_pages", "meta"}
             info = self.store.restore_buffers(capsule_id, 0, names)
-            self._step, self._live_id = info.step, 0
+            if "meta" in names:
+                self._step = info.step
+            self._live_id = 0
             return info
 
     # ---- replan ---------------------------------------------------------------------------
@@ -300,6 +305,10 @@ class Session:
                 base_node = self.history.node_of(capsule_id)
             else:
                 base_step, parent, base_node = self._step, self._live_id, self.history.head
+            # fresh pages: a branch copies its partial page, then one per page boundary it crosses
+            per_branch = min(self.kv.P, (base_step % KV_PAGE + h) // KV_PAGE + 1) + (self.kv.P if copy_fork else 0)
+            self.store.check_room(b * per_branch + 1, f"a replan of {b} x {h}",
+                                  keep=[self.store.pages_of(capsule_id)] if capsule_id else [])
             try:
                 for r in range(1, 1 + b):  # fork: a small copy per branch, the window shared
                     if capsule_id:
