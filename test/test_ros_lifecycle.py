@@ -6,7 +6,6 @@ import pytest
 from ros_harness import NodeProcess, Planner, call, joint_state
 
 from conftest import observation_trace
-from flashrt_ros.ros.diagnostics import cpu_model
 
 pytestmark = pytest.mark.ros
 
@@ -75,6 +74,8 @@ def set_param(planner, name, value):
 
 def test_lifecycle_transitions_over_ros_with_diagnostics_in_every_state(ros_domain, tmp_path):
     from lifecycle_msgs.msg import Transition
+
+    from flashrt_ros.ros.diagnostics import cpu_model  # a ROS module: not importable where ROS is absent
     proc = NodeProcess(ros_domain, tmp_path / "node.log", autostart=False, backend="auto", use_sim_time=False,
                        extra_args=LAUNCH_ARGS)
     planner = Planner()
