@@ -74,6 +74,7 @@ def _colcon_like_install(tmp_path, with_share_config: bool):
     return env, share_cfg
 
 
+@pytest.mark.ros  # a colcon layout: needs ament_index_python (absent from test-compat's venv)
 def test_from_a_colcon_install_the_default_config_comes_from_the_ament_share(small, tmp_path):
     bag, _ = small
     env, share_cfg = _colcon_like_install(tmp_path, with_share_config=True)
@@ -81,6 +82,7 @@ def test_from_a_colcon_install_the_default_config_comes_from_the_ament_share(sma
     assert summary["config"] == str(share_cfg) and summary["steps"] == 30
 
 
+@pytest.mark.ros
 def test_without_any_default_config_the_error_says_to_pass_one(small, tmp_path):
     bag, _ = small
     env, _ = _colcon_like_install(tmp_path, with_share_config=False)

@@ -128,37 +128,58 @@ def main(argv=None) -> int:
 
 
 class DeepRollbackCheck:
-    """At the end of the mission, roll back to a capsule from its first seconds and check the live state
-    is byte-identical to it (state sha of an export of the anchor vs of a snapshot taken right after the
-    rollback): as deep as the run allows, through every rollback, commit and replan in between."""
+    """A capsule from the mission's first second, pinned, checked at the end as deep as the run allows:
+    its export has the same state sha as at the start (its window survived every log wrap), a what-if
+    replan from it gives byte-identical actions to the same replan at the start (restore is exact), and
+    the robot rolls back to it. The sensor keeps stepping the live policy, so nothing here compares the
+    live state itself at a moment that another step could move."""
+
+    BRANCHES, HORIZON = 2, 8
 
     def __init__(self, client: FlashRTClient):
         self.client = client
         self.anchor_id, self.anchor_stamp_ns, self.anchor_sha = 0, 0, ""
+        self.what_if = synthetic_trace(self.HORIZON * self.BRANCHES, 14, seed=11).reshape(
+            self.BRANCHES, self.HORIZON, 14)
+        self.first_actions: np.ndarray | None = None
         self.ok: bool | None = None  # None: not run
         self.depth_s = 0.0
         self.message = "not run"
 
+    def _replan(self) -> np.ndarray | None:
+        out = self.client.replan(self.what_if, capsule_id=self.anchor_id, deadline_ms=150.0)
+        return out.actions() if out.succeeded else None
+
     def take_anchor(self, step: PolicyStep) -> None:
         pinned = self.client.pin(step.capsule_id)  # kept through every log wrap, however long the run
         r = self.client.export_capsule("deep_rollback_anchor.safetensors", capsule_id=step.capsule_id)
-        if pinned.success and r.success:
-            self.anchor_id, self.anchor_sha = step.capsule_id, r.sha256
-            self.anchor_stamp_ns = step.header.stamp.sec * 10**9 + step.header.stamp.nanosec
+        if not (pinned.success and r.success):
+            return
+        self.anchor_id, self.anchor_sha = step.capsule_id, r.sha256
+        self.anchor_stamp_ns = step.header.stamp.sec * 10**9 + step.header.stamp.nanosec
+        self.first_actions = self._replan()
 
     def check(self, last: PolicyStep) -> None:
         if not self.anchor_id:
             self.message = "no anchor (the run was too short)"
             return
         self.depth_s = (last.header.stamp.sec * 10**9 + last.header.stamp.nanosec - self.anchor_stamp_ns) / 1e9
+        exp = self.client.export_capsule("deep_rollback_anchor_again.safetensors", capsule_id=self.anchor_id)
+        again = self._replan()
         r = self.client.rollback(capsule_id=self.anchor_id)
+        failures = []
+        if not (exp.success and exp.sha256 == self.anchor_sha):
+            failures.append(f"the capsule's state changed ({exp.message or exp.sha256[:12]})")
+        if self.first_actions is None or again is None:
+            failures.append("a what-if replan from it did not complete")
+        else:
+            n = min(self.first_actions.shape[1], again.shape[1])  # a deadline may cut either one short
+            if n == 0 or self.first_actions[:, :n].tobytes() != again[:, :n].tobytes():
+                failures.append("a what-if replan from it gave different actions")
         if not r.success:
-            self.ok, self.message = False, f"rollback to capsule {self.anchor_id} refused: {r.message}"
-            return
-        snap = self.client.snapshot(label="deep rollback check")
-        exp = self.client.export_capsule("deep_rollback_live.safetensors", capsule_id=snap.capsule.id)
-        self.ok = bool(snap.success and exp.success and exp.sha256 == self.anchor_sha)
-        self.message = "byte-exact" if self.ok else f"state differs: {exp.sha256[:12]} vs {self.anchor_sha[:12]}"
+            failures.append(f"rollback refused: {r.message}")
+        self.ok = not failures
+        self.message = "byte-exact" if self.ok else "; ".join(failures)
 
     def summary(self) -> dict:
         return {"anchor_capsule": self.anchor_id, "depth_s": round(self.depth_s, 2), "ok": self.ok,
