@@ -165,3 +165,14 @@ def test_a_replan_or_import_that_cannot_fit_is_refused_before_it_evicts_anything
                              "KV log pages")
     assert [c.id for c in s.list_capsules()] == listed and s.live_capsule_id in listed
     assert s.replan(0, np.ones((1, 8, 14), np.float32)).steps_done == 8  # a replan that fits still runs
+
+
+def test_observation_history_of_evicted_what_ifs_is_freed_soon_after_them():
+    from flashrt_ros.runtime.session import HISTORY_SLACK
+
+    s = Session(small_config(capsule_capacity=200, max_branches=4))
+    obs = observation_trace(400)
+    for k in range(600):  # a what-if every step: 4 branch capsules each, evicted first
+        s.step(obs[k % 400])
+        s.replan(0, np.stack([obs[:3]] * 4))
+    assert len(s.history) <= len(s.store) + HISTORY_SLACK + 1
