@@ -12,6 +12,7 @@ lose data and never wedge the live step.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -88,6 +89,7 @@ class CapsuleStore:
         self._caps: dict[int, _Capsule] = {}  # insertion order = age
         self._what_ifs: dict[int, None] = {}  # the what-if capsules among them, oldest first
         self._next_id = 1
+        self.on_release: Callable[[int], None] = lambda cid: None  # told of every capsule evicted or dropped
         kv.evict_one = self._evict_oldest
 
     # ---- queries --------------------------------------------------------------------------
@@ -143,6 +145,7 @@ class CapsuleStore:
         cap = self._caps.pop(cid)
         self._free.append(cap.record)
         self.kv.decref(cap.pages)
+        self.on_release(cid)
 
     def _take_record(self) -> int:
         while not self._free:

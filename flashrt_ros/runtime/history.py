@@ -53,10 +53,9 @@ class ObsHistory:
     def node_of(self, capsule_id: int) -> _Node | None:
         return self._at_capsule.get(capsule_id)
 
-    def forget_except(self, live_ids) -> None:
-        """Drop the places of capsules not in ``live_ids`` (any container: the store itself works)."""
-        for cid in [c for c in self._at_capsule if c not in live_ids]:
-            del self._at_capsule[cid]
+    def forget(self, capsule_id: int) -> None:
+        """The capsule is gone: its place (and the branch of observations only it kept) is freed."""
+        self._at_capsule.pop(capsule_id, None)
 
     def __len__(self) -> int:
         return len(self._at_capsule)

@@ -48,7 +48,6 @@ class ReplanResult:
     cancelled: bool = False  # a cancelled replan never commits
 
 
-HISTORY_SLACK = 1024  # capsule places kept beyond the store's capsules before the evicted ones are pruned
 MAX_LABEL_CHARS = 256  # a label is a name, not a payload: bounds what one request can make the node keep
 
 
@@ -112,6 +111,7 @@ class Session:
         self._live = self.backend.bind(self.plan, self.arena, 0, 1)
         self._branch_runners: dict[int, object] = {}
         self.history = ObsHistory(cfg.history_limit)
+        self.store.on_release = self.history.forget  # an evicted capsule's observations go with it, O(1)
         self.reset()
 
     # ---- state ----------------------------------------------------------------------------
@@ -188,10 +188,6 @@ class Session:
 
     def _mark_history(self, capsule_id: int, node) -> None:
         self.history.mark(capsule_id, node)
-        # forget evicted capsules' places every HISTORY_SLACK marks: an evicted what-if's branch of
-        # observations is freed soon after it, not once the store's whole capacity has turned over
-        if len(self.history) > len(self.store) + HISTORY_SLACK:
-            self.history.forget_except(self.store)
 
     def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
         check_label(label)
