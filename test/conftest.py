@@ -81,6 +81,15 @@ def session() -> Session:
 
 
 @pytest.fixture
+def stepped() -> Session:
+    """A session 30 steps in, a capsule after each (files override it where they need another)."""
+    s = Session(small_config())
+    for o in observation_trace(30):
+        s.step(o)
+    return s
+
+
+@pytest.fixture
 def trace() -> np.ndarray:
     return observation_trace(400)
 

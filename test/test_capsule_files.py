@@ -8,18 +8,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from conftest import assert_refused_unchanged, observation_trace, small_config
-from flashrt_ros.runtime import CorruptCapsule, Session
+from conftest import assert_refused_unchanged, observation_trace
+from flashrt_ros.runtime import CorruptCapsule
 from flashrt_ros.runtime.capsule_file import FORMAT, _digest, state_digest
 from flashrt_ros.runtime.kernels import META_KV_LEN, META_POS, META_STEP
-
-
-@pytest.fixture
-def stepped():
-    s = Session(small_config())
-    for o in observation_trace(30):
-        s.step(o)
-    return s
 
 
 def refused(s, fn, match):

@@ -9,14 +9,6 @@ from conftest import assert_refused_unchanged, observation_trace, small_config
 from flashrt_ros.runtime import CapsuleInUse, Session, StoreFullOfPins, UnknownCapsule
 
 
-@pytest.fixture
-def stepped():
-    s = Session(small_config())
-    for o in observation_trace(30):
-        s.step(o)
-    return s
-
-
 @pytest.mark.parametrize("value", [1e300, -1e39, 3.5e38])
 def test_a_value_that_overflows_float32_is_rejected_before_it_reaches_the_state(stepped, value):
     obs = np.zeros(14)
