@@ -77,7 +77,7 @@ class KvLog:
         return page
 
     # ---- rows -----------------------------------------------------------------------------
-    def _write_device(self, row: int, j: slice | int) -> None:
+    def _write_device(self, row: int) -> None:
         table = self.tables[row]
         self.backend.from_host(self.device_tables[row], self.device_table(table))
 
@@ -90,7 +90,7 @@ class KvLog:
         self.incref(pages)
         self.decref(self.tables[row])
         self.tables[row] = pages
-        self._write_device(row, slice(None))
+        self._write_device(row)
 
     def clear_row(self, row: int) -> None:
         self.set_row(row, np.full(self.P, NO_PAGE, np.int64))
@@ -114,7 +114,7 @@ class KvLog:
         self.refs[new] += 1
         self.decref(self.tables[row, j:j + 1])
         self.tables[row, j] = new
-        self._write_device(row, j)
+        self._write_device(row)
 
     def privatise_window(self, row: int, pos: int) -> int:
         """Copy every page of the row's window into fresh pages (the whole-row-copy fork, kept as the
@@ -132,7 +132,7 @@ class KvLog:
             self.decref(self.tables[row, j:j + 1])
             self.tables[row, j] = new
             copied += n
-        self._write_device(row, slice(None))
+        self._write_device(row)
         return copied
 
     # ---- windows as arrays (export, import, prefill, the oracle) -------------------------
