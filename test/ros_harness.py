@@ -125,24 +125,23 @@ class Planner:
 
         from flashrt_interfaces.msg import PolicyStep
         from flashrt_ros.ros.client import FlashRTClient
+        from flashrt_ros.ros.step_link import policy_step_qos
         self.rclpy = rclpy
         self.namespace = namespace
         self.node = rclpy.create_node(name)
         self.client = FlashRTClient(self.node, namespace)
         self.steps: list = []
         qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
-        self.node.create_subscription(PolicyStep, f"{namespace}/policy_step", self.steps.append, qos)
+        # transient-local: a step whose answer raced the DDS match still arrives (see step_link)
+        self.step_sub = self.node.create_subscription(PolicyStep, f"{namespace}/policy_step", self.steps.append,
+                                                      policy_step_qos(1000))
         self.pub = self.node.create_publisher(JointState, f"{namespace}/observation", qos)
         self.stamp = 1_000_000_000
 
     def wait_ready(self, timeout: float = 30.0) -> None:
+        from flashrt_ros.ros.step_link import wait_linked
         self.client.wait_until_ready(timeout)
-        deadline = time.monotonic() + timeout
-        while (self.pub.get_subscription_count() == 0
-               or self.node.count_publishers(f"{self.namespace}/policy_step") == 0):
-            self.spin(0.05)
-            if time.monotonic() > deadline:
-                raise TimeoutError("observation / policy_step not matched")
+        wait_linked(self.node, self.pub, self.step_sub, timeout)
 
     def spin(self, seconds: float) -> None:
         end = time.monotonic() + seconds

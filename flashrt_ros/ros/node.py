@@ -40,6 +40,7 @@ from .diagnostics import device_name, diagnostics_message
 from .params import check_node_param, command_line_overrides, declare_all, guard_live_params, read_config
 from .replan_server import HELD_MAX, ReplanServer
 from .services import CapsuleServices
+from .step_link import policy_step_qos
 
 NODE_NAME = "flashrt"
 LATENCY_WINDOW = 1000  # steps kept for the p50 / p99 in /diagnostics
@@ -145,7 +146,7 @@ class FlashRTNode(LifecycleNode):
         # Lifecycle publishers: nothing goes out on them unless the node is active.
         self._topic_pubs = {
             "action": self.create_lifecycle_publisher(Float64MultiArray, "action", 10),
-            "policy_step": self.create_lifecycle_publisher(PolicyStep, "policy_step", 10),
+            "policy_step": self.create_lifecycle_publisher(PolicyStep, "policy_step", policy_step_qos()),
         }
         return TransitionCallbackReturn.SUCCESS
 

@@ -54,6 +54,7 @@ def run(args) -> dict:
     from flashrt_interfaces.msg import PolicyStep
 
     from ..ros.client import FlashRTClient
+    from ..ros.step_link import policy_step_qos, wait_linked
 
     procs = [subprocess.Popen([sys.executable, "-c", TRIGGER_NODE], env=env),
              subprocess.Popen([sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file",
@@ -69,10 +70,9 @@ def run(args) -> dict:
         assert trigger.wait_for_service(timeout_sec=30.0)
         got: list = []
         qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        node.create_subscription(PolicyStep, "policy_step", got.append, qos)
+        step_sub = node.create_subscription(PolicyStep, "policy_step", got.append, policy_step_qos(100))
         pub = node.create_publisher(JointState, "observation", qos)
-        while pub.get_subscription_count() == 0 or node.count_publishers("policy_step") == 0:
-            rclpy.spin_once(node, timeout_sec=0.05)
+        wait_linked(node, pub, step_sub, 60.0, alive=lambda: all(p.poll() is None for p in procs))
         trace = synthetic_trace(args.calls + 700, 14)  # the shipped config's obs_dim
         names = [f"joint{i}" for i in range(7)]
 

@@ -124,22 +124,19 @@ def _stream(args, src, ts, cfg, sink, node, proc) -> dict:
     from flashrt_interfaces.msg import PolicyStep
 
     from ..ros.client import FlashRTClient
+    from ..ros.step_link import policy_step_qos, wait_linked
 
     client = FlashRTClient(node)
     got: list = []
     qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
-    node.create_subscription(PolicyStep, "policy_step", got.append, qos)
+    step_sub = node.create_subscription(PolicyStep, "policy_step", got.append, policy_step_qos(1000))
     pub = node.create_publisher(JointState if src.msgtype == JOINT_STATE else Float32MultiArray, "observation", qos)
     try:
         client.wait_until_ready(READY_TIMEOUT_S)
+        wait_linked(node, pub, step_sub, READY_TIMEOUT_S, alive=lambda: proc.poll() is None)
     except Exception as e:  # noqa: BLE001 - the client's timeout type is its own
-        raise NodeFailed(f"live: the node was not ready within {READY_TIMEOUT_S} s ({e})") from None
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while pub.get_subscription_count() == 0 or node.count_publishers("policy_step") == 0:
-        rclpy.spin_once(node, timeout_sec=0.05)
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise NodeFailed(f"live: the node {'exited' if proc.poll() is not None else 'was not ready'} "
-                             f"before the replay started")
+        state = "exited" if proc.poll() is not None else f"was not ready within {READY_TIMEOUT_S} s"
+        raise NodeFailed(f"live: the node {state} ({e})") from None
     progress("live: node ready, streaming")
 
     def send(ros_msg):

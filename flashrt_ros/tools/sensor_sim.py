@@ -24,6 +24,9 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=10.0, help="seconds (0 = forever)")
     ap.add_argument("--namespace", default="", help="namespace of the flashrt node")
     ap.add_argument("--joints", type=int, default=7)
+    ap.add_argument("--subscribers", type=int, default=1,
+                    help="start publishing once this many subscribers are matched (best-effort: none is lost "
+                         "to discovery)")
     args, ros_args = ap.parse_known_args(argv)
     rclpy.init(args=ros_args)
     node = rclpy.create_node("sensor_sim", namespace=args.namespace or None)
@@ -35,9 +38,9 @@ def main(argv=None) -> int:
     period = 1.0 / args.rate
     sent = 0
     try:
-        while pub.get_subscription_count() == 0:  # don't lose the first messages to discovery
+        while pub.get_subscription_count() < args.subscribers:
             time.sleep(0.02)
-        t0 = time.monotonic()
+        next_t = time.monotonic()
         for i in range(n):
             o = trace[i % trace_len]
             msg = JointState(name=names, position=[float(v) for v in o[:args.joints]],
@@ -45,9 +48,12 @@ def main(argv=None) -> int:
             msg.header.stamp = node.get_clock().now().to_msg()
             pub.publish(msg)
             sent += 1
-            delay = t0 + (i + 1) * period - time.monotonic()
+            next_t += period
+            delay = next_t - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
+            elif delay < -period:  # descheduled: skip the missed samples, as a real driver does, no burst
+                next_t = time.monotonic()
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:

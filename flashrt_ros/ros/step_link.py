@@ -1,0 +1,44 @@
+"""The policy_step topic's QoS, and the handshake a client runs before it sends an observation and waits for
+that observation's policy_step.
+
+Why transient-local: DDS matches endpoints in each direction on its own. A client can see its observation
+publisher matched to the node and its policy_step reader matched to the node's writer while the node's writer
+has not matched the reader yet. A volatile writer then drops the first answer, and the client waits forever.
+A transient-local writer (the last POLICY_STEP_DEPTH steps) sends it when the match completes. Volatile
+subscribers (a controller, ``ros2 topic echo``) are unaffected and never see an old step. The 'action' topic
+stays volatile: a late controller must never get a stale action.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import rclpy
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+POLICY_STEP_DEPTH = 10
+
+
+def policy_step_qos(depth: int = POLICY_STEP_DEPTH) -> QoSProfile:
+    """The node's writer offers this; a client that must see every answer subscribes with it too."""
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.TRANSIENT_LOCAL)
+
+
+def _publisher_count(node, subscription) -> int:
+    if hasattr(subscription, "get_publisher_count"):  # the matched count, where rclpy has it
+        return subscription.get_publisher_count()
+    return node.count_publishers(subscription.topic_name)  # the graph count
+
+
+def wait_linked(node, observation_pub, policy_step_sub, timeout_s: float,
+                alive: Callable[[], bool] = lambda: True) -> None:
+    """Spin ``node`` until the observation publisher and the policy_step reader are both matched.
+    Raises TimeoutError after ``timeout_s``, RuntimeError as soon as ``alive()`` is false."""
+    deadline = time.monotonic() + timeout_s
+    while observation_pub.get_subscription_count() == 0 or _publisher_count(node, policy_step_sub) == 0:
+        rclpy.spin_once(node, timeout_sec=0.05)
+        if not alive():
+            raise RuntimeError("the node exited before observation and policy_step were matched")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"observation and policy_step were not matched within {timeout_s} s")
