@@ -155,24 +155,31 @@ class CapsuleStore:
         return self._free.popleft()
 
     def _add(self, record: int, pages: np.ndarray, parent_id: int, step: int, stamp_ns: int, label: str,
-             pin: bool) -> CapsuleInfo:
-        info = CapsuleInfo(self._next_id, parent_id, step, stamp_ns, label, pin, self.capsule_nbytes,
-                           self.fingerprint)
-        self._next_id += 1
+             pin: bool, cid: int | None = None) -> CapsuleInfo:
+        cid = self._next_id if cid is None else cid
+        info = CapsuleInfo(cid, parent_id, step, stamp_ns, label, pin, self.capsule_nbytes, self.fingerprint)
+        self._next_id = max(self._next_id, cid + 1)
         self._caps[info.id] = _Capsule(info, record, pages)
         return info
 
     # ---- capsules -------------------------------------------------------------------------
+    def continue_ids_after(self, max_id: int) -> None:
+        """New ids start past ``max_id`` (a persisted log's): an id is never reused, across restarts too."""
+        self._next_id = max(self._next_id, max_id + 1)
+
     def snapshot(self, row: int, *, step: int, parent_id: int = 0, stamp_ns: int = 0, label: str = "",
-                 pin: bool = False) -> CapsuleInfo:
-        """One copy of the row's small state, plus references to the pages of its window."""
+                 pin: bool = False, cid: int | None = None) -> CapsuleInfo:
+        """One copy of the row's small state, plus references to the pages of its window. ``cid``: the
+        id to give it (a resumed capsule keeps its own); None = the next one."""
+        if cid is not None and (cid <= 0 or cid in self._caps):
+            raise ValueError(f"capsule id {cid}: already taken or not an id")
         if pin:
             self.check_pin_allowed(self.kv.tables[row])
         record = self._take_record()
         self.backend.copy(self.records[record], self.arena.state[row])
         pages = self.kv.tables[row].copy()
         self.kv.incref(pages)
-        return self._add(record, pages, parent_id, step, stamp_ns, label, pin)
+        return self._add(record, pages, parent_id, step, stamp_ns, label, pin, cid)
 
     def mark_what_if(self, ids) -> None:
         """Replan branches nobody committed: evicted before the timeline's capsules (see _evict_oldest)."""

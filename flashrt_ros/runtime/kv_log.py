@@ -81,6 +81,11 @@ class KvLog:
         table = self.tables[row]
         self.backend.from_host(self.device_tables[row], self.device_table(table))
 
+    def rewrite_device_table(self, row: int) -> None:
+        """After the row's small state was overwritten from elsewhere (a resumed record): its kv_pages
+        must be this log's again."""
+        self._write_device(row)
+
     def device_table(self, table: np.ndarray) -> np.ndarray:
         return np.where(table >= 0, table, self.sink)
 
@@ -155,6 +160,22 @@ class KvLog:
                 vv[t % kv_window] = self.backend.to_host(vg)
             out.append((kk, vv))
         return out
+
+    def entries(self, row: int, pos0: int, pos1: int) -> np.ndarray:
+        """The row's entries at positions [pos0, pos1) as a host array [n, n_layers, 2, d] (what a
+        persisted DELTA record holds)."""
+        t = np.arange(pos0, pos1, dtype=np.int64)
+        pages, slots = self.tables[row][(t // KV_PAGE) % self.P], t % KV_PAGE
+        with self.backend.activate():
+            out = [self.backend.to_host(log[pages, slots]) for pair in zip(self.k, self.v) for log in pair]
+        return np.stack(out, 1).reshape(len(t), len(self.k), 2, -1)
+
+    def write_entry(self, row: int, pos: int, entry: np.ndarray) -> None:
+        """Write one position's entries ([n_layers, 2, d]) where the row's table puts it (after prepare_append)."""
+        page, slot = int(self.tables[row, (pos // KV_PAGE) % self.P]), pos % KV_PAGE
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            self.backend.from_host(k[page, slot], np.ascontiguousarray(entry[layer, 0]))
+            self.backend.from_host(v[page, slot], np.ascontiguousarray(entry[layer, 1]))
 
     def pages_obtainable(self, keep: list[np.ndarray]) -> int:
         """Pages an allocation can get by evicting every capsule not in ``keep`` (page tables of what

@@ -112,6 +112,7 @@ class Session:
         self._branch_runners: dict[int, object] = {}
         self.history = ObsHistory(cfg.history_limit)
         self.store.on_release = self.history.forget  # an evicted capsule's observations go with it, O(1)
+        self.persistence = None  # a persistence.Persistence once enable_persistence ran
         self.reset()
 
     # ---- state ----------------------------------------------------------------------------
@@ -184,6 +185,8 @@ class Session:
                                    label=label, pin=pin)
         self._live_id = info.id
         self._mark_history(info.id, self.history.head)
+        if self.persistence is not None:
+            self.persistence.on_capsule(info)
         return info
 
     def _mark_history(self, capsule_id: int, node) -> None:
@@ -192,7 +195,11 @@ class Session:
     def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
         check_label(label)
         with self.lock:
-            return self._snapshot_live(stamp_ns, label, pin)
+            info = self._snapshot_live(stamp_ns, label, pin)
+            job = self.persistence.pin_job(info) if pin and self.persistence is not None else None
+        if job is not None:
+            job()  # the pin file is written outside the lock
+        return info
 
     # ---- the store, under the session lock (the store itself is not thread-safe) ----------
     def capsule_info(self, capsule_id: int) -> CapsuleInfo:
@@ -207,11 +214,18 @@ class Session:
     def pin(self, capsule_id: int) -> CapsuleInfo:
         """Keep a capsule until unpinned; refused (StoreFullOfPins) before pins could starve the live step."""
         with self.lock:
-            return self.store.pin(capsule_id)
+            info = self.store.pin(capsule_id)
+            job = self.persistence.pin_job(info) if self.persistence is not None else None
+        if job is not None:
+            job()  # the pin file is written outside the lock
+        return info
 
     def unpin(self, capsule_id: int) -> CapsuleInfo:
         with self.lock:
-            return self.store.unpin(capsule_id)
+            info = self.store.unpin(capsule_id)
+        if self.persistence is not None:
+            self.persistence.on_unpinned(capsule_id)
+        return info
 
     def drop(self, capsule_id: int) -> None:
         """Forget a capsule. The live capsule cannot be dropped: it anchors rollback(steps_back=...)."""
@@ -220,6 +234,8 @@ class Session:
                 raise CapsuleInUse(f"capsule {capsule_id} is the live capsule: take a newer one (step or "
                                    "snapshot) or roll back elsewhere before dropping it")
             self.store.drop(capsule_id)
+        if self.persistence is not None:
+            self.persistence.on_unpinned(capsule_id)
 
     def store_usage(self) -> StoreUsage:
         with self.lock:
@@ -346,6 +362,8 @@ class Session:
                     self._step = base_step + done
                     self._live_id = ids[commit_branch]
                     self.history.head = self.history.node_of(self._live_id)
+                    if self.persistence is not None:  # the committed branch is the timeline now
+                        self.persistence.on_capsule(self.store.get(self._live_id))
                 # only now: while they were taken, a branch's capsule must not be evicted for its sibling's
                 self.store.mark_what_if([c for r, c in enumerate(ids) if not (committed and r == commit_branch)])
             finally:
@@ -417,6 +435,32 @@ class Session:
             if restore:
                 info = self.rollback(info.id)
             return info
+
+    # ---- persistence ----------------------------------------------------------------------
+    def enable_persistence(self, settings, resume: bool = False):
+        """Append every timeline capsule to the log in ``settings.directory`` (persistence.py). ``resume``:
+        first rebuild the store from the log there and make its newest capsule live; returns the
+        ResumeReport (None without resume). Raises FingerprintMismatch / LogCorrupt, touching nothing,
+        when the log cannot be resumed."""
+        from .persistence import Persistence, start_fresh
+        from .persistence import resume as resume_from
+
+        if self.persistence is not None:
+            raise RuntimeError("persistence is already enabled")
+        report = moved = None
+        if resume:
+            report = resume_from(self, settings.directory)
+        else:
+            moved = start_fresh(self, settings.directory)
+        self.persistence = Persistence(self, settings)
+        self.persistence.moved_aside = moved
+        return report
+
+    def disable_persistence(self) -> None:
+        """Write what is queued, fsync, and stop the writer."""
+        p, self.persistence = self.persistence, None
+        if p is not None:
+            p.close()
 
     def save_weights(self, path: str | Path) -> None:
         save_weights(path, self.weights)

@@ -1,0 +1,301 @@
+"""CapsuleLog: every timeline capsule appended to segment files in ``persist_dir``, off the step's path.
+
+The step thread only copies the capsule's small state and its new KV entries to the host (~14 KiB at the
+default model) and puts them on a queue bounded in bytes. It never blocks: when the queue is full the
+record is dropped and counted, and the next record it queues is a RESYNC (the whole window), so the log
+never has a hole a resume would read through. A writer thread encodes, writes, fsyncs by the durability
+policy, rotates segments and removes the oldest ones past the disk budget.
+
+The writer keeps a host mirror of the last record's window. With it, the writer turns a DELTA into a
+RESYNC by itself where it must: at the start of each segment, and after a failed write (a full disk), so
+neither costs the step anything. Pin files (``pin-<id>.frl``, one RESYNC each, written crash-safely) keep
+pinned capsules; retention removes them last.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from .persist_format import DELTA, RESYNC, LogLayout, encode_record, iter_segment_paths, segment_header_bytes
+
+MB = 2**20
+
+
+@dataclass(frozen=True)
+class PersistSettings:
+    directory: Path
+    fsync_every_records: int = 0  # 0 = no record-count trigger
+    fsync_every_ms: float = 100.0  # 0 = no time trigger; both 0: the OS writes back when it likes
+    segment_mb: float = 64.0  # a segment is closed (and fsynced) past this size
+    budget_mb: float = 2048.0  # segments + pin files; the oldest segments go first, pins last
+    queue_mb: float = 64.0  # records waiting for the disk; past it, records are dropped and counted
+
+    def __post_init__(self):
+        for name in ("fsync_every_records", "fsync_every_ms", "segment_mb", "budget_mb", "queue_mb"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"persist {name}: must be >= 0, got {getattr(self, name)!r}")
+        if self.segment_mb <= 0 or self.budget_mb < 2 * self.segment_mb:
+            raise ValueError(f"persist budget_mb ({self.budget_mb:g}) must hold at least two segments of "
+                             f"segment_mb ({self.segment_mb:g}) and segment_mb must be > 0")
+
+
+@dataclass(frozen=True)
+class PersistStats:
+    records_written: int
+    records_dropped: int  # queue full or write failed: the log resynchronises after each
+    resyncs_written: int
+    write_errors: int
+    last_error: str
+    queue_records: int
+    queue_bytes: int
+    lag_ms: float  # age of the oldest record still queued (0 when none)
+    fsync_ms_last: float
+    fsync_ms_max: float
+    log_bytes: int  # segments and pin files on disk
+    segments: int
+    pins: int
+
+
+class CapsuleLog:
+    def __init__(self, settings: PersistSettings, layout: LogLayout):
+        self.settings, self.layout = settings, layout
+        self.dir = Path(settings.directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._queue: queue.Queue = queue.Queue()
+        self._queue_bytes = 0
+        self._queue_cap = int(settings.queue_mb * MB)
+        self._lock = threading.Lock()  # counters shared by the two threads
+        # step-thread state: what the last queued record was, so a DELTA can follow it
+        self.last_id, self.last_step, self.need_resync = 0, 0, True
+        self._dropped = self._written = self._resyncs = self._errors = 0
+        self._last_error = ""
+        self._fsync_last = self._fsync_max = 0.0
+        # writer-thread state
+        L, d, W = layout.n_layers, layout.d_model, layout.kv_window
+        self._mirror = np.zeros((L, 2, W, d), np.float32)  # the last record's window, slot = position % W
+        self._resync_next = True
+        self._fd: int | None = None
+        self._seg_path: Path | None = None
+        self._seg_bytes = self._good_bytes = 0
+        self._unsynced, self._last_sync = 0, time.monotonic()
+        self._sizes = {p: p.stat().st_size for p in iter_segment_paths(self.dir)}
+        self._pins = {p: p.stat().st_size for p in iter_segment_paths(self.dir, "pin-")}
+        self._next_seg = 1 + max((int(p.stem[4:]) for p in self._sizes if p.stem[4:].isdigit()), default=0)
+        self._thread = threading.Thread(target=self._run, name="flashrt-persist", daemon=True)
+        self._thread.start()
+
+    # ---- step thread ----------------------------------------------------------------------
+    def has_room(self, nbytes: int) -> bool:
+        return self._queue_bytes + nbytes <= self._queue_cap
+
+    def wants_resync(self, parent_id: int, step: int) -> bool:
+        return (self.need_resync or parent_id != self.last_id or parent_id == 0
+                or not 0 <= step - self.last_step <= self.layout.kv_window)
+
+    def drop(self) -> None:
+        """The record could not be queued: the next one must stand alone."""
+        with self._lock:
+            self._dropped += 1
+        self.need_resync = True
+
+    def submit(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n_entries: int) -> None:
+        """Queue a record (host copies the caller does not touch again). Never blocks."""
+        nbytes = small.nbytes + kv.nbytes
+        with self._lock:
+            self._queue_bytes += nbytes
+        self._queue.put((time.monotonic(), kind, info, small, kv, n_entries, nbytes))
+        self.last_id, self.last_step, self.need_resync = info.id, info.step, False
+
+    # ---- pins (a service thread) ----------------------------------------------------------
+    def write_pin(self, info, small: np.ndarray, window: np.ndarray) -> None:
+        """One RESYNC record in its own file, crash-safely: a kill leaves the old file or the new one."""
+        path = self.dir / f"pin-{info.id:016d}.frl"
+        blob = segment_header_bytes(self.layout) + encode_record(
+            RESYNC, replace(info, pinned=True), small, window, min(info.step, self.layout.kv_window))
+        tmp = path.with_name(f".{path.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _write_all(fd, blob)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(self.dir)
+        with self._lock:
+            self._pins[path] = len(blob)
+
+    def remove_pin(self, capsule_id: int) -> None:
+        path = self.dir / f"pin-{capsule_id:016d}.frl"
+        path.unlink(missing_ok=True)
+        with self._lock:
+            self._pins.pop(path, None)
+
+    # ---- status ---------------------------------------------------------------------------
+    def stats(self) -> PersistStats:
+        with self._lock:
+            try:
+                oldest = self._queue.queue[0][0]  # deque peek; a racing get only makes it a bit stale
+                lag = (time.monotonic() - oldest) * 1e3
+            except IndexError:
+                lag = 0.0
+            return PersistStats(self._written, self._dropped, self._resyncs, self._errors, self._last_error,
+                                self._queue.qsize(), self._queue_bytes, lag, self._fsync_last, self._fsync_max,
+                                sum(self._sizes.values()) + sum(self._pins.values()), len(self._sizes),
+                                len(self._pins))
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every queued record is written (and fsynced); False on timeout."""
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout_s)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout_s)
+
+    # ---- writer thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        period = self.settings.fsync_every_ms / 1e3 if self.settings.fsync_every_ms else None
+        while True:
+            try:
+                item = self._queue.get(timeout=period)
+            except queue.Empty:  # idle: the time trigger still fires
+                self._maybe_fsync(idle=True)
+                continue
+            if item is None:
+                self._sync_and_close()
+                return
+            if isinstance(item, threading.Event):
+                self._maybe_fsync(force=True)
+                item.set()
+                continue
+            try:
+                self._write(*item[1:6])
+            except Exception as e:  # noqa: BLE001 - the writer must outlive any one record
+                self._failed(e)
+            finally:
+                with self._lock:
+                    self._queue_bytes -= item[6]
+            self._maybe_fsync()
+
+    def _apply_to_mirror(self, kind: int, step: int, kv: np.ndarray, n: int) -> None:
+        W = self.layout.kv_window
+        if kind == RESYNC:
+            self._mirror[...] = kv
+        elif n:
+            slots = np.arange(step - n, step) % W
+            self._mirror[:, :, slots] = kv.transpose(1, 2, 0, 3)
+
+    def _write(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int) -> None:
+        self._apply_to_mirror(kind, info.step, kv, n)
+        if self._fd is None or self._seg_bytes >= self.settings.segment_mb * MB:
+            self._rotate()
+        if kind == DELTA and self._resync_next:
+            kind, kv, n = RESYNC, self._mirror, min(info.step, self.layout.kv_window)
+        blob = encode_record(kind, info, small, kv, n)
+        try:
+            _write_all(self._fd, blob)
+        except OSError:
+            os.ftruncate(self._fd, self._good_bytes)  # no torn record in the middle of a segment
+            self._seg_bytes = self._good_bytes
+            raise
+        self._seg_bytes = self._good_bytes = self._seg_bytes + len(blob)
+        self._resync_next = False
+        self._unsynced += 1
+        with self._lock:
+            self._written += 1
+            self._resyncs += kind == RESYNC
+            self._sizes[self._seg_path] = self._seg_bytes
+
+    def _failed(self, e: Exception) -> None:
+        self._resync_next = True
+        with self._lock:
+            self._dropped += 1
+            self._errors += 1
+            self._last_error = f"{type(e).__name__}: {e}"
+
+    def _rotate(self) -> None:
+        self._sync_and_close()
+        path = self.dir / f"seg-{self._next_seg:08d}.frl"
+        head = segment_header_bytes(self.layout)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            _write_all(fd, head)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self._next_seg += 1
+        self._fd, self._seg_path = fd, path
+        self._seg_bytes = self._good_bytes = len(head)
+        self._resync_next = True  # every segment starts with a record that stands alone
+        with self._lock:
+            self._sizes[path] = len(head)
+        _fsync_dir(self.dir)
+        self._retain()
+
+    def _retain(self) -> None:
+        """Oldest segments first, then the oldest pins; never the open segment."""
+        budget = self.settings.budget_mb * MB
+        with self._lock:
+            victims = []
+            total = sum(self._sizes.values()) + sum(self._pins.values())
+            for path in sorted(self._sizes):
+                if total <= budget or path == self._seg_path:
+                    break
+                total -= self._sizes.pop(path)
+                victims.append(path)
+            for path in sorted(self._pins):
+                if total <= budget:
+                    break
+                total -= self._pins.pop(path)
+                victims.append(path)
+        for path in victims:
+            path.unlink(missing_ok=True)
+
+    def _maybe_fsync(self, idle: bool = False, force: bool = False) -> None:
+        s = self.settings
+        if self._fd is None or not self._unsynced:
+            return
+        due = force or (s.fsync_every_records and self._unsynced >= s.fsync_every_records) or (
+            s.fsync_every_ms and (time.monotonic() - self._last_sync) * 1e3 >= s.fsync_every_ms)
+        if not due:
+            return
+        t0 = time.perf_counter()
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            self._failed(e)
+            return
+        ms = (time.perf_counter() - t0) * 1e3
+        self._unsynced, self._last_sync = 0, time.monotonic()
+        with self._lock:
+            self._fsync_last, self._fsync_max = ms, max(self._fsync_max, ms)
+
+    def _sync_and_close(self) -> None:
+        if self._fd is None:
+            return
+        self._maybe_fsync(force=True)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _write_all(fd: int, blob: bytes) -> None:
+    view = memoryview(blob)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

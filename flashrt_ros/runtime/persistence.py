@@ -1,0 +1,133 @@
+"""The Session's side of persistence: which record each new timeline capsule becomes, pins on disk, and
+resuming (persist.py writes, resume.py reads).
+
+A capsule whose parent is the last queued record becomes a DELTA: its small state and the KV entries of
+the steps since (one per step). Anything else (the first record, a rollback, a committed replan, after a
+drop) becomes a RESYNC with the whole window, gathered on the step thread: a few MiB, once per jump.
+Replan branches nobody committed are what-ifs and are not persisted.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .errors import FingerprintMismatch
+from .persist import CapsuleLog, PersistSettings, PersistStats
+from .persist_format import DELTA, RESYNC, LogCorrupt, LogLayout, iter_segment_paths
+from .resume import ResumeReport, meta_reader, read_log, rebuild
+
+
+def layout_of(session) -> LogLayout:
+    cfg = session.cfg
+    return LogLayout(session.fingerprint, session.arena.row_nbytes, cfg.n_layers, cfg.d_model, cfg.kv_window)
+
+
+class Persistence:
+    def __init__(self, session, settings: PersistSettings):
+        self.session = session
+        self.layout = layout_of(session)
+        self.log = CapsuleLog(settings, self.layout)
+        self.failures = 0  # records lost to an error on the step thread (counted as drops too)
+
+    def _window(self, row_pages: np.ndarray, step: int) -> np.ndarray:
+        W = self.layout.kv_window
+        pairs = self.session.kv.gather(row_pages, step, min(step, W), W)
+        return np.stack([np.stack(pair) for pair in pairs])  # [n_layers, 2, W, d]
+
+    def on_capsule(self, info) -> None:
+        """Called under the session lock right after a timeline capsule of row 0 was taken. Never raises:
+        the step already ran, and the log resynchronises after a lost record."""
+        s, log = self.session, self.log
+        try:
+            if log.wants_resync(info.parent_id, info.step):
+                nbytes = self.layout.row_nbytes + 4 * self.layout.entry_floats * self.layout.kv_window
+                if not log.has_room(nbytes):
+                    log.drop()
+                    return
+                small = s.backend.to_host(s.arena.state[0])
+                log.submit(RESYNC, info, small, self._window(s.kv.tables[0], info.step),
+                           min(info.step, self.layout.kv_window))
+            else:
+                n = info.step - log.last_step
+                if not log.has_room(self.layout.row_nbytes + 4 * self.layout.entry_floats * n):
+                    log.drop()
+                    return
+                small = s.backend.to_host(s.arena.state[0])
+                log.submit(DELTA, info, small, s.kv.entries(0, log.last_step, info.step), n)
+        except Exception:  # noqa: BLE001 - counted and visible in stats; the next record resyncs
+            self.failures += 1
+            log.drop()
+
+    def pin_job(self, info) -> Callable[[], None]:
+        """Under the session lock: copy the pinned capsule to the host. The returned job writes its pin
+        file; run it after releasing the lock."""
+        s = self.session
+        small = s.backend.to_host(s.store.record(info.id))
+        window = self._window(s.store.pages_of(info.id), info.step)
+        return lambda: self.log.write_pin(info, small, window)
+
+    def on_unpinned(self, capsule_id: int) -> None:
+        self.log.remove_pin(capsule_id)
+
+    def stats(self) -> PersistStats:
+        return self.log.stats()
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        return self.log.flush(timeout_s)
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def read_for_resume(session, directory: Path):
+    """The log in ``directory`` checked against this session (LogContents). Raises FingerprintMismatch
+    for a log another config, weights or plan wrote, LogCorrupt for damage a cut cannot fix."""
+    try:
+        return read_log(directory, layout_of(session), meta_reader(session.arena), keep=session.store.capacity,
+                        truncate=True)
+    except LogCorrupt as e:
+        if e.why.startswith(("fingerprint", "segment layout")):
+            raise FingerprintMismatch(f"persist_dir {directory}: {e}") from None
+        raise
+
+
+def resume(session, directory: Path) -> ResumeReport:
+    return rebuild(session, read_for_resume(session, directory))
+
+
+def start_fresh(session, directory: Path) -> Path | None:
+    """A fresh start next to an old log: new ids continue after the log's, so an id is never reused. A log
+    this session cannot continue (another fingerprint, damage) is moved aside first; returns where."""
+    try:
+        contents = read_log(Path(directory), layout_of(session), meta_reader(session.arena), keep=0, truncate=True)
+    except LogCorrupt:
+        return move_aside(directory)
+    session.store.continue_ids_after(contents.max_id)
+    return None
+
+
+def move_aside(directory: Path) -> Path | None:
+    """Move every segment and pin file into ``directory/stale-<unix time>/`` (kept, never deleted); None if
+    there was nothing to move."""
+    directory = Path(directory)
+    files = list(iter_segment_paths(directory)) + list(iter_segment_paths(directory, "pin-"))
+    if not files:
+        return None
+    dest = directory / f"stale-{time.time_ns()}"
+    dest.mkdir()
+    for f in files:
+        shutil.move(str(f), dest / f.name)
+    return dest
+
+
+def has_log(directory: Path) -> bool:
+    directory = Path(directory)
+    return directory.is_dir() and any(iter_segment_paths(directory))
+
+
+__all__ = ["Persistence", "PersistSettings", "PersistStats", "ResumeReport", "has_log",
+           "layout_of", "move_aside", "read_for_resume", "resume", "start_fresh"]

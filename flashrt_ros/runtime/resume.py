@@ -1,0 +1,154 @@
+"""Reading a capsule log back (persist_format.py) and rebuilding a Session's store from it.
+
+A torn tail of the newest segment (a kill mid-write) is cut at the last valid record, and the file is
+truncated there. Anything wrong before that (an older segment, a pin file, another fingerprint) refuses
+the resume with a message naming the file and the offset: a torn state is never loaded.
+
+Rebuilding re-enacts the live row's history without running the model: a RESYNC loads its window into
+fresh log pages, a DELTA appends its entries the way the step did (same copy-on-write), each record's
+small state becomes the row's, and the store snapshots it under the record's own id. The page sharing,
+the ids and the lineage come out as the crashed node had them; only capsules the store has no room for
+are left out, the oldest first.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .persist_format import RESYNC, LogCorrupt, LogLayout, Record, iter_segment_paths, scan
+
+
+@dataclass(frozen=True)
+class LogContents:
+    records: list[Record]  # the timeline, oldest first, starting at a RESYNC
+    pins: list[Record]
+    records_cut: int  # torn records dropped at the tail (0 or 1: a kill tears at most the last one)
+    cut: str  # what was cut and where ("" when nothing)
+    newest_mtime: float  # wall time the newest segment was last written (the resumed state's age)
+    max_id: int
+    segments_read: int = 0
+
+
+@dataclass(frozen=True)
+class ResumeReport:
+    capsule_id: int
+    step: int
+    stamp_ns: int
+    age_s: float
+    records_read: int
+    records_cut: int
+    cut: str
+    capsules: int  # restored into the store (the oldest may not fit)
+    pinned: int
+    elapsed_ms: float
+
+    def summary(self) -> str:
+        cut = f"; cut {self.cut}" if self.cut else ""
+        return (f"resumed capsule {self.capsule_id} at step {self.step} ({self.age_s:.1f} s old): "
+                f"{self.records_read} records read, {self.capsules} capsules ({self.pinned} pinned) restored, "
+                f"{self.records_cut} records cut{cut}, in {self.elapsed_ms:.0f} ms")
+
+
+def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: bool) -> LogContents:
+    """The newest ``keep`` records or more (whole segments, each starting with a RESYNC) and the pins.
+    ``truncate``: cut the torn tail off the file too, so the next scan is clean."""
+    directory = Path(directory)
+    segs = list(iter_segment_paths(directory))
+    records: list[Record] = []
+    records_cut, cut, mtime = 0, "", 0.0
+    read = 0
+    for i, path in enumerate(reversed(segs)):  # newest first, until enough records
+        blob = path.read_bytes()
+        mtime = max(mtime, path.stat().st_mtime) if i == 0 else mtime
+        try:
+            recs, err = scan(path, blob, layout, meta_of)
+        except LogCorrupt as e:
+            if i == 0 and "fingerprint" not in e.why and "layout" not in e.why:  # torn header of the newest
+                records_cut, cut = 0, f"{path.name}: {len(blob)} bytes of a segment that never got a record"
+                if truncate:
+                    path.unlink()
+                continue
+            raise
+        read += 1
+        if err is not None:
+            if i != 0:
+                raise err
+            records_cut, cut = 1, f"{path.name} at offset {err.offset} ({err.why}, {len(blob) - err.offset} bytes)"
+            if truncate:
+                os.truncate(path, err.offset)
+        records[:0] = recs
+        if len(records) > keep and records[0].kind == RESYNC:
+            break
+    pins = []
+    for path in iter_segment_paths(directory, "pin-"):
+        recs, err = scan(path, path.read_bytes(), layout, meta_of)
+        if err is not None or len(recs) != 1 or recs[0].kind != RESYNC:
+            raise err or LogCorrupt(path, 0, "a pin file holds exactly one RESYNC record")
+        pins.append(recs[0])
+    if records and records[0].kind != RESYNC:
+        raise LogCorrupt(segs[0], records[0].offset, "the oldest segment does not start with a RESYNC record")
+    max_id = max([r.id for r in records] + [r.id for r in pins], default=0)
+    return LogContents(records, pins, records_cut, cut, mtime, max_id, read)
+
+
+def rebuild(session, contents: LogContents) -> ResumeReport:
+    """Make ``session`` the crashed node's: the store's capsules from the log, the newest live."""
+    t0 = time.perf_counter()
+    store, kv, backend = session.store, session.kv, session.backend
+    with session.lock, backend.activate():
+        session.reset()
+        for rec in sorted(contents.pins, key=lambda r: r.id):
+            _load_row(session, rec)
+            store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
+                           pin=True, cid=rec.id)
+        for rec in contents.records:
+            if rec.kind == RESYNC:
+                _load_row(session, rec)
+            else:
+                _append_row(session, rec)
+            if rec.id not in store:  # a pinned capsule is in already
+                store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
+                               cid=rec.id)
+        live = contents.records[-1] if contents.records else max(contents.pins, key=lambda r: r.id, default=None)
+        if live is not None:
+            store.restore(live.id, 0)
+            session._step, session._live_id = live.step, live.id
+        store.continue_ids_after(contents.max_id)
+        for info in store.list():
+            session._mark_history(info.id, None)  # the observations before the crash are not known
+        backend.sync()
+    return ResumeReport(live.id if live else 0, live.step if live else 0, live.stamp_ns if live else 0,
+                        max(0.0, time.time() - contents.newest_mtime) if contents.newest_mtime else 0.0,
+                        len(contents.records), contents.records_cut, contents.cut, len(store),
+                        sum(i.pinned for i in store.list()), (time.perf_counter() - t0) * 1e3)
+
+
+def _load_row(session, rec: Record) -> None:
+    kv, W = session.kv, session.cfg.kv_window
+    backend = session.backend
+    backend.from_host(session.arena.state[0], rec.small)
+    windows = [(rec.kv[layer, 0], rec.kv[layer, 1]) for layer in range(rec.kv.shape[0])]
+    table = kv.load(windows, rec.step, min(rec.step, W))
+    kv.set_row(0, table)  # also rewrites kv_pages, which the record holds in the old process's numbering
+    kv.decref(table)
+
+
+def _append_row(session, rec: Record) -> None:
+    kv, backend = session.kv, session.backend
+    for i, pos in enumerate(range(rec.step - rec.kv.shape[0], rec.step)):
+        kv.prepare_append(0, pos)
+        kv.write_entry(0, pos, rec.kv[i])
+    backend.from_host(session.arena.state[0], rec.small)
+    kv.rewrite_device_table(0)
+
+
+def meta_reader(arena):
+    """``meta_of`` for the format's validation: the meta buffer of one small-state row."""
+    return lambda small: np.asarray(arena.row_view("meta", small))
+
+
+__all__ = ["LogContents", "ResumeReport", "meta_reader", "read_log", "rebuild"]

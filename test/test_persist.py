@@ -1,0 +1,197 @@
+"""Persistence in one process: the capsule log on disk, resume byte-exact, torn tails, drops, retention."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import observation_trace, small_config
+from flashrt_ros.runtime import Session
+from flashrt_ros.runtime.errors import FingerprintMismatch
+from flashrt_ros.runtime.persist import PersistSettings
+from flashrt_ros.runtime.persist_format import LogCorrupt, iter_segment_paths
+
+OBS = observation_trace(700)
+
+
+def settings(tmp_path, **kw) -> PersistSettings:
+    base = dict(directory=tmp_path / "log", fsync_every_ms=0.0, segment_mb=1.0, budget_mb=64.0)
+    base.update(kw)
+    return PersistSettings(**base)
+
+
+def cfg(**kw):
+    return small_config(kv_window=150, **kw)  # 2 pages + a wrap within a few hundred steps
+
+
+def run_mission(s: Session, obs=OBS) -> None:
+    """Steps, a rollback, a committed replan, a pin, and more steps: every kind of record."""
+    for o in obs[:260]:
+        s.step(o)
+    s.rollback(steps_back=37)
+    for o in obs[260:400]:
+        s.step(o)
+    s.replan(None, np.stack([obs[400:406], obs[406:412] * 0.5]), commit_branch=1)
+    s.pin(s.list_capsules()[-3].id)
+    for o in obs[412:600]:
+        s.step(o)
+
+
+@pytest.fixture
+def persisted(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    run_mission(s)
+    assert s.persistence.flush()
+    return s, tmp_path
+
+
+def test_resume_restores_the_newest_capsule_byte_exactly_and_continues_identically(persisted):
+    s, tmp_path = persisted
+    st = s.persistence.stats()
+    assert st.records_written == 260 + 140 + 1 + 188  # every timeline capsule: steps and the committed branch
+    assert st.records_dropped == 0 and st.write_errors == 0
+    s.disable_persistence()
+    r = Session(cfg())
+    report = r.enable_persistence(settings(tmp_path), resume=True)
+    assert (report.capsule_id, report.step) == (s.live_capsule_id, s.step_count)
+    assert report.records_cut == 0
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+    assert r.capsule_host(s.live_capsule_id).tobytes() == s.capsule_host(s.live_capsule_id).tobytes()
+    for o in OBS[600:]:
+        a, b = s.step(o), r.step(o)
+        assert a.action.tobytes() == b.action.tobytes() and a.capsule_id == b.capsule_id
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+
+
+def test_every_restored_capsule_equals_the_original(persisted):
+    s, tmp_path = persisted
+    s.persistence.flush()
+    r = Session(cfg())
+    r.enable_persistence(settings(tmp_path), resume=True)
+    restored = {i.id for i in r.list_capsules()}
+    assert len(restored) > 50
+    for info in s.list_capsules():
+        if info.id in restored:
+            assert r.capsule_host(info.id).tobytes() == s.capsule_host(info.id).tobytes(), info
+    pinned = [i.id for i in s.list_capsules(pinned_only=True)]
+    assert pinned and [i.id for i in r.list_capsules(pinned_only=True)] == pinned
+
+
+def test_a_log_cut_at_every_byte_of_its_last_record_resumes_at_the_record_before(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:40]:
+        s.step(o)
+    s.disable_persistence()
+    seg = list(iter_segment_paths(tmp_path / "log"))[-1]
+    blob = seg.read_bytes()
+    want = s.capsule_host(s.live_capsule_id - 1).tobytes()
+    last_len = len(blob) - _record_offsets(s, seg)[-1]
+    # every byte of the record's head and tail, every 13th in between: each field's cut is covered
+    cuts = sorted(set(range(1, 65)) | set(range(last_len - 64, last_len)) | set(range(1, last_len, 13)))
+    r = Session(cfg())
+    for cut in cuts:
+        seg.write_bytes(blob[:len(blob) - cut])
+        report = r.enable_persistence(settings(tmp_path), resume=True)
+        r.disable_persistence()
+        assert (report.step, report.records_cut) == (39, 1), cut
+        assert r.state_host().tobytes() == want
+
+
+def _record_offsets(s, seg):
+    from flashrt_ros.runtime.persist_format import scan
+    from flashrt_ros.runtime.persistence import layout_of
+    from flashrt_ros.runtime.resume import meta_reader
+    recs, err = scan(seg, seg.read_bytes(), layout_of(s), meta_reader(s.arena))
+    assert err is None
+    return [r.offset for r in recs]
+
+
+def test_a_flipped_byte_in_the_last_record_is_cut_and_in_an_older_needed_segment_refused(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path, segment_mb=0.05))
+    for o in OBS[:120]:
+        s.step(o)
+    s.disable_persistence()
+    segs = list(iter_segment_paths(tmp_path / "log"))
+    assert len(segs) >= 3
+    last = segs[-1]
+    offs = _record_offsets(s, last)
+    blob = bytearray(last.read_bytes())
+    blob[offs[-1] + 40] ^= 0x10
+    last.write_bytes(bytes(blob))
+    r = Session(cfg())
+    report = r.enable_persistence(settings(tmp_path), resume=True)
+    r.disable_persistence()
+    assert report.records_cut == 1 and report.step == 119 and "checksum" in report.cut
+    old = bytearray(segs[-2].read_bytes())  # resume reads it: the store keeps more records than one segment
+    old[len(old) // 2] ^= 0x01
+    segs[-2].write_bytes(bytes(old))
+    r = Session(cfg())
+    before = r.state_host().tobytes()
+    with pytest.raises(LogCorrupt, match=f"{segs[-2].name}: offset \\d+"):
+        r.enable_persistence(settings(tmp_path), resume=True)
+    assert r.state_host().tobytes() == before and r.persistence is None
+
+
+def test_a_log_of_another_fingerprint_is_refused_with_a_clear_message(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    s.step(OBS[0])
+    s.disable_persistence()
+    other = Session(cfg(seed=1))
+    with pytest.raises(FingerprintMismatch, match="another config, weights or plan"):
+        other.enable_persistence(settings(tmp_path), resume=True)
+    assert other.persistence is None
+
+
+def test_a_fresh_start_next_to_an_old_log_never_reuses_an_id(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:30]:
+        s.step(o)
+    s.disable_persistence()
+    fresh = Session(cfg())
+    fresh.enable_persistence(settings(tmp_path))  # resume off
+    assert fresh.step(OBS[0]).capsule_id == 31
+    fresh.disable_persistence()
+    r = Session(cfg())
+    report = r.enable_persistence(settings(tmp_path), resume=True)
+    assert (report.capsule_id, report.step) == (31, 1)
+
+
+def test_a_full_queue_drops_records_and_the_next_record_resynchronises(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path, queue_mb=0.0))  # nothing fits: every record is dropped
+    for o in OBS[:20]:
+        s.step(o)
+    assert s.persistence.stats().records_dropped == 20
+    s.persistence.log._queue_cap = 1 << 30  # room again
+    for o in OBS[20:30]:
+        s.step(o)
+    s.persistence.flush()
+    st = s.persistence.stats()
+    assert st.records_written == 10 and st.resyncs_written >= 1
+    s.disable_persistence()
+    r = Session(cfg())
+    r.enable_persistence(settings(tmp_path), resume=True)
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+
+
+def test_retention_keeps_the_log_within_its_budget_and_pins_longest(tmp_path):
+    st = settings(tmp_path, segment_mb=0.05, budget_mb=0.2)
+    s = Session(cfg())
+    s.enable_persistence(st)
+    s.step(OBS[0])
+    s.pin(s.live_capsule_id)
+    for o in OBS[1:400]:
+        s.step(o)
+    s.persistence.flush()
+    stats = s.persistence.stats()
+    assert stats.log_bytes <= 0.2 * 2**20 + 0.06 * 2**20  # the open segment may pass its size by a record
+    assert stats.pins == 1 and len(list(iter_segment_paths(tmp_path / "log"))) < 400 * 12_000 / (0.05 * 2**20)
+    s.disable_persistence()
+    r = Session(cfg())
+    r.enable_persistence(st, resume=True)
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+    assert r.capsule_host(1).tobytes() == s.capsule_host(1).tobytes()
