@@ -171,7 +171,8 @@ def _decode(path: Path, blob, at: int, layout: LogLayout, meta_of: Callable[[np.
         raise LogCorrupt(path, at, f"record meta: {ex}") from None
     if not np.isfinite(kv).all():
         raise LogCorrupt(path, at, "non-finite KV entries")
-    shape = (n_entries, layout.n_layers, 2, layout.d_model) if kind == DELTA else (layout.n_layers, 2, w, layout.d_model)
+    L, d = layout.n_layers, layout.d_model
+    shape = (n_entries, L, 2, d) if kind == DELTA else (L, 2, w, d)
     return Record(kind, cid, parent, step, stamp, bool(pinned), label, small, kv.reshape(shape), at,
                   RECORD_HEAD.size + n)
 

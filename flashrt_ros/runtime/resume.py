@@ -98,7 +98,7 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
 def rebuild(session, contents: LogContents) -> ResumeReport:
     """Make ``session`` the crashed node's: the store's capsules from the log, the newest live."""
     t0 = time.perf_counter()
-    store, kv, backend = session.store, session.kv, session.backend
+    store, backend = session.store, session.backend
     with session.lock, backend.activate():
         session.reset()
         for rec in sorted(contents.pins, key=lambda r: r.id):
