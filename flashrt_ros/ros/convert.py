@@ -93,7 +93,7 @@ def ns_to_stamp(ns: int, stamp_cls):
 
 def capsule_info_to_msg(info, msg_cls, time_cls):
     return msg_cls(id=info.id, parent_id=info.parent_id, step=info.step, stamp=ns_to_stamp(info.stamp_ns, time_cls),
-                   label=info.label, pinned=info.pinned, nbytes=info.nbytes)
+                   label=info.label, pinned=info.pinned, nbytes=info.nbytes, resumed=info.resumed)
 
 
 def replan_observations(flat: Sequence[float], branches: int, horizon: int, obs_dim: int) -> np.ndarray:

@@ -82,6 +82,16 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
                       kv_log_use_percent=f"{100.0 * usage.log_entries_used / max(1, usage.log_entries_total):.1f}")
     if session is not None:
         values["live_capsule_id"] = session.live_capsule_id
+    persist = session.persistence.stats() if session is not None and session.persistence is not None else None
+    if persist is not None:
+        values.update(persist_records_written=persist.records_written, persist_records_dropped=persist.records_dropped,
+                      persist_write_errors=persist.write_errors, persist_lag_ms=f"{persist.lag_ms:.1f}",
+                      persist_queue_records=persist.queue_records, persist_fsync_ms_last=f"{persist.fsync_ms_last:.2f}",
+                      persist_fsync_ms_max=f"{persist.fsync_ms_max:.2f}",
+                      persist_log_mb=f"{persist.log_bytes / 2**20:.1f}", persist_segments=persist.segments,
+                      persist_pins=persist.pins)
+        if persist.last_error:
+            values["persist_last_error"] = persist.last_error
     level, message = DiagnosticStatus.OK, "ok"
     if lifecycle_state != "active":
         level, message = DiagnosticStatus.WARN, f"{lifecycle_state}: not stepping"
@@ -89,6 +99,11 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
         level, message = DiagnosticStatus.WARN, f"step p99 {p99:.2f} ms > step_deadline_ms {step_deadline_ms}"
     elif stats.capsule_errors:
         level, message = DiagnosticStatus.WARN, "capsules missing (store full of pins?)"
+    elif persist is not None and persist.records_dropped > stats.persist_drops_reported:
+        level, message = DiagnosticStatus.WARN, (f"persist: {persist.records_dropped} records dropped, the disk is "
+                                                 f"behind or failing ({persist.last_error or 'queue full'})")
+    if persist is not None:
+        stats.persist_drops_reported = persist.records_dropped  # WARN while drops keep coming, OK once they stop
     status = DiagnosticStatus(level=level, name=f"{name.lstrip('/')}: runtime", message=message,
                               hardware_id=hardware_id,
                               values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import rclpy
@@ -32,7 +33,10 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray, Header
 
 from flashrt_interfaces.msg import PolicyStep
 
-from ..runtime.errors import CapsuleError
+from ..runtime.errors import CapsuleError, FingerprintMismatch
+from ..runtime.persist import PersistSettings
+from ..runtime.persist_format import LogCorrupt
+from ..runtime.persistence import move_aside
 from ..runtime.session import Session
 from .capsule_dir import CapsuleDir
 from .convert import ObservationReader, stamp_to_ns
@@ -58,6 +62,7 @@ class NodeStats:
     replans: int = 0
     replans_rejected: int = 0
     replan_deadline_misses: int = 0
+    persist_drops_reported: int = 0  # persist drops seen by the last /diagnostics
     latencies_ms: list = field(default_factory=list)
     step_times: deque = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
 
@@ -101,6 +106,7 @@ class FlashRTNode(LifecycleNode):
         runtime_log.addHandler(self._log_handler)
         runtime_log.setLevel(logging.INFO)
         self.session: Session | None = None
+        self.resume_summary = ""  # what on_configure resumed from persist_dir
         self.stats = NodeStats()
         self.last_stamp_ns = 0
         self.hardware_id = "unconfigured"
@@ -133,6 +139,7 @@ class FlashRTNode(LifecycleNode):
             reader = ObservationReader(own["observation_type"], cfg.obs_dim, own["joint_names"])
             t0 = time.perf_counter()
             session = Session(cfg, own["backend"])
+            self.resume_summary = self._start_persistence(session, own)
         except Exception as e:  # noqa: BLE001 - any configuration error fails the transition, clearly
             self.get_logger().error(f"configure failed: {' '.join(str(e).split())}")
             return TransitionCallbackReturn.FAILURE
@@ -178,11 +185,48 @@ class FlashRTNode(LifecycleNode):
         super().on_deactivate(state)  # disables the lifecycle publishers
         return TransitionCallbackReturn.SUCCESS
 
+    def _start_persistence(self, session: Session, own: dict) -> str:
+        """The capsule log in persist_dir, resumed when asked. Returns what was resumed ("" = nothing);
+        raises ValueError naming the parameter when it cannot start."""
+        if not own["persist_dir"]:
+            if own["resume"]:
+                raise ValueError("resume: true needs persist_dir (the directory of the capsule log)")
+            return ""
+        directory = Path(own["persist_dir"]).expanduser()
+        settings = PersistSettings(directory, own["persist_fsync_records"], own["persist_fsync_ms"],
+                                   own["persist_segment_mb"], own["persist_budget_mb"], own["persist_queue_mb"])
+        try:
+            report = session.enable_persistence(settings, resume=own["resume"])
+        except FingerprintMismatch as e:
+            if not own["resume_fresh_on_mismatch"]:
+                raise ValueError(f"{e}. Point persist_dir elsewhere, or set resume_fresh_on_mismatch:=true to move "
+                                 "that log aside and start fresh") from None
+            moved = move_aside(directory)
+            self.get_logger().warning(f"persist_dir {directory}: the log was written by another config, weights or "
+                                      f"plan; moved to {moved}, starting fresh")
+            report = session.enable_persistence(settings, resume=False)
+        except LogCorrupt as e:
+            raise ValueError(f"resume refused, no torn state is loaded: {e}") from None
+        moved = getattr(session.persistence, "moved_aside", None)
+        if moved is not None:
+            self.get_logger().warning(f"persist_dir {directory}: a log this runtime cannot continue was moved to "
+                                      f"{moved}")
+        if report is None:
+            self.get_logger().info(f"persisting capsules to {directory} (resume off: starting fresh)")
+            return ""
+        if not report.capsule_id:
+            self.get_logger().info(f"resume: no capsule log in {directory} yet, starting fresh")
+            return ""
+        self.get_logger().info(f"{report.summary()}; persisting to {directory}")
+        return report.summary()
+
     def on_cleanup(self, state: State | None) -> TransitionCallbackReturn:
         destroy = getattr(self, "destroy_lifecycle_publisher", self.destroy_publisher)
         for pub in self._topic_pubs.values():
             destroy(pub)
         self._topic_pubs = {}
+        if self.session is not None:
+            self.session.disable_persistence()  # writes what is queued and fsyncs
         self.session = self._reader = self._capsule_dir = None
         self._last_usage = None
         self.hardware_id = "unconfigured"

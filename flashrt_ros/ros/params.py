@@ -60,6 +60,18 @@ def _joint_names(name: str, v) -> list[str]:
     return list(v)
 
 
+def _non_negative(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _count(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name}: must be an integer >= 0, got {v!r}")
+    return v
+
+
 def _capsule_dir(name: str, v) -> str:
     v = _string(name, v)
     if not v.strip():
@@ -93,6 +105,25 @@ NODE_PARAMS = {
     "diagnostics_period_s": (1.0, "period of /diagnostics (published in every lifecycle state)",
                              _positive_number, False),
     "autostart": (True, "configure and activate on start-up, without a lifecycle manager", _bool, False),
+    # persistence (crash-resume): runtime/persist.py
+    "persist_dir": ("", "directory of the capsule log: every timeline capsule is appended there, off the step's "
+                    "path; empty = no persistence", lambda n, v: _string(n, v), False),
+    "resume": (False, "on configure, rebuild the capsules from the log in persist_dir and continue from the newest "
+               "one, byte-exactly (needs persist_dir)", _bool, False),
+    "resume_fresh_on_mismatch": (False, "when the log in persist_dir was written by another config, weights or "
+                                 "plan: false = configure fails and says so; true = move the log aside "
+                                 "(persist_dir/stale-<time>/) and start fresh", _bool, False),
+    "persist_fsync_ms": (100.0, "fsync the log at least this often, in ms (0 = no time trigger); a kill -9 "
+                         "loses only what is still queued, a power cut what is not fsynced yet",
+                         _non_negative, False),
+    "persist_fsync_records": (0, "also fsync after this many records (0 = no count trigger)", _count, False),
+    "persist_segment_mb": (64.0, "segment file size; each segment starts with a whole-window record",
+                           _positive_number, False),
+    "persist_budget_mb": (2048.0, "disk budget of the log (segments and pin files): the oldest segments are "
+                          "removed first, pinned capsules last; at least two segments", _positive_number, False),
+    "persist_queue_mb": (64.0, "records waiting for the disk; past it records are dropped (counted in "
+                         "/diagnostics) and the next one written is a whole-window resync point",
+                         _non_negative, False),
 }
 LIVE_PARAMS = {n for n, (_, _, _, live) in NODE_PARAMS.items() if live}
 READ_ONLY_NOTE = " [read-only: set at start-up (params file or -p); restart the node to change it]"

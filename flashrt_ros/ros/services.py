@@ -154,6 +154,7 @@ class CapsuleServices:
         response.capsules = [info_msg(i) for i in capsules]
         response.bytes_used = usage.bytes_used
         response.bytes_budget = usage.budget_bytes
+        response.resumed_from = self.node.resume_summary
         response.success, response.message = True, f"{len(capsules)} capsules"
 
     def drop_capsule(self, request, response):

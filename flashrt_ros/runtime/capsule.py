@@ -55,6 +55,7 @@ class CapsuleInfo:
     pinned: bool
     nbytes: int  # what this capsule adds to the store: its record plus one KV entry per layer
     fingerprint: str
+    resumed: bool = False  # rebuilt from the persisted log when the session started (resume)
 
 
 @dataclass
@@ -163,6 +164,11 @@ class CapsuleStore:
         return info
 
     # ---- capsules -------------------------------------------------------------------------
+    def mark_resumed(self) -> None:
+        """Every capsule held now came from the persisted log."""
+        for cap in self._caps.values():
+            cap.info = replace(cap.info, resumed=True)
+
     def continue_ids_after(self, max_id: int) -> None:
         """New ids start past ``max_id`` (a persisted log's): an id is never reused, across restarts too."""
         self._next_id = max(self._next_id, max_id + 1)
@@ -301,7 +307,9 @@ class CapsuleStore:
     # ---- files ----------------------------------------------------------------------------
     def export_payload(self, cid: int) -> CapsulePayload:
         """A host copy of the capsule, ready for write_capsule_file (no file I/O here)."""
-        return CapsulePayload(self.materialize(cid), asdict(self.get(cid)))
+        info = asdict(self.get(cid))
+        info.pop("resumed")  # how this process got it, not part of the state
+        return CapsulePayload(self.materialize(cid), info)
 
     def read_file(self, path: str | Path) -> CapsulePayload:
         """Validate a capsule file completely; touches nothing (safe without the session lock)."""

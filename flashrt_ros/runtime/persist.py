@@ -25,6 +25,8 @@ import numpy as np
 from .persist_format import DELTA, RESYNC, LogLayout, encode_record, iter_segment_paths, segment_header_bytes
 
 MB = 2**20
+PARAMS = {"fsync_every_records": "persist_fsync_records", "fsync_every_ms": "persist_fsync_ms",
+          "segment_mb": "persist_segment_mb", "budget_mb": "persist_budget_mb", "queue_mb": "persist_queue_mb"}
 
 
 @dataclass(frozen=True)
@@ -37,12 +39,12 @@ class PersistSettings:
     queue_mb: float = 64.0  # records waiting for the disk; past it, records are dropped and counted
 
     def __post_init__(self):
-        for name in ("fsync_every_records", "fsync_every_ms", "segment_mb", "budget_mb", "queue_mb"):
+        for name, param in PARAMS.items():
             if not getattr(self, name) >= 0:
-                raise ValueError(f"persist {name}: must be >= 0, got {getattr(self, name)!r}")
+                raise ValueError(f"{param}: must be >= 0, got {getattr(self, name)!r}")
         if self.segment_mb <= 0 or self.budget_mb < 2 * self.segment_mb:
-            raise ValueError(f"persist budget_mb ({self.budget_mb:g}) must hold at least two segments of "
-                             f"segment_mb ({self.segment_mb:g}) and segment_mb must be > 0")
+            raise ValueError(f"persist_budget_mb: {self.budget_mb:g} must hold at least two segments of "
+                             f"persist_segment_mb ({self.segment_mb:g} > 0)")
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,7 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
             store.restore(live.id, 0)
             session._step, session._live_id = live.step, live.id
         store.continue_ids_after(contents.max_id)
+        store.mark_resumed()
         for info in store.list():
             session._mark_history(info.id, None)  # the observations before the crash are not known
         backend.sync()
