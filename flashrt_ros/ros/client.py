@@ -165,6 +165,17 @@ class FlashRTClient:
                 raise FlashRTTimeout(f"service '{c.srv_name}' not available after {timeout_s} s")
         if not self.replan_client.wait_for_server(timeout_sec=max(0.1, deadline - time.monotonic())):
             raise FlashRTTimeout(f"action 'replan' not available after {timeout_s} s")
+        # A server that was just discovered can get a request before its response writer has matched this
+        # client, and then drops the response (rmw: "failed to send response"). A read-only call answered
+        # end to end shows both directions matched; until then, ask again.
+        while True:
+            try:
+                self.call("list_capsules", timeout_s=min(1.0, max(0.1, deadline - time.monotonic())))
+                return
+            except FlashRTTimeout:
+                if time.monotonic() >= deadline:
+                    raise FlashRTTimeout(f"no answer from '{self._name('list_capsules')}' within {timeout_s} s "
+                                         "(the server is discovered but does not answer)") from None
 
     # ---- waiting --------------------------------------------------------------------------
     def spun_elsewhere(self) -> bool:
