@@ -184,3 +184,28 @@ def reference_session(**params):
     values = yaml.safe_load(PARAMS.read_text())["/**"]["ros__parameters"]
     values.update({**FAST, **params})
     return Session(PolicyConfig(**{k: v for k, v in values.items() if k in fields}), "numpy")
+
+
+class Diagnostics:
+    def __init__(self, planner):
+        from diagnostic_msgs.msg import DiagnosticArray
+        self.planner, self.msgs = planner, []
+        planner.node.create_subscription(DiagnosticArray, "/diagnostics", self.msgs.append, 10)
+
+    def until(self, pred, timeout: float = 10.0):
+        """The first status from now on that satisfies pred(values): a message published before a
+        transition or a step may still arrive after it (topics are not ordered across each other)."""
+        n, values = len(self.msgs), None
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for msg in self.msgs[n:]:
+                (status,) = msg.status
+                values = {kv.key: kv.value for kv in status.values}
+                if pred(values):
+                    return status, values
+            n = len(self.msgs)
+            self.planner.spin(0.05)
+        raise AssertionError(f"no /diagnostics status as expected within {timeout} s; last: {values}")
+
+    def state(self, expect: str):
+        return self.until(lambda v: v["lifecycle_state"] == expect)

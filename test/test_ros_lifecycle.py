@@ -3,7 +3,7 @@ import signal
 import time
 
 import pytest
-from ros_harness import NodeProcess, Planner, call, joint_state
+from ros_harness import Diagnostics, NodeProcess, Planner, call, joint_state
 
 from conftest import observation_trace
 
@@ -31,31 +31,6 @@ def serving(planner, expect: bool, timeout: float = 10.0) -> bool:
     while bool(planner.node.count_services("/test/snapshot")) != expect and time.monotonic() < end:
         planner.spin(0.05)
     return bool(planner.node.count_services("/test/snapshot"))
-
-
-class Diagnostics:
-    def __init__(self, planner):
-        from diagnostic_msgs.msg import DiagnosticArray
-        self.planner, self.msgs = planner, []
-        planner.node.create_subscription(DiagnosticArray, "/diagnostics", self.msgs.append, 10)
-
-    def until(self, pred, timeout: float = 10.0):
-        """The first status from now on that satisfies pred(values): a message published before a
-        transition or a step may still arrive after it (topics are not ordered across each other)."""
-        n, values = len(self.msgs), None
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            for msg in self.msgs[n:]:
-                (status,) = msg.status
-                values = {kv.key: kv.value for kv in status.values}
-                if pred(values):
-                    return status, values
-            n = len(self.msgs)
-            self.planner.spin(0.05)
-        raise AssertionError(f"no /diagnostics status as expected within {timeout} s; last: {values}")
-
-    def state(self, expect: str):
-        return self.until(lambda v: v["lifecycle_state"] == expect)
 
 
 def describe(planner, names):
@@ -147,6 +122,9 @@ BAD_STARTS = {
     "empty_capsule_dir": ({"capsule_dir": "''"}, None, "capsule_dir"),
     "backend_typo": ({"backend": "cdua"}, None, "backend"),
     "joint_names_dup": ({"joint_names": ["a", "a"]}, None, "joint_names"),
+    "resume_without_persist_dir": ({"resume": True}, None, "persist_dir"),
+    "persist_budget_below_two_segments": ({"persist_dir": "/nonexistent-flashrt/log", "persist_budget_mb": 10.0},
+                                          None, "persist_budget_mb"),
     "missing_params_file": ({}, "/nonexistent/flashrt.yaml", "params file"),
     "invalid_params_file": ({}, "bad.yaml", "params file"),
 }

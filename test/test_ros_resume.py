@@ -90,3 +90,45 @@ def test_a_node_killed_20_times_resumes_each_time_at_its_last_record_and_continu
                 assert "Traceback" not in out, out[-3000:]
     assert len(lost_counts) == KILLS
     print(f"records lost per kill: max {max(lost_counts)}, mean {np.mean(lost_counts):.2f}")
+
+
+def test_a_log_of_another_fingerprint_fails_configure_unless_the_user_asks_to_start_fresh(ros_domain, tmp_path):
+    from ros_harness import Diagnostics, NodeProcess, Planner, reference_session
+
+    from flashrt_ros.runtime.persist import PersistSettings
+
+    persist = tmp_path / "persist"
+    other = reference_session(seed=7)  # other weights: another fingerprint
+    other.enable_persistence(PersistSettings(persist))
+    for o in observation_trace(20):
+        other.step(o)
+    other.disable_persistence()
+    old_files = sorted(p.name for p in persist.iterdir())
+    refused = NodeProcess(ros_domain, tmp_path / "refused.log", persist_dir=str(persist), resume=True)
+    refused.proc.wait(60)
+    refused.stop()
+    out = refused.output()
+    assert refused.proc.returncode in (1, 2) and "Traceback" not in out, out
+    assert [ln for ln in out.splitlines() if "configure failed" in ln and "another config, weights or plan" in ln
+            and "resume_fresh_on_mismatch" in ln], out
+    assert sorted(p.name for p in persist.iterdir()) == old_files  # nothing touched
+
+    fresh = NodeProcess(ros_domain, tmp_path / "fresh.log", persist_dir=str(persist), resume=True,
+                        resume_fresh_on_mismatch=True)
+    planner = Planner()
+    diagnostics = Diagnostics(planner)
+    try:
+        planner.wait_ready(60.0)
+        for o in observation_trace(5):
+            planner.step(o)
+        listing = planner.client.list_capsules()
+        assert listing.resumed_from == "" and not any(c.resumed for c in listing.capsules)
+        assert listing.capsules[0].id == 1  # the old log went aside: this is a fresh one
+        _, values = diagnostics.until(lambda v: int(v.get("persist_records_written", 0)) == 5)
+        assert values["persist_records_dropped"] == "0" and int(values["persist_segments"]) == 1
+    finally:
+        planner.close()
+        assert fresh.stop() == 0
+    stale = [d for d in persist.iterdir() if d.name.startswith("stale-")]
+    assert len(stale) == 1 and sorted(p.name for p in stale[0].iterdir()) == old_files  # moved, not deleted
+    assert "moved to" in fresh.output()
