@@ -5,7 +5,6 @@ never touches the live row. One lock serialises step, rollback and replan.
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -19,9 +18,10 @@ from .buffers import Arena
 from .capsule import CapsuleInfo, CapsuleInUse, CapsuleStore, StoreUsage, UnknownCapsule, write_capsule_file
 from .config import PolicyConfig
 from .history import ObsHistory
-from .kernels import KV_PAGE
+from .inputs import as_observations, check_label
 from .kv_log import KvLog
 from .policy import HybridPolicy
+from .replan import ReplanResult
 from .sizing import StoreSizes
 from .weights import fingerprint, load_weights, save_weights, seeded_weights
 
@@ -33,49 +33,6 @@ class StepResult:
     capsule_id: int  # capsule taken after this step; 0 when none was taken
     step: int  # steps taken, this one included
     latency_ms: float
-
-
-@dataclass
-class ReplanResult:
-    actions: np.ndarray  # [branches, steps_done, action_dim] float32
-    branch_capsule_ids: list[int]  # end state of each branch
-    elapsed_ms: float
-    deadline_met: bool
-    steps_done: int
-    horizon: int
-    live_capsule_id: int
-    message: str
-    cancelled: bool = False  # a cancelled replan never commits
-
-
-MAX_LABEL_CHARS = 256  # a label is a name, not a payload: bounds what one request can make the node keep
-
-
-def as_observations(obs, shape: tuple[int, ...], what: str = "observation") -> np.ndarray:
-    """Validate shape, dtype and finiteness; returns float32. Raises ValueError, touching nothing.
-
-    Finiteness is checked after the cast: 1e300 is finite in float64 and inf in float32."""
-    a = np.asarray(obs)
-    if a.dtype.kind != "f":
-        raise ValueError(f"{what}: dtype must be floating point, got {a.dtype}")
-    if a.shape != shape:
-        raise ValueError(f"{what}: expected shape {shape}, got {a.shape}")
-    with np.errstate(over="ignore"):
-        f = np.ascontiguousarray(a, dtype=np.float32)
-    bad = ~np.isfinite(f)
-    if bad.any():
-        idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"{what}: non-finite value {a[idx]} at index {idx if len(idx) > 1 else idx[0]} "
-                         "(as float32)")
-    return f
-
-
-def check_label(label: str) -> str:
-    if not isinstance(label, str):
-        raise ValueError(f"label: expected a string, got {type(label).__name__}")
-    if len(label) > MAX_LABEL_CHARS:
-        raise ValueError(f"label: at most {MAX_LABEL_CHARS} characters, got {len(label)}")
-    return label
 
 
 def _as_bytes(tensors: dict[str, np.ndarray]) -> np.ndarray:
@@ -298,84 +255,9 @@ class Session:
         Branches read the source capsule's KV window in place from the log and append their own
         entries to private pages (a partial page is copied first when it is shared). ``copy_fork``
         copies each branch's whole window instead: the old design, kept as the benchmark baseline."""
-        t0 = time.perf_counter()
-        arr = np.asarray(observations)
-        if arr.ndim != 3:
-            raise ValueError(f"observations: expected [branches, horizon, obs_dim], got shape {arr.shape}")
-        b, h = arr.shape[:2]
-        if not 1 <= b <= self.cfg.max_branches:
-            raise ValueError(f"branches: must be 1..{self.cfg.max_branches} (max_branches), got {b}")
-        if h < 1:
-            raise ValueError("horizon: must be >= 1")
-        obs = as_observations(arr, (b, h, self.cfg.obs_dim), "observations")
-        if commit_branch is not None and not 0 <= commit_branch < b:
-            raise ValueError(f"commit_branch: must be in 0..{b - 1}, got {commit_branch}")
-        if deadline_ms is not None and not deadline_ms > 0:
-            raise ValueError(f"deadline_ms: must be > 0 or None (no deadline), got {deadline_ms}")
-        limit_ms = math.inf if deadline_ms is None else float(deadline_ms)
-        with self.lock:
-            if capsule_id:
-                src_info = self.store.get(capsule_id)
-                base_step, parent = src_info.step, capsule_id
-                base_node = self.history.node_of(capsule_id)
-            else:
-                base_step, parent, base_node = self._step, self._live_id, self.history.head
-            # fresh pages: a branch copies its partial page, then one per page boundary it crosses
-            per_branch = min(self.kv.P, (base_step % KV_PAGE + h) // KV_PAGE + 1) + (self.kv.P if copy_fork else 0)
-            self.store.check_room(b * per_branch + 1, f"a replan of {b} x {h}",
-                                  keep=[self.store.pages_of(capsule_id)] if capsule_id else [])
-            try:
-                for r in range(1, 1 + b):  # fork: a small copy per branch, the window shared
-                    if capsule_id:
-                        self.store.restore(capsule_id, r)
-                    else:
-                        self.backend.copy(self.arena.state[r], self.live_row())
-                        self.kv.set_row(r, self.kv.tables[0])
-                    if copy_fork:
-                        self.kv.privatise_window(r, base_step)
-                runner = self._branch_runner(b)
-                obs_rows, act_rows = self.arena["obs"][1:1 + b], self.arena["action"][1:1 + b]
-                actions = np.empty((b, h, self.cfg.action_dim), np.float32)
-                done, message, cancelled = 0, "", False
-                for t in range(h):
-                    for r in range(1, 1 + b):
-                        self.kv.prepare_append(r, base_step + t, extend_shared=False)
-                    self.backend.from_host(obs_rows, obs[:, t])
-                    runner.replay()
-                    actions[:, t] = self.backend.to_host(act_rows)
-                    done += 1
-                    if on_step is not None:
-                        on_step(done)
-                    if done < h and (time.perf_counter() - t0) * 1e3 > limit_ms:
-                        message = f"deadline {limit_ms:.1f} ms passed after {done}/{h} steps; rest abandoned"
-                        break
-                    if cancel is not None and cancel():
-                        message, cancelled = f"cancelled after {done}/{h} steps; nothing committed", True
-                        break
-                ids = [self.store.snapshot(1 + r, step=base_step + done, parent_id=parent,
-                                           label=f"replan branch {r}").id for r in range(b)]
-                for r, cid in enumerate(ids):
-                    self._mark_history(cid, self.history.branch(base_node, base_step, obs[r, :done]))
-                committed = commit_branch is not None and not cancelled
-                if committed:
-                    self.store.restore(ids[commit_branch], 0)
-                    self._step = base_step + done
-                    self._live_id = ids[commit_branch]
-                    self.history.head = self.history.node_of(self._live_id)
-                    if self.persistence is not None:  # the committed branch is the timeline now
-                        self.persistence.on_capsule(self.store.get(self._live_id))
-                # only now: while they were taken, a branch's capsule must not be evicted for its sibling's
-                self.store.mark_what_if([c for r, c in enumerate(ids) if not (committed and r == commit_branch)])
-            finally:
-                for r in range(1, 1 + b):  # branch rows give their pages back
-                    self.kv.clear_row(r)
-            self.backend.sync()
-            elapsed = (time.perf_counter() - t0) * 1e3
-            met = done == h and elapsed <= limit_ms
-            if not message and not met:
-                message = f"finished in {elapsed:.1f} ms, over the {limit_ms:.1f} ms deadline"
-            return ReplanResult(actions[:, :done], ids, elapsed, met, done, h, self._live_id, message or "ok",
-                                cancelled)
+        from .replan import run_replan
+
+        return run_replan(self, capsule_id, observations, commit_branch, deadline_ms, cancel, on_step, copy_fork)
 
     # ---- cold baselines -------------------------------------------------------------------
     def cold_replay(self, n: int | None = None) -> None:

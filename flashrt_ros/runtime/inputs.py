@@ -1,0 +1,34 @@
+"""Validation of what callers hand the runtime (observations, labels): a ValueError that names the problem,
+raised before anything is touched."""
+from __future__ import annotations
+
+import numpy as np
+
+MAX_LABEL_CHARS = 256  # a label is a name, not a payload: bounds what one request can make the node keep
+
+
+def as_observations(obs, shape: tuple[int, ...], what: str = "observation") -> np.ndarray:
+    """Validate shape, dtype and finiteness; returns float32. Raises ValueError, touching nothing.
+
+    Finiteness is checked after the cast: 1e300 is finite in float64 and inf in float32."""
+    a = np.asarray(obs)
+    if a.dtype.kind != "f":
+        raise ValueError(f"{what}: dtype must be floating point, got {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{what}: expected shape {shape}, got {a.shape}")
+    with np.errstate(over="ignore"):
+        f = np.ascontiguousarray(a, dtype=np.float32)
+    bad = ~np.isfinite(f)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{what}: non-finite value {a[idx]} at index {idx if len(idx) > 1 else idx[0]} "
+                         "(as float32)")
+    return f
+
+
+def check_label(label: str) -> str:
+    if not isinstance(label, str):
+        raise ValueError(f"label: expected a string, got {type(label).__name__}")
+    if len(label) > MAX_LABEL_CHARS:
+        raise ValueError(f"label: at most {MAX_LABEL_CHARS} characters, got {len(label)}")
+    return label

@@ -1,0 +1,114 @@
+"""Replan: fork a capsule into B branches and step them as one batch (Session.replan).
+
+Branches read the source capsule's KV window in place from the log and append to private pages; the
+committed branch, if any, becomes the live timeline.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .inputs import as_observations
+from .kernels import KV_PAGE
+
+
+@dataclass
+class ReplanResult:
+    actions: np.ndarray  # [branches, steps_done, action_dim] float32
+    branch_capsule_ids: list[int]  # end state of each branch
+    elapsed_ms: float
+    deadline_met: bool
+    steps_done: int
+    horizon: int
+    live_capsule_id: int
+    message: str
+    cancelled: bool = False  # a cancelled replan never commits
+
+
+
+def run_replan(session, capsule_id: int | None, observations, commit_branch: int | None = None,
+               deadline_ms: float | None = None, cancel: Callable[[], bool] | None = None,
+               on_step: Callable[[int], None] | None = None, copy_fork: bool = False) -> ReplanResult:
+    """Session.replan, which documents it."""
+    t0 = time.perf_counter()
+    arr = np.asarray(observations)
+    if arr.ndim != 3:
+        raise ValueError(f"observations: expected [branches, horizon, obs_dim], got shape {arr.shape}")
+    b, h = arr.shape[:2]
+    if not 1 <= b <= session.cfg.max_branches:
+        raise ValueError(f"branches: must be 1..{session.cfg.max_branches} (max_branches), got {b}")
+    if h < 1:
+        raise ValueError("horizon: must be >= 1")
+    obs = as_observations(arr, (b, h, session.cfg.obs_dim), "observations")
+    if commit_branch is not None and not 0 <= commit_branch < b:
+        raise ValueError(f"commit_branch: must be in 0..{b - 1}, got {commit_branch}")
+    if deadline_ms is not None and not deadline_ms > 0:
+        raise ValueError(f"deadline_ms: must be > 0 or None (no deadline), got {deadline_ms}")
+    limit_ms = math.inf if deadline_ms is None else float(deadline_ms)
+    with session.lock:
+        if capsule_id:
+            src_info = session.store.get(capsule_id)
+            base_step, parent = src_info.step, capsule_id
+            base_node = session.history.node_of(capsule_id)
+        else:
+            base_step, parent, base_node = session._step, session._live_id, session.history.head
+        # fresh pages: a branch copies its partial page, then one per page boundary it crosses
+        per_branch = min(session.kv.P, (base_step % KV_PAGE + h) // KV_PAGE + 1) + (session.kv.P if copy_fork else 0)
+        session.store.check_room(b * per_branch + 1, f"a replan of {b} x {h}",
+                              keep=[session.store.pages_of(capsule_id)] if capsule_id else [])
+        try:
+            for r in range(1, 1 + b):  # fork: a small copy per branch, the window shared
+                if capsule_id:
+                    session.store.restore(capsule_id, r)
+                else:
+                    session.backend.copy(session.arena.state[r], session.live_row())
+                    session.kv.set_row(r, session.kv.tables[0])
+                if copy_fork:
+                    session.kv.privatise_window(r, base_step)
+            runner = session._branch_runner(b)
+            obs_rows, act_rows = session.arena["obs"][1:1 + b], session.arena["action"][1:1 + b]
+            actions = np.empty((b, h, session.cfg.action_dim), np.float32)
+            done, message, cancelled = 0, "", False
+            for t in range(h):
+                for r in range(1, 1 + b):
+                    session.kv.prepare_append(r, base_step + t, extend_shared=False)
+                session.backend.from_host(obs_rows, obs[:, t])
+                runner.replay()
+                actions[:, t] = session.backend.to_host(act_rows)
+                done += 1
+                if on_step is not None:
+                    on_step(done)
+                if done < h and (time.perf_counter() - t0) * 1e3 > limit_ms:
+                    message = f"deadline {limit_ms:.1f} ms passed after {done}/{h} steps; rest abandoned"
+                    break
+                if cancel is not None and cancel():
+                    message, cancelled = f"cancelled after {done}/{h} steps; nothing committed", True
+                    break
+            ids = [session.store.snapshot(1 + r, step=base_step + done, parent_id=parent,
+                                       label=f"replan branch {r}").id for r in range(b)]
+            for r, cid in enumerate(ids):
+                session._mark_history(cid, session.history.branch(base_node, base_step, obs[r, :done]))
+            committed = commit_branch is not None and not cancelled
+            if committed:
+                session.store.restore(ids[commit_branch], 0)
+                session._step = base_step + done
+                session._live_id = ids[commit_branch]
+                session.history.head = session.history.node_of(session._live_id)
+                if session.persistence is not None:  # the committed branch is the timeline now
+                    session.persistence.on_capsule(session.store.get(session._live_id))
+            # only now: while they were taken, a branch's capsule must not be evicted for its sibling's
+            session.store.mark_what_if([c for r, c in enumerate(ids) if not (committed and r == commit_branch)])
+        finally:
+            for r in range(1, 1 + b):  # branch rows give their pages back
+                session.kv.clear_row(r)
+        session.backend.sync()
+        elapsed = (time.perf_counter() - t0) * 1e3
+        met = done == h and elapsed <= limit_ms
+        if not message and not met:
+            message = f"finished in {elapsed:.1f} ms, over the {limit_ms:.1f} ms deadline"
+        return ReplanResult(actions[:, :done], ids, elapsed, met, done, h, session._live_id, message or "ok",
+                            cancelled)
