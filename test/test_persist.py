@@ -24,7 +24,8 @@ def cfg(**kw):
 
 
 def run_mission(s: Session, obs=OBS) -> None:
-    """Steps, a rollback, a committed replan, a pin, and more steps: every kind of record."""
+    """Steps, a rollback, committed replans from the live state and from an older capsule, a pin, and more
+    steps: every kind of record and every jump of the timeline."""
     for o in obs[:260]:
         s.step(o)
     s.rollback(steps_back=37)
@@ -32,7 +33,11 @@ def run_mission(s: Session, obs=OBS) -> None:
         s.step(o)
     s.replan(None, np.stack([obs[400:406], obs[406:412] * 0.5]), commit_branch=1)
     s.pin(s.list_capsules()[-3].id)
-    for o in obs[412:600]:
+    for o in obs[412:500]:
+        s.step(o)
+    older = s.list_capsules()[-3]  # two steps back: a commit from it lands past the live step, on another window
+    s.replan(older.id, obs[None, 500:505] * 0.9, commit_branch=0)
+    for o in obs[500:600]:
         s.step(o)
 
 
@@ -48,7 +53,7 @@ def persisted(tmp_path):
 def test_resume_restores_the_newest_capsule_byte_exactly_and_continues_identically(persisted):
     s, tmp_path = persisted
     st = s.persistence.stats()
-    assert st.records_written == 260 + 140 + 1 + 188  # every timeline capsule: steps and the committed branch
+    assert st.records_written == 260 + 140 + 1 + 88 + 1 + 100  # every timeline capsule: steps and committed branches
     assert st.records_dropped == 0 and st.write_errors == 0
     s.disable_persistence()
     r = Session(cfg())
