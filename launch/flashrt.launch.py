@@ -2,7 +2,12 @@
 
     ros2 launch flashrt_ros flashrt.launch.py namespace:=robot1 params_file:=/path/to/params.yaml
 
-Arguments: namespace, params_file, autostart, log_level, use_sim_time.
+Arguments: namespace, params_file, autostart, log_level, use_sim_time, persist_dir, resume.
+
+Crash-resume on a robot: give the capsule log a directory on the robot's disk and turn resume on, so
+a node restarted after an OOM kill, a watchdog or a power cut continues from its last persisted step:
+
+    ros2 launch flashrt_ros flashrt.launch.py persist_dir:=/var/lib/flashrt resume:=true
 
 Bringing the node up:
 - autostart:=true (the default): the node configures and activates itself (its ``autostart``
@@ -45,6 +50,10 @@ def generate_launch_description():
                               description="debug | info | warn | error | fatal"),
         DeclareLaunchArgument("use_sim_time", default_value="false",
                               description="take time from /clock (stamps of observations without a header)"),
+        DeclareLaunchArgument("persist_dir", default_value="",
+                              description="directory of the capsule log (every step's capsule on disk); empty = off"),
+        DeclareLaunchArgument("resume", default_value="false",
+                              description="true: continue from the newest capsule in persist_dir's log"),
         LifecycleNode(
             package=PACKAGE,
             executable=EXECUTABLE,
@@ -53,6 +62,8 @@ def generate_launch_description():
             parameters=[LaunchConfiguration("params_file"), {
                 "autostart": ParameterValue(LaunchConfiguration("autostart"), value_type=bool),
                 "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
+                "persist_dir": ParameterValue(LaunchConfiguration("persist_dir"), value_type=str),
+                "resume": ParameterValue(LaunchConfiguration("resume"), value_type=bool),
             }],
             arguments=["--ros-args", "--log-level", LaunchConfiguration("log_level")],
             output="screen",

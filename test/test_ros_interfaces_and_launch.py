@@ -22,11 +22,11 @@ def test_interfaces_import_with_the_contract_fields():
     from flashrt_interfaces.srv import ExportCapsule, ListCapsules, Rollback, SetPin
 
     assert set(CapsuleInfo.get_fields_and_field_types()) == {
-        "id", "parent_id", "step", "stamp", "label", "pinned", "nbytes"}
+        "id", "parent_id", "step", "stamp", "label", "pinned", "nbytes", "resumed"}
     assert PolicyStep.get_fields_and_field_types()["action_chunk"] == "sequence<float>"
     assert Rollback.Request.get_fields_and_field_types() == {"capsule_id": "uint64", "steps_back": "uint32"}
     assert set(ListCapsules.Response.get_fields_and_field_types()) == {
-        "success", "message", "capsules", "live_capsule_id", "bytes_used", "bytes_budget"}
+        "success", "message", "capsules", "live_capsule_id", "bytes_used", "bytes_budget", "resumed_from"}
     assert SetPin.Request.get_fields_and_field_types() == {"capsule_id": "uint64", "pin": "boolean"}
     assert set(SetPin.Response.get_fields_and_field_types()) == {"success", "message", "capsule"}
     assert set(ExportCapsule.Response.get_fields_and_field_types()) == {"success", "message", "sha256"}
@@ -62,7 +62,7 @@ def test_launch_file_names_an_installed_executable_and_an_existing_params_file()
 def test_launch_file_starts_a_lifecycle_node_with_the_documented_arguments():
     tree = _launch_tree()
     declared = {c.args[0].value for c in _calls(tree, "DeclareLaunchArgument")}
-    assert declared == {"namespace", "params_file", "autostart", "log_level", "use_sim_time"}
+    assert declared == {"namespace", "params_file", "autostart", "log_level", "use_sim_time", "persist_dir", "resume"}
     assert not _calls(tree, "Node"), "a plain Node cannot be driven through lifecycle transitions"
     (node,) = _calls(tree, "LifecycleNode")
     kw = {k.arg: k.value for k in node.keywords}
@@ -73,6 +73,8 @@ def test_launch_file_starts_a_lifecycle_node_with_the_documented_arguments():
     assert "LaunchConfiguration('params_file')" in params
     assert "'autostart': ParameterValue(LaunchConfiguration('autostart'), value_type=bool)" in params
     assert "'use_sim_time': ParameterValue(LaunchConfiguration('use_sim_time'), value_type=bool)" in params
+    assert "'persist_dir': ParameterValue(LaunchConfiguration('persist_dir'), value_type=str)" in params
+    assert "'resume': ParameterValue(LaunchConfiguration('resume'), value_type=bool)" in params
     assert ast.unparse(kw["arguments"]) == "['--ros-args', '--log-level', LaunchConfiguration('log_level')]"
     doc = ast.get_docstring(tree)
     assert "ros2 lifecycle set /robot1/flashrt configure" in doc and "activate" in doc
