@@ -149,3 +149,23 @@ def test_cuda_window_across_pages_replans_batch_invariant_and_restores_byte_exac
     assert s.step_count == n + 100 and s.live_capsule_id == committed.branch_capsule_ids[2]
     assert s.state_host().tobytes() == s.capsule_host(committed.branch_capsule_ids[2]).tobytes()
     assert committed.actions[2].tobytes() == wide.actions[2].tobytes()
+
+
+def test_cuda_resume_from_the_capsule_log_is_byte_exact_and_continues_identically(tmp_path):
+    from flashrt_ros.runtime.persist import PersistSettings
+
+    cfg = small_config(kv_window=300)  # a window of 3 pages, wrapped below
+    obs = observation_trace(800)
+    s = Session(cfg, "cuda")
+    s.enable_persistence(PersistSettings(tmp_path / "log", fsync_every_ms=0.0, segment_mb=1.0, budget_mb=64.0))
+    for o in obs[:500]:
+        s.step(o)
+    s.rollback(steps_back=40)
+    for o in obs[500:700]:
+        s.step(o)
+    s.disable_persistence()
+    r = Session(cfg, "cuda")
+    report = r.enable_persistence(PersistSettings(tmp_path / "log", fsync_every_ms=0.0, segment_mb=1.0,
+                                                  budget_mb=64.0), resume=True)
+    assert report.step == s.step_count and r.state_host().tobytes() == s.state_host().tobytes()
+    assert actions(r, obs[700:]).tobytes() == actions(s, obs[700:]).tobytes()
