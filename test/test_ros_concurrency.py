@@ -87,14 +87,14 @@ while time.monotonic() < end:  # back to back: the next goal as soon as the last
 print(json.dumps(counts), flush=True)
 """
 RATE_HZ, STREAM_S = 100.0, 6.0
-# Gaps, two ways. On the sensor's timeline: never more than 4 published observations in a row left unstepped, which
-# is what waiting on replans would do (the live step waits for at most one batched replan step; before the
-# fix it waited for whole queues of replans, gaps of 3.5 to 11.4 s). "Published" is what this process also
-# received from the sensor: a sensor descheduled on 2 cores publishes nothing for a while, and that is no
-# gap of the node's. On this process's receive clock, DDS delivery and the scheduling of three processes on
-# 2 cores add their own pauses (175 ms at a load average of 9; once 346 ms on Jazzy's Fast DDS with every
-# observation stepped on time), so that bound is 1 s: still 3.5x below the smallest starvation gap the
-# issue measured.
+# Gaps, two ways. On the sensor's timeline: at most 4 published observations in a row left unstepped.
+# Waiting on replans breaks that by far (the live step waits for at most one batched replan step; before
+# the fix it waited for whole queues of replans, gaps of 3.5 to 11.4 s). "Published" is what this process
+# also received from the sensor: a sensor descheduled on 2 cores publishes nothing for a while, and that is
+# no gap of the node's. On this process's receive clock, DDS delivery and the scheduling of three processes
+# on 2 cores add their own pauses (175 ms at a load average of 9; once 346 ms on Jazzy's Fast DDS with
+# every observation stepped on time), so that bound is 1 s: still 3.5x below the smallest starvation gap
+# the issue measured.
 MAX_UNSTEPPED_IN_A_ROW = 4  # 3 periods plus 2 of scheduling jitter on 2 cores: the old 50 ms stamp bound
 MAX_RECEIVE_GAP_S = 1.0
 
