@@ -26,13 +26,15 @@ def test_client_goal_handles_named_services_and_failures(flashrt, tmp_path):
     planner.run(obs[:20])
 
     # --- a goal handle never blocks: sent, polled, fetched; actions come shaped ---
-    task = client.send_replan(np.stack([obs[20:26], obs[22:28]]), capsule_id=None, commit_branch=None)
+    # the longest deadline the node allows: this checks the handle, not the machine's speed
+    task = client.send_replan(np.stack([obs[20:26], obs[22:28]]), capsule_id=None, commit_branch=None,
+                              deadline_ms=200.0)
     assert not task.is_task_complete()  # nothing was waited for yet
     end = time.monotonic() + 20
     while not task.is_task_complete():
         assert time.monotonic() < end
     out = task.get_result()
-    assert out.accepted and out.succeeded and out.result.deadline_met
+    assert out.accepted and out.succeeded and out.result.steps_done == 6
     assert out.actions().shape == (2, 6, 7) and out.actions().dtype == np.float32
     # ...and cancel() stops a running one, which then says so
     task = client.send_replan(long_goal_observations(), deadline_ms=60_000.0)
