@@ -47,6 +47,14 @@ def budget_line(ax, ms: float = BUDGET_MS, axis: str = "y") -> None:
     line(ms, color="tab:red", ls="--", lw=1, label=f"{ms:g} ms budget")
 
 
+def history_ticks(ax, h) -> None:
+    """Log x with one labelled tick per measured history and no minor-tick clutter."""
+    ax.minorticks_off()
+    ax.set_xticks(h, [str(x) for x in h])
+    if h:
+        ax.set_xlim(min(h) / 1.3, max(h) * 1.3)
+
+
 # ---- flashrt-bench runtime ---------------------------------------------------------------------------
 def bench_runtime(result: dict, path) -> Path:
     """Three panels from `flashrt-bench runtime`: capsule copies against a memcpy over the history;
@@ -64,8 +72,8 @@ def bench_runtime(result: dict, path) -> Path:
                                ("memcpy_ms", "memcpy of the same bytes", "^")):
         ax.plot(h, [p[key] * 1e3 for p in hist], marker=marker, label=label)
     ax.set(xscale="log", yscale="log", xlabel="history = kv_window (steps)", ylabel="µs (median)",
-           title="capsule copy vs memcpy")
-    ax.set_xticks(h, [str(x) for x in h])
+           title="capsule snapshot / restore vs memcpy")
+    history_ticks(ax, h)
     ax.legend(fontsize=8)
 
     ax = axes[1]
@@ -78,10 +86,10 @@ def bench_runtime(result: dict, path) -> Path:
         ax.plot(*zip(*replay), marker="x", ls=":", label="cold replay (step by step)")
     for p in hist:
         ax.annotate(f"{p['speedup_vs_prefill']:g}x", (p["history"], p["rollback_replan_ms"]),
-                    textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8)
+                    textcoords="offset points", xytext=(0, 7), ha="center", fontsize=9, weight="bold")
     ax.set(xscale="log", yscale="log", xlabel="history = kv_window (steps)", ylabel="ms (median)",
-           title="rollback + re-plan vs cold recompute")
-    ax.set_xticks(h, [str(x) for x in h])
+           title="rollback + re-plan vs cold recompute\n(labels: speedup vs tuned cold prefill, same backend)")
+    history_ticks(ax, h)
     ax.legend(fontsize=8)
 
     ax = axes[2]
