@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-INSTALL_HINT = "--plot needs matplotlib: .venv/bin/pip install matplotlib (or pip install 'flashrt_ros[plot]')"
+INSTALL_HINT = "--plot needs matplotlib: pip install matplotlib (in this repo's venv: .venv/bin/pip install matplotlib)"
 DPI = 100
 BUDGET_MS = 50.0  # the replan deadline the demos and the node use by default
 
