@@ -40,12 +40,12 @@ def main(argv) -> int:
 
     with tempfile.TemporaryDirectory(prefix="flashrt-plots.") as tmp:
         tmp = Path(tmp)
-        obs = synthetic_trace(600, 14)  # 6 s at 100 Hz
+        obs = synthetic_trace(200, 14)  # 2 s at 100 Hz
         other = obs.copy()
-        other[300:, 0] += 0.05  # the same recording, one joint offset from 3 s on
+        other[100:, 0] += 0.5  # the same recording, one joint offset from 1 s on
         write_joint_trace(tmp / "a.mcap", "mcap", obs)
         write_joint_trace(tmp / "b.mcap", "mcap", other)
-        tool("flashrt-replay", tmp / "a.mcap", "--out", tmp / "run_a", "--plot", img / "replay.png")
+        tool("flashrt-replay", tmp / "a.mcap", "--out", tmp / "run_a")
         tool("flashrt-replay", tmp / "b.mcap", "--out", tmp / "run_b")
         tool("flashrt-replay", "diff", tmp / "run_a", tmp / "run_b", "--plot", img / "replay_diff.png", ok=(1,))
     print(f"figures in {img}")

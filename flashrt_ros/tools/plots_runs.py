@@ -75,7 +75,7 @@ def mission_timeline(summary: dict, path) -> Path:
                        label=f"replan 4x8 round trip, {label}")
         if late:
             a2.scatter(_col(late, 0), _col(late, 1), marker=marker, s=30, color="tab:red",
-                       label=f"{label}: partial / past the deadline ({len(late)})")
+                       label=f"{label}: the node missed its deadline ({len(late)})")
     budget_line(a2, BUDGET_MS)
     a2.set(ylabel="replan round trip, ms")
     a2.legend(fontsize=8, loc="upper right")
