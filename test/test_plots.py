@@ -111,7 +111,8 @@ def test_mission_plot_draws_the_timeline_of_steps_rollbacks_replans_and_held_obs
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     s = json.loads((tmp_path / "m.json").read_text())
     tl = s["timeline"]
-    assert len(tl["steps"]) == s["steps"] and len(tl["replans"]) == s["rounds"] - s["timeouts"]
+    # one replan per round, unless the round timed out (a timeout in the repeat comes after its replan)
+    assert len(tl["steps"]) == s["steps"] and s["rounds"] - s["timeouts"] <= len(tl["replans"]) <= s["rounds"]
     assert sum(1 for r in tl["replans"] if r[2]) >= s["commits"] >= 1
     assert tl["rollbacks"] and tl["held"] and tl["held"][-1][1] <= s["held_observations"]
     assert_drawn(tmp_path / "m.png")
