@@ -16,10 +16,11 @@ setup(
         ("share/" + package_name + "/kernels", glob("kernels/*.cu") + glob("kernels/*.cuh")),
     ],
     # Supported ranges (JetPack 6 / Humble: Python 3.10 with numpy 1.x, up to Python 3.13 with numpy 2);
-    # the dev venvs' exact versions are in constraints*.txt. cupy-cuda12x is optional (backend: cuda).
+    # the dev venvs' exact versions are in constraints*.txt. cupy-cuda12x is optional (backend: cuda), matplotlib
+    # too (--plot).
     python_requires=">=3.10",
     install_requires=["setuptools", "numpy>=1.21,<3", "pyyaml>=5.4", "safetensors>=0.4"],
-    extras_require={"cuda": ["cupy-cuda12x"], "replay": ["rosbags>=0.11"]},
+    extras_require={"cuda": ["cupy-cuda12x"], "replay": ["rosbags>=0.11"], "plot": ["matplotlib>=3.5"]},
     classifiers=[f"Programming Language :: Python :: 3.{minor}" for minor in range(10, 14)],
     zip_safe=True,
     maintainer="flashrt maintainers",

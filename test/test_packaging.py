@@ -65,7 +65,7 @@ def test_make_help_creates_no_ros_log_dir(tmp_path):
 # Imports that are not ROS packages of the same name: their rosdep keys, or None where no key exists
 # and the README says how to install it.
 ROSDEP_KEYS = {"numpy": "python3-numpy", "yaml": "python3-yaml", "rosbags": "python3-rosbags-pip",
-               "pytest": "python3-pytest", "hypothesis": "python3-hypothesis",
+               "pytest": "python3-pytest", "hypothesis": "python3-hypothesis", "matplotlib": "python3-matplotlib",
                "safetensors": None,  # pip (README: Dependencies)
                "cupy": None, "cupyx": None,  # optional, backend: cuda (README)
                "mcap": None, "mcap_ros2": None}  # test-only independent bag readers, from pip

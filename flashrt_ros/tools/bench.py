@@ -1,4 +1,5 @@
-"""flashrt-bench: `runtime` (NumPy or CUDA session) and `ros` (through DDS, separate processes)."""
+"""flashrt-bench: `runtime` (NumPy or CUDA session), `ros` (through DDS, separate processes) and `capsules`
+(the capsule tree of a short in-process mission)."""
 from __future__ import annotations
 
 import argparse
@@ -27,19 +28,36 @@ def main(argv=None) -> int:
     ros = sub.add_parser("ros", help="service / action / step latency through ROS 2, separate processes")
     ros.add_argument("--json", help="also write the JSON here")
     ros.add_argument("--calls", type=int, default=500, help="calls per measured kind")
+    cap = sub.add_parser("capsules", help="the capsule tree of a short mission: rollbacks, replans, pins, eviction")
+    cap.add_argument("--json", help="also write the JSON here")
+    for p in (rt, ros, cap):
+        p.add_argument("--plot", metavar="FILE.png", help="also draw the results into this PNG (needs matplotlib)")
     args = ap.parse_args(argv)
+    if getattr(args, "plot", None):
+        from .plots import PlotUnavailable, require_matplotlib
+        try:
+            require_matplotlib()  # before the run, not after it
+        except PlotUnavailable as e:
+            print(f"flashrt-bench: {e}", file=sys.stderr)
+            return 2
     if args.which == "runtime":
         from .bench_runtime import run
     elif args.which == "gpu":
         from .bench_gpu import run
     elif args.which == "replay":
         from .bench_replay import run
+    elif args.which == "capsules":
+        from .bench_capsules import run
     else:
         from .bench_ros import run
     try:
-        write_json(run(args), args.json)
+        result = run(args)
+        write_json(result, args.json)
     except KeyboardInterrupt:
         return 130
+    if getattr(args, "plot", None):
+        from .plots import draw_bench
+        draw_bench(args.which, result, args.plot)
     return 0
 
 

@@ -109,10 +109,14 @@ def run(args) -> dict:
             lat.append(step(o))
             if (i + 1) % 100 == 0:
                 progress(f"step latency: {i + 1}/{args.calls}")
-        return {"calls": args.calls, "trigger_rtt": p50_p99(trig), "rollback_rtt": p50_p99(roll),
-                "replan_rtt": p50_p99(rep), "replan_in_node_ms": p50_p99(rep_node),
-                "replan_deadline_met": f"{sum(deadline_met)}/{len(deadline_met)}",
-                "step_latency": p50_p99(lat), "units": "ms"}
+        out = {"calls": args.calls, "trigger_rtt": p50_p99(trig), "rollback_rtt": p50_p99(roll),
+               "replan_rtt": p50_p99(rep), "replan_in_node_ms": p50_p99(rep_node),
+               "replan_deadline_met": f"{sum(deadline_met)}/{len(deadline_met)}",
+               "step_latency": p50_p99(lat), "units": "ms"}
+        if getattr(args, "plot", None):  # every sample, for the CDFs (only then: 4 x calls numbers)
+            out["samples_ms"] = {k: [round(x, 4) for x in v] for k, v in (
+                ("trigger_rtt", trig), ("rollback_rtt", roll), ("replan_rtt", rep), ("step_latency", lat))}
+        return out
     finally:
         node.destroy_node()
         rclpy.try_shutdown()

@@ -16,7 +16,16 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
     ap.add_argument("--config", help="params file (default: the shipped config/flashrt.yaml values)")
     ap.add_argument("--json", help="write the summary JSON here")
+    ap.add_argument("--plot", metavar="FILE.png", help="also draw the run into this PNG (needs matplotlib): the "
+                    "mission timeline, or with --runtime the steps, the rollback and the what-if branches")
     args = ap.parse_args(argv)
+    if args.plot:
+        from .plots import PlotUnavailable, require_matplotlib
+        try:
+            require_matplotlib()  # before the run, not after it
+        except PlotUnavailable as e:
+            print(f"flashrt-demo: {e}", file=sys.stderr)
+            return 2
     if args.runtime:
         from .demo_runtime import MIN_STEPS, run
         if args.steps < MIN_STEPS:  # refused up front, before any allocation
@@ -32,6 +41,13 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    if args.plot:
+        from . import plots_runs
+        try:
+            (plots_runs.runtime_demo if args.runtime else plots_runs.mission_timeline)(summary, args.plot)
+        except ValueError as e:  # a failed mission has nothing to draw: say so, the summary says why
+            print(f"flashrt-demo: --plot: {e}", file=sys.stderr)
+            return 1
     return 0 if summary.get("ok", True) else 1
 
 

@@ -49,7 +49,8 @@ def run(args) -> dict:
     try:
         planner_json = work / "planner.json"
         planner = subprocess.Popen([py, "-m", "flashrt_ros.tools.planner", "--duration", str(args.duration),
-                                    "--json", str(planner_json)], env=env)
+                                    "--json", str(planner_json)] + (["--timeline"] if getattr(args, "plot", None)
+                                                                    else []), env=env)
         procs.append(planner)
         sensor = subprocess.Popen([py, "-m", "flashrt_ros.tools.sensor_sim", "--rate", "100",
                                    "--duration", str(args.duration + 30)], env=env,

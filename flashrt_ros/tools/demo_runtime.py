@@ -70,6 +70,10 @@ def run(args) -> dict:
         "kv_only_max_abs_diff": float(np.abs(kv_only - reference).max()),
         "full_restore_max_abs_diff": float(np.abs(full - reference).max()),
     }
+    if getattr(args, "plot", None):  # per-step data for the figure, only when asked (it grows with --steps)
+        summary["samples"] = {"step_latency_ms": [round(r.latency_ms, 4) for r in results],
+                              "action0": actions[:, 0].tolist(), "replayed_action0": replayed[:, 0].tolist(),
+                              "replan_start_step": start, "replan_action0": plan.actions[:, :, 0].tolist()}
     _print_table(summary)
     # Correctness only: a missed deadline is reported above (machine speed), not a failure.
     summary["ok"] = bool(byte_exact and whatif_untouched and batch_invariant

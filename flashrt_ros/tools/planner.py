@@ -34,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--period", type=float, default=0.5, help="seconds between rounds")
     ap.add_argument("--namespace", default="")
     ap.add_argument("--json", help="write the summary here")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also write every step, rollback, replan and held count with its time (for plots)")
     args, ros_args = ap.parse_known_args(argv)
     rclpy.init(args=ros_args)
     node = rclpy.create_node("flashrt_demo_planner")
@@ -44,10 +46,13 @@ def main(argv=None) -> int:
     node.create_subscription(PolicyStep, f"{ns}/policy_step", steps.append,
                              QoSProfile(depth=500, reliability=ReliabilityPolicy.RELIABLE))
 
+    timeline = Timeline()
+
     def on_diag(msg: DiagnosticArray) -> None:
         for st in msg.status:
             if st.name.endswith("flashrt: runtime"):
                 diag.update({kv.key: kv.value for kv in st.values})
+                timeline.held.append((time.time_ns(), int(diag.get("held_observations", 0))))
 
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     client.wait_until_ready(30.0)
@@ -56,16 +61,19 @@ def main(argv=None) -> int:
     rollback_ms, replan_ms, replan_node_ms, checks = [], [], [], [0, 0]
     counts = {"misses": 0, "commits": 0, "refused": 0, "timeouts": 0}
     t0 = time.monotonic()
+    timeline.t0_ns = time.time_ns()
 
     def one_round(commit: bool) -> None:
         r = client.rollback(steps_back=ROLLBACK_STEPS)
         if r.success:
             rollback_ms.append(r.elapsed_ms)
+            timeline.rollbacks.append((time.time_ns(), r.elapsed_ms))
         start = int(rng.integers(0, len(trace) - HORIZON))
         obs = np.stack([trace[start:start + HORIZON] + 0.05 * b for b in range(BRANCHES)])
         base = r.capsule.id if r.success else None
         out = client.replan(obs, capsule_id=base, commit_branch=0 if commit else None)
         replan_ms.append(out.rtt_ms)
+        timeline.replans.append((time.time_ns(), out.rtt_ms, commit, bool(out.succeeded and out.result.deadline_met)))
         counts["misses"] += int(not (out.succeeded and out.result.deadline_met))
         if not out.accepted:  # refused with a reason (busy, capsule gone, ...): report it, go on
             counts["refused"] += 1
@@ -120,11 +128,33 @@ def main(argv=None) -> int:
             "backend": diag.get("backend", "?"), "deep_rollback": deep.summary(),
             "rollback_depth_s_diagnostics": float(diag.get("rollback_depth_s", 0.0) or 0.0),
         }
+        if args.timeline:
+            summary["timeline"] = timeline.summary(steps)
         if args.json:
             Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
         node.destroy_node()
         rclpy.try_shutdown()
     return 0 if checks[0] == checks[1] and deep.ok is not False else 1
+
+
+class Timeline:
+    """What `flashrt-demo --plot` draws, each event with its wall-clock time (the steps carry their
+    observation's stamp, taken by the sensor on the same clock). Times out: seconds since the first round."""
+
+    def __init__(self):
+        self.t0_ns = 0
+        self.rollbacks: list[tuple] = []  # (ns, node ms)
+        self.replans: list[tuple] = []  # (ns, round trip ms, commit, complete within the deadline)
+        self.held: list[tuple] = []  # (ns, held observations so far), one per /diagnostics message
+
+    def summary(self, steps: list[PolicyStep]) -> dict:
+        def t(ns):
+            return round((ns - self.t0_ns) / 1e9, 4)
+        return {"steps": [[t(m.header.stamp.sec * 10**9 + m.header.stamp.nanosec), round(float(m.step_latency_ms), 4)]
+                          for m in steps],
+                "rollbacks": [[t(ns), round(ms, 4)] for ns, ms in self.rollbacks],
+                "replans": [[t(ns), round(ms, 4), commit, met] for ns, ms, commit, met in self.replans],
+                "held": [[t(ns), n] for ns, n in self.held], "units": "s, ms"}
 
 
 class DeepRollbackCheck:

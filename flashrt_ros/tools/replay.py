@@ -2,8 +2,8 @@
 
     flashrt-replay BAG [--topic T] [--mode offline|live] [--out OUT_BAG] [--storage mcap|sqlite3]
                    [--rollback-every N --rollback-depth D] [--rate R] [--max-gap S] [--config PARAMS]
-                   [--json PATH]
-    flashrt-replay diff A B
+                   [--json PATH] [--plot FILE.png]
+    flashrt-replay diff A B [--plot FILE.png]
 
 Offline and live runs convert messages with the node's own function and the config's joint_names, so
 both see the same arrays. Without --config, the installed config (ament share of flashrt_ros) is used,
@@ -83,7 +83,32 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", help="params file (default: the installed or source config/flashrt.yaml)")
     ap.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
     ap.add_argument("--json", help="write the summary here too")
+    ap.add_argument("--plot", metavar="FILE.png", help="also draw the actions and step latency over bag time "
+                    "(needs matplotlib)")
     return ap
+
+
+def _check_plot(path: str | None) -> None:
+    """--plot without matplotlib is refused up front, one line, as bad input (exit 2)."""
+    if path:
+        from .plots import PlotUnavailable, require_matplotlib
+        try:
+            require_matplotlib()
+        except PlotUnavailable as e:
+            raise BagError(str(e)) from None
+
+
+class RecordingSink(StepSink):
+    """StepSink that also keeps a bounded per-step trace for --plot."""
+
+    def __init__(self, out):
+        super().__init__(out)
+        from .plots_runs import TraceRecorder
+        self.trace = TraceRecorder()
+
+    def add(self, r: StepRecord) -> None:
+        super().add(r)
+        self.trace.add(r.step, r.stamp_ns, r.latency_ms, r.action)
 
 
 def _replay(argv) -> int:
@@ -95,6 +120,7 @@ def _replay(argv) -> int:
     if not (args.rate >= 0 and args.max_gap >= 0) or not np.isfinite([args.rate, args.max_gap]).all():
         ap.error("--rate and --max-gap must be finite and >= 0")
     out_path = check_new_output(args.out) if args.out else None  # before any work: never after a long replay
+    _check_plot(args.plot)
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise BagError(f"--json {args.json}: directory {Path(args.json).resolve().parent} does not exist")
     ts = typestore()
@@ -107,7 +133,7 @@ def _replay(argv) -> int:
     out = OutputBag(out_path, args.storage, ts) if out_path else None
     finished = False
     try:
-        sink = StepSink(out)
+        sink = RecordingSink(out) if args.plot else StepSink(out)
         if args.mode == "offline":
             summary = run_offline(args, src, ts, cfg, sink)
         else:
@@ -130,6 +156,9 @@ def _replay(argv) -> int:
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
+    if args.plot and summary["steps"]:
+        from .plots_runs import replay_run
+        replay_run({**summary, "trace": sink.trace.to_dict()}, args.plot)  # the trace stays out of the JSON
     if summary["steps"] == 0:
         reasons = summary["rejected"]["reasons"]
         top = next(iter(reasons), "none")
@@ -179,18 +208,32 @@ def diff_main(argv) -> int:
                                  "exit 0 only when identical, 1 when they differ, 2 when one cannot be read")
     ap.add_argument("a")
     ap.add_argument("b")
+    ap.add_argument("--plot", metavar="FILE.png", help="also draw both action traces with the first divergence "
+                    "marked (needs matplotlib)")
     args = ap.parse_args(argv)
+    _check_plot(args.plot)
     ts = typestore()
     it_a, it_b = iter_policy_steps(args.a, ts), iter_policy_steps(args.b, ts)
+    traces = None
+    if args.plot:
+        from .plots_runs import TraceRecorder
+        traces = (TraceRecorder(), TraceRecorder())
+
+    def keep(i: int, m) -> None:
+        if traces is not None and m is not None:
+            traces[i].add(m.step, m.header.stamp.sec * 10**9 + m.header.stamp.nanosec, m.step_latency_ms, m.action)
     n_a = n_b = compared = differing = 0
     first = first_step = None
     max_abs = 0.0
     while True:  # streams both bags: memory does not grow with their length
         a, b = next(it_a, None), next(it_b, None)
         n_a, n_b = n_a + (a is not None), n_b + (b is not None)
+        keep(0, a)
+        keep(1, b)
         if a is None or b is None:
-            for _ in it_a if a is not None else it_b:  # count what is left of the longer one
+            for rest in it_a if a is not None else it_b:  # count what is left of the longer one
                 n_a, n_b = n_a + (a is not None), n_b + (b is not None)
+                keep(0 if a is not None else 1, rest)
             break
         xa, xb = np.asarray(a.action, np.float32), np.asarray(b.action, np.float32)
         if xa.tobytes() != xb.tobytes() or a.step != b.step:
@@ -210,6 +253,9 @@ def diff_main(argv) -> int:
           f"DIFFERENT: first divergence at index {report['first_diverging_index']}"
           f"{'' if first is None else f' (step {first_step})'}, max |action diff| {max_abs:.6g}, "
           f"{differing} of {compared} compared steps differ, {n_a} vs {n_b} steps", file=sys.stderr)
+    if traces is not None:
+        from .plots_runs import replay_diff
+        replay_diff(report, traces[0].to_dict(), traces[1].to_dict(), args.plot)
     return EXIT_OK if identical else EXIT_FAILED
 
 

@@ -1,0 +1,56 @@
+"""`make plots`: the README's figures, redrawn from short real runs of the command-line tools.
+
+    python scripts/make_plots.py [OUT_DIR]     (default docs/img; the JSON of each run goes to out/plots/)
+
+Each figure comes from the tool's own --plot, run as a user would run it; ROS runs need ROS_LOG_DIR and
+ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST (the Makefile sets both).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str, *args, ok=(0,)) -> None:
+    cmd = [str(BIN / name), *map(str, args)]
+    print("+", " ".join(cmd), flush=True)
+    rc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL).returncode
+    if rc not in ok:
+        sys.exit(f"make_plots: {name} exited {rc}")
+
+
+def main(argv) -> int:
+    img = Path(argv[0]) if argv else ROOT / "docs" / "img"
+    js = ROOT / "out" / "plots"
+    js.mkdir(parents=True, exist_ok=True)
+    tool("flashrt-bench", "capsules", "--json", js / "capsules.json", "--plot", img / "capsule_lineage.png")
+    # histories up to 4096 keep this to a couple of minutes; `make bench` measures the README's full table
+    tool("flashrt-bench", "runtime", "--histories", "1024,2048,4096", "--json", js / "bench_runtime.json",
+         "--plot", img / "bench_runtime.png")
+    tool("flashrt-bench", "ros", "--calls", "300", "--json", js / "bench_ros.json", "--plot", img / "bench_ros.png")
+    tool("flashrt-demo", "--duration", "15", "--json", js / "mission.json", "--plot", img / "mission.png")
+
+    from flashrt_ros.tools.bags import write_joint_trace
+    from flashrt_ros.tools.common import synthetic_trace
+
+    with tempfile.TemporaryDirectory(prefix="flashrt-plots.") as tmp:
+        tmp = Path(tmp)
+        obs = synthetic_trace(200, 14)  # 2 s at 100 Hz
+        other = obs.copy()
+        other[100:, 0] += 0.5  # the same recording, one joint offset from 1 s on
+        write_joint_trace(tmp / "a.mcap", "mcap", obs)
+        write_joint_trace(tmp / "b.mcap", "mcap", other)
+        tool("flashrt-replay", tmp / "a.mcap", "--out", tmp / "run_a")
+        tool("flashrt-replay", tmp / "b.mcap", "--out", tmp / "run_b")
+        tool("flashrt-replay", "diff", tmp / "run_a", tmp / "run_b", "--plot", img / "replay_diff.png", ok=(1,))
+    print(f"figures in {img}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

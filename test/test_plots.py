@@ -1,0 +1,189 @@
+"""Every --plot draws a real PNG from a short real run (it exists, decodes, is not blank), and without
+matplotlib the option fails up front with one line that says how to install it."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+
+def run_tool(module: str, *args, env=None, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"flashrt_ros.tools.{module}", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_drawn(png) -> np.ndarray:
+    """The file exists, decodes as an image, and holds a drawing: pixels vary and more than a sliver
+    of them is not background."""
+    from matplotlib.image import imread
+
+    assert png.is_file() and png.stat().st_size > 0, png
+    img = imread(png)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100, img.shape
+    rgb = img[..., :3].astype(np.float64)
+    assert rgb.var() > 0
+    assert (rgb.min(axis=2) < 0.9).mean() > 0.01, "almost every pixel is white"
+    return img
+
+
+def make_bags(tmp_path, n=120, diverge_at=60):
+    """Two JointState bags, the same up to ``diverge_at``, then one joint offset."""
+    from flashrt_ros.tools.bags import write_joint_trace
+    from flashrt_ros.tools.common import synthetic_trace
+
+    obs = synthetic_trace(n, 14)
+    other = obs.copy()
+    other[diverge_at:, 0] += 0.05
+    return write_joint_trace(tmp_path / "a.mcap", "mcap", obs), write_joint_trace(tmp_path / "b.mcap", "mcap", other)
+
+
+# ---- benchmarks ------------------------------------------------------------------------------------------
+def test_bench_runtime_plot_draws_the_three_panels_from_a_quick_run(tmp_path):
+    res = run_tool("bench", "runtime", "--quick", "--json", tmp_path / "r.json", "--plot", tmp_path / "r.png")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert [h["history"] for h in out["histories"]] == [128, 256]
+    assert_drawn(tmp_path / "r.png")
+
+
+def test_bench_capsules_plot_draws_a_tree_with_rollbacks_replans_pins_and_evictions(tmp_path):
+    res = run_tool("bench", "capsules", "--json", tmp_path / "c.json", "--plot", tmp_path / "c.png")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads((tmp_path / "c.json").read_text())
+    caps = {c["id"]: c for c in out["capsules"]}
+    kinds = [e["kind"] for e in out["events"]]
+    assert kinds.count("rollback") == 3 and kinds.count("replan") == 3 and "pin" in kinds
+    assert out["evicted"] > 0 and out["held"] == out["capacity"]  # the small store filled and evicted
+    pinned = [c for c in caps.values() if c["ever_pinned"]]
+    assert len(pinned) == 1 and not pinned[0]["evicted"]  # the pin kept it through every eviction
+    assert any(c["label"].startswith("replan branch") and not c["evicted"] for c in caps.values())
+    # every held capsule's parent was seen: the tree has no dangling edge
+    assert all(c["parent_id"] in caps for c in caps.values() if c["parent_id"])
+    assert_drawn(tmp_path / "c.png")
+
+
+def test_capsule_lanes_continue_the_timeline_and_open_one_per_rollback_and_branch():
+    from flashrt_ros.tools.plots_lineage import assign_lanes
+
+    def cap(i, parent, label=""):
+        return {"id": i, "parent_id": parent, "label": label}
+    # 1-2-3 on a timeline; 4 is a rollback's new future from 2; 5 a replan branch of 3; 6 continues 3
+    lanes = assign_lanes([cap(1, 0), cap(2, 1), cap(3, 2), cap(4, 2), cap(5, 3, "replan branch 0"), cap(6, 3)])
+    assert lanes[1] == lanes[2] == lanes[3] == lanes[6] == 0
+    assert lanes[4] == 1 and lanes[5] == 2
+
+
+@pytest.mark.ros
+def test_bench_ros_plot_draws_the_cdfs_of_every_round_trip(ros_domain, tmp_path):
+    res = run_tool("bench", "ros", "--calls", 30, "--json", tmp_path / "r.json", "--plot", tmp_path / "r.png",
+                   env=ros_domain)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads((tmp_path / "r.json").read_text())
+    assert {k: len(v) for k, v in out["samples_ms"].items()} == dict.fromkeys(
+        ("trigger_rtt", "rollback_rtt", "replan_rtt", "step_latency"), 30)
+    assert out["trigger_rtt"]["p50"] == pytest.approx(np.percentile(out["samples_ms"]["trigger_rtt"], 50), abs=1e-3)
+    assert_drawn(tmp_path / "r.png")
+
+
+# ---- demos -------------------------------------------------------------------------------------------------
+def test_runtime_demo_plot_draws_the_steps_and_the_what_if_branches(tmp_path):
+    res = run_tool("demo", "--runtime", "--steps", 60, "--json", tmp_path / "d.json", "--plot", tmp_path / "d.png")
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = json.loads((tmp_path / "d.json").read_text())
+    assert len(s["samples"]["step_latency_ms"]) == 60 and len(s["samples"]["replan_action0"]) == 4
+    assert_drawn(tmp_path / "d.png")
+
+
+def test_runtime_demo_json_has_no_samples_without_plot(tmp_path):
+    res = run_tool("demo", "--runtime", "--steps", 20, "--json", tmp_path / "d.json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "samples" not in json.loads((tmp_path / "d.json").read_text())
+
+
+@pytest.mark.ros
+def test_mission_plot_draws_the_timeline_of_steps_rollbacks_replans_and_held_observations(ros_domain, tmp_path):
+    res = run_tool("demo", "--duration", 4, "--json", tmp_path / "m.json", "--plot", tmp_path / "m.png",
+                   env=ros_domain)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    s = json.loads((tmp_path / "m.json").read_text())
+    tl = s["timeline"]
+    # one replan per round, unless the round timed out (a timeout in the repeat comes after its replan)
+    assert len(tl["steps"]) == s["steps"] and s["rounds"] - s["timeouts"] <= len(tl["replans"]) <= s["rounds"]
+    assert sum(1 for r in tl["replans"] if r[2]) >= s["commits"] >= 1
+    assert tl["rollbacks"] and tl["held"] and tl["held"][-1][1] <= s["held_observations"]
+    assert_drawn(tmp_path / "m.png")
+
+
+# ---- replay ------------------------------------------------------------------------------------------------
+def test_replay_plot_keeps_its_json_and_diff_plot_marks_the_first_divergence(tmp_path):
+    a, b = make_bags(tmp_path)
+    res = run_tool("replay", a, "--out", tmp_path / "ra", "--plot", tmp_path / "ra.png")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "trace" not in json.loads(res.stdout)  # the per-step trace goes to the figure, not the summary
+    assert_drawn(tmp_path / "ra.png")
+    assert run_tool("replay", b, "--out", tmp_path / "rb").returncode == 0
+    res = run_tool("replay", "diff", tmp_path / "ra", tmp_path / "rb", "--plot", tmp_path / "diff.png")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert json.loads(res.stdout)["first_diverging_index"] == 60
+    assert_drawn(tmp_path / "diff.png")
+
+
+def test_replay_diff_plot_of_identical_runs_draws_without_a_divergence(tmp_path):
+    a, _ = make_bags(tmp_path, n=40)
+    for out in ("r1", "r2"):
+        assert run_tool("replay", a, "--out", tmp_path / out).returncode == 0
+    res = run_tool("replay", "diff", tmp_path / "r1", tmp_path / "r2", "--plot", tmp_path / "same.png")
+    assert res.returncode == 0 and json.loads(res.stdout)["identical"], res.stderr[-3000:]
+    assert_drawn(tmp_path / "same.png")
+
+
+def test_trace_recorder_keeps_bounded_evenly_spaced_rows():
+    from flashrt_ros.tools.plots_runs import TraceRecorder
+
+    tr = TraceRecorder(limit=64)
+    for i in range(1000):
+        tr.add(i + 1, i * 10, 0.5, np.full(6, i, np.float32))
+    d = tr.to_dict()
+    assert d["steps"] == 1000 and len(d["index"]) <= 64
+    assert d["index"][0] == 0 and set(np.diff(d["index"])) == {d["stride"]}
+    assert d["action"][5] == [d["index"][5]] * 4  # rows stay aligned; at most 4 action dims kept
+
+
+# ---- without matplotlib ------------------------------------------------------------------------------------
+BLOCK_MATPLOTLIB = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib' (blocked by the test)")
+sys.meta_path.insert(0, _Block())
+import flashrt_ros.tools.plots, flashrt_ros.tools.plots_runs, flashrt_ros.tools.plots_lineage  # import fine
+"""
+
+
+@pytest.mark.parametrize("module, args", [
+    ("bench", ["runtime", "--quick"]),
+    ("bench", ["capsules"]),
+    ("bench", ["ros", "--calls", "5"]),
+    ("demo", ["--runtime", "--steps", "20"]),
+    ("demo", ["--duration", "3"]),
+    ("replay", ["BAG"]),
+    ("replay", ["diff", "BAG", "BAG"]),
+])
+def test_plot_without_matplotlib_fails_up_front_with_a_one_line_install_hint(module, args, tmp_path):
+    a, _ = make_bags(tmp_path, n=10)
+    png = tmp_path / "x.png"
+    argv = [str(a) if x == "BAG" else x for x in args] + ["--plot", str(png)]
+    code = BLOCK_MATPLOTLIB + textwrap.dedent(f"""
+        from flashrt_ros.tools.{module} import main
+        sys.exit(main({argv!r}))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--plot needs matplotlib" in lines[0] and "pip install matplotlib" in lines[0], lines
+    assert res.stdout == "" and not png.exists()  # refused before any run: nothing measured, nothing drawn
