@@ -30,7 +30,7 @@ IFACE_SRC := $(wildcard flashrt_interfaces/*.txt flashrt_interfaces/*.xml flashr
                         flashrt_interfaces/srv/* flashrt_interfaces/action/*)
 PKG_SRC := setup.py setup.cfg scripts/venv_scripts.cfg
 
-.PHONY: help setup interfaces demo test test-compat test-jazzy lint bench bench-ros plots gpu-check mutate clean
+.PHONY: help setup interfaces demo test test-compat test-jazzy lint bench bench-ros bench-persist plots gpu-check mutate clean
 help:
 	@echo "make demo        run the main demo on the CPU default (creates .venv on first use);"
 	@echo "                 DEMO_ARGS=\"--duration 5\" for a short one"
@@ -39,6 +39,7 @@ help:
 	@echo "make test-jazzy  the ROS, demo and replay tests against ROS 2 Jazzy wheels (.venv-jazzy)"
 	@echo "make bench       runtime benchmark -> out/bench_runtime.json"
 	@echo "make bench-ros   latency through ROS 2 -> out/bench_ros.json"
+	@echo "make bench-persist  capsule log: step overhead, MiB/s, resume, kill -9 -> out/bench_persist.json"
 	@echo "make plots       the README's figures from short real runs -> docs/img/ (a few minutes)"
 	@echo "make lint        ruff"
 	@echo "make gpu-check   GPU tests + benchmarks (needs a CUDA device)"
@@ -118,6 +119,10 @@ bench: $(SETUP_STAMP)
 bench-ros: $(SETUP_STAMP) $(IFACE_STAMP)
 	@mkdir -p out
 	$(WITH_ROS_LOG) $(VENV)/bin/flashrt-bench ros --json out/bench_ros.json
+
+bench-persist: $(SETUP_STAMP)
+	@mkdir -p out
+	$(VENV)/bin/flashrt-bench persist --json out/bench_persist.json
 
 # Every --plot figure the README shows, from short real runs of the tools (JSON of each in out/plots/).
 plots: $(SETUP_STAMP) $(IFACE_STAMP)

@@ -206,6 +206,9 @@ class CapsuleLog:
             _write_all(self._fd, blob)
         except OSError:
             os.ftruncate(self._fd, self._good_bytes)  # no torn record in the middle of a segment
+            # and the next record goes right after the last good one: a short write moved the offset
+            # past it, and writing there would leave a zero-filled hole that ends every later scan
+            os.lseek(self._fd, self._good_bytes, os.SEEK_SET)
             self._seg_bytes = self._good_bytes
             raise
         self._seg_bytes = self._good_bytes = self._seg_bytes + len(blob)

@@ -28,9 +28,14 @@ def main(argv=None) -> int:
     ros = sub.add_parser("ros", help="service / action / step latency through ROS 2, separate processes")
     ros.add_argument("--json", help="also write the JSON here")
     ros.add_argument("--calls", type=int, default=500, help="calls per measured kind")
+    pe = sub.add_parser("persist", help="capsule log: step overhead, MiB/s, resume time, records lost to kill -9")
+    pe.add_argument("--json", help="also write the JSON here")
+    pe.add_argument("--quick", action="store_true", help="the same measurements at toy sizes, in seconds (tests)")
+    pe.add_argument("--kills", type=int, help="kill -9 rounds (default 10; --quick: 2)")
+    pe.add_argument("--resume-steps", type=int, help="steps in the resume log (default 60000; --quick: 1500)")
     cap = sub.add_parser("capsules", help="the capsule tree of a short mission: rollbacks, replans, pins, eviction")
     cap.add_argument("--json", help="also write the JSON here")
-    for p in (rt, ros, cap):
+    for p in (rt, ros, cap, pe):
         p.add_argument("--plot", metavar="FILE.png", help="also draw the results into this PNG (needs matplotlib)")
     args = ap.parse_args(argv)
     if getattr(args, "plot", None):
@@ -48,6 +53,8 @@ def main(argv=None) -> int:
         from .bench_replay import run
     elif args.which == "capsules":
         from .bench_capsules import run
+    elif args.which == "persist":
+        from .bench_persist import run
     else:
         from .bench_ros import run
     try:
