@@ -200,3 +200,21 @@ def test_retention_keeps_the_log_within_its_budget_and_pins_longest(tmp_path):
     r.enable_persistence(st, resume=True)
     assert r.state_host().tobytes() == s.state_host().tobytes()
     assert r.capsule_host(1).tobytes() == s.capsule_host(1).tobytes()
+
+
+def test_capsules_every_n_steps_persist_deltas_of_n_entries_across_page_boundaries(tmp_path):
+    c = cfg(capsule_every_n_steps=7)  # 7 entries per DELTA; 128 is no multiple of 7, so some span two pages
+    s = Session(c)
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:400]:
+        s.step(o)
+    s.disable_persistence()
+    r = Session(c)
+    report = r.enable_persistence(settings(tmp_path), resume=True)
+    assert report.step == 399 // 7 * 7 and r.state_host().tobytes() == s.capsule_host(s.live_capsule_id).tobytes()
+    for o in OBS[report.step:report.step + 50]:
+        r.step(o)
+    s.rollback(steps_back=400 - report.step)
+    for o in OBS[report.step:report.step + 50]:
+        s.step(o)
+    assert r.state_host().tobytes() == s.state_host().tobytes()

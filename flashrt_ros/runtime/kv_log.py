@@ -164,11 +164,15 @@ class KvLog:
     def entries(self, row: int, pos0: int, pos1: int) -> np.ndarray:
         """The row's entries at positions [pos0, pos1) as a host array [n, n_layers, 2, d] (what a
         persisted DELTA record holds)."""
-        t = np.arange(pos0, pos1, dtype=np.int64)
-        pages, slots = self.tables[row][(t // KV_PAGE) % self.P], t % KV_PAGE
+        if pos1 > pos0 and (pos0 // KV_PAGE) == ((pos1 - 1) // KV_PAGE):  # one page (every step): slices
+            page, s0 = int(self.tables[row, (pos0 // KV_PAGE) % self.P]), pos0 % KV_PAGE
+            sel = (page, slice(s0, s0 + pos1 - pos0))
+        else:
+            t = np.arange(pos0, pos1, dtype=np.int64)
+            sel = (self.tables[row][(t // KV_PAGE) % self.P], t % KV_PAGE)
         with self.backend.activate():
-            out = [self.backend.to_host(log[pages, slots]) for pair in zip(self.k, self.v) for log in pair]
-        return np.stack(out, 1).reshape(len(t), len(self.k), 2, -1)
+            out = [self.backend.to_host(log[sel]) for pair in zip(self.k, self.v) for log in pair]
+        return np.stack(out, 1).reshape(pos1 - pos0, len(self.k), 2, -1)
 
     def write_entry(self, row: int, pos: int, entry: np.ndarray) -> None:
         """Write one position's entries ([n_layers, 2, d]) where the row's table puts it (after prepare_append)."""

@@ -114,7 +114,7 @@ def step_overhead(plan: Plan, tmp: Path, obs: np.ndarray) -> tuple[dict, dict]:
            "p50_ratio": ratio(w["p50"], wo["p50"]), "p99_ratio": ratio(w["p99"], wo["p99"]),
            "records_written": stats.records_written, "records_dropped": stats.records_dropped,
            "fsync_ms_max": round(stats.fsync_ms_max, 3), "persist_settings": settings_doc(st)}
-    rate = {"steps": persisted_steps, "log_bytes": stats.log_bytes}
+    rate = {"steps": persisted_steps, "log_bytes": stats.log_bytes, "samples_ms": lat}
     arms.clear()  # one session's memory at a time from here on
     gc.collect()
     return out, rate
@@ -241,13 +241,16 @@ def run(args) -> dict:
     obs = synthetic_trace(max(8192, plan.cfg.kv_window * 4), plan.cfg.obs_dim)
     with tempfile.TemporaryDirectory(prefix="flashrt-bench-persist.") as name:
         tmp = Path(name)
-        overhead, _ = step_overhead(plan, tmp, obs)
+        overhead, measured = step_overhead(plan, tmp, obs)
         resume, log = resume_time(plan, tmp, obs)
         killed = kill_loop(plan, tmp)
-    return {"backend": "numpy", "quick": plan.quick,
-            "config": "defaults (config/flashrt.yaml)" if not plan.quick else
-                      f"defaults with capsule_budget_mb {plan.cfg.capsule_budget_mb:g}",
-            "persist_step_overhead": overhead,
-            "persist_mb_per_s": mb_per_s(log["steps"], log["log_bytes"], "the resume_ms log"),
-            "resume_ms": resume,
-            "records_lost_on_kill": killed}
+    out = {"backend": "numpy", "quick": plan.quick,
+           "config": "defaults (config/flashrt.yaml)" if not plan.quick else
+                     f"defaults with capsule_budget_mb {plan.cfg.capsule_budget_mb:g}",
+           "persist_step_overhead": overhead,
+           "persist_mb_per_s": mb_per_s(log["steps"], log["log_bytes"], "the resume_ms log"),
+           "resume_ms": resume,
+           "records_lost_on_kill": killed}
+    if getattr(args, "plot", None):  # the figure's CDFs; kept out of the JSON otherwise
+        out["samples_ms"] = measured["samples_ms"]
+    return out

@@ -146,9 +146,34 @@ def bench_ros(result: dict, path) -> Path:
     return save(fig, path)
 
 
+def bench_persist(result: dict, path) -> Path:
+    """`flashrt-bench persist`: step latency with and without the capsule log (CDFs, same run), and the
+    records lost at each kill -9 (needs samples_ms, kept when --plot is given)."""
+    plt = pyplot()
+    samples = result.get("samples_ms") or {}
+    if not samples:
+        raise ValueError("bench persist result has no samples_ms (run flashrt-bench persist with --plot)")
+    fig, (lat, lost) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    over = result["persist_step_overhead"]
+    for key, label in (("without", "without persistence"), ("with", "with persistence")):
+        cdf(lat, samples[key], f"{label} (p99 {over[f'{key}_persistence_ms']['p99']:.2f} ms)")
+    lat.set(xscale="log", xlabel="step latency, ms (log)", ylabel="fraction of steps",
+            title=f"step at 100 Hz, full window: p99 ratio {over['p99_ratio']:.2f}")
+    lat.grid(alpha=0.3, which="both")
+    lat.legend(fontsize=8, loc="lower right")
+    rounds = result["records_lost_on_kill"]["rounds"]
+    lost.bar(range(1, len(rounds) + 1), [r["lost"] for r in rounds], color="tab:red")
+    lost.set(xlabel="kill -9", ylabel="records lost", ylim=(0, max(2, max(r["lost"] for r in rounds) + 1)),
+             title=f"resume {result['resume_ms']['ms'] / 1e3:.1f} s, "
+                   f"{result['persist_mb_per_s']['mib_per_s']:.2f} MiB/s")
+    lost.set_xticks(range(1, len(rounds) + 1))
+    lost.yaxis.get_major_locator().set_params(integer=True)
+    return save(fig, path)
+
+
 def draw_bench(which: str, result: dict, path) -> Path:
     """The figure of one `flashrt-bench` subcommand."""
     if which == "capsules":
         from .plots_lineage import capsule_lineage
         return capsule_lineage(result, path)
-    return {"runtime": bench_runtime, "ros": bench_ros}[which](result, path)
+    return {"runtime": bench_runtime, "ros": bench_ros, "persist": bench_persist}[which](result, path)
