@@ -33,6 +33,9 @@ def main(argv) -> int:
     tool("flashrt-bench", "runtime", "--histories", "1024,2048,4096", "--json", js / "bench_runtime.json",
          "--plot", img / "bench_runtime.png")
     tool("flashrt-bench", "ros", "--calls", "300", "--json", js / "bench_ros.json", "--plot", img / "bench_ros.png")
+    # a 1-minute log to resume and 5 kills keep this to a minute; `make bench-persist` runs the README's table
+    tool("flashrt-bench", "persist", "--resume-steps", "6000", "--kills", "5", "--json", js / "bench_persist.json",
+         "--plot", img / "bench_persist.png")
     tool("flashrt-demo", "--duration", "15", "--json", js / "mission.json", "--plot", img / "mission.png")
 
     from flashrt_ros.tools.bags import write_joint_trace

@@ -89,6 +89,18 @@ def test_bench_ros_plot_draws_the_cdfs_of_every_round_trip(ros_domain, tmp_path)
     assert_drawn(tmp_path / "r.png")
 
 
+def test_bench_persist_plot_draws_the_step_cdfs_and_the_records_lost_per_kill(tmp_path):
+    res = run_tool("bench", "persist", "--quick", "--json", tmp_path / "p.json", "--plot", tmp_path / "p.png")
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads((tmp_path / "p.json").read_text())
+    over = out["persist_step_overhead"]
+    assert {k: len(v) for k, v in out["samples_ms"].items()} == dict.fromkeys(("with", "without"),
+                                                                              over["steps_per_arm"])
+    assert over["with_persistence_ms"]["p99"] == pytest.approx(np.percentile(out["samples_ms"]["with"], 99),
+                                                                abs=1e-3)
+    assert_drawn(tmp_path / "p.png")
+
+
 # ---- demos -------------------------------------------------------------------------------------------------
 def test_runtime_demo_plot_draws_the_steps_and_the_what_if_branches(tmp_path):
     res = run_tool("demo", "--runtime", "--steps", 60, "--json", tmp_path / "d.json", "--plot", tmp_path / "d.png")
@@ -169,6 +181,7 @@ import flashrt_ros.tools.plots, flashrt_ros.tools.plots_runs, flashrt_ros.tools.
     ("bench", ["runtime", "--quick"]),
     ("bench", ["capsules"]),
     ("bench", ["ros", "--calls", "5"]),
+    ("bench", ["persist", "--quick"]),
     ("demo", ["--runtime", "--steps", "20"]),
     ("demo", ["--duration", "3"]),
     ("replay", ["BAG"]),
