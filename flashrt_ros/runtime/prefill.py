@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from .kernels import META_KV_LEN, META_POS, META_RNG, META_STEP, RMS_EPS
+from .launch import GRU_SCAN_MAX_H
 
 QUERY_CHUNK = 256
 
@@ -77,12 +78,13 @@ def _attention(xp, q, k, v, n_heads: int, window: int, first: int = 0):
 
 
 def gru_scan(backend, gi, w_hh, b_hh):
-    """hs[n, H]: the GRU recurrence over precomputed input gates; a fused kernel where the backend has one."""
-    if hasattr(backend, "gru_scan"):
+    """hs[n, H]: the GRU recurrence over precomputed input gates; a fused kernel where the backend has one
+    (and H fits its block), else this loop on the backend's array module."""
+    n, H = gi.shape[0], gi.shape[1] // 3
+    if hasattr(backend, "gru_scan") and H <= GRU_SCAN_MAX_H:
         return backend.gru_scan(gi, w_hh, b_hh)
     xp = backend.xp
     f32 = xp.float32
-    n, H = gi.shape[0], gi.shape[1] // 3
     # rows [h_{t-1}, 1]: one GEMV per step also adds b_hh. The r, z columns are halved (exact in
     # binary floating point) for sigmoid(a) = (1 + tanh(a / 2)) / 2.
     hs = xp.empty((n + 1, H + 1), f32)
