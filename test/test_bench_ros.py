@@ -15,7 +15,8 @@ def test_bench_ros_replans_from_a_full_wrapped_window_and_reports_the_fill(ros_d
     assert res.returncode == 0, res.stderr[-3000:]
     d = json.loads(out.read_text())
     window = PolicyConfig.from_yaml(ROOT / "config" / "flashrt.yaml").kv_window
-    assert d["replan_kv_fill"] == f"{window}/{window}" and d["replan_from_step"] > window  # full and wrapped
+    assert d["replan_kv_fill"] == f"{window}/{window}" and d["replan_kv_len"] == window
+    assert d["replan_from_step"] > window  # full and wrapped
     for key in ("trigger_rtt", "rollback_rtt", "replan_rtt", "replan_in_node_ms", "step_latency"):
         assert 0 < d[key]["p50"] <= d[key]["p99"], key
     assert d["calls"] == 20 and d["replan_deadline_met"].endswith("/20")

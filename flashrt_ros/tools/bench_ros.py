@@ -117,7 +117,8 @@ def run(args) -> dict:
         return {"calls": args.calls, "trigger_rtt": p50_p99(trig), "rollback_rtt": p50_p99(roll),
                 "replan_rtt": p50_p99(rep), "replan_in_node_ms": p50_p99(rep_node),
                 "replan_deadline_met": f"{sum(deadline_met)}/{len(deadline_met)}",
-                "replan_kv_fill": f"{min(base.step, window)}/{window}", "replan_from_step": base.step,
+                "replan_kv_fill": f"{min(base.step, window)}/{window}", "replan_kv_len": min(base.step, window),
+                "replan_from_step": base.step,
                 "step_latency": p50_p99(lat), "units": "ms"}
     finally:
         node.destroy_node()
