@@ -44,7 +44,7 @@ def table_rows(lines: list[str]) -> list[str]:
 
 
 def first_number(text: str) -> float:
-    m = re.search(r"(?<![\w.])\d[\d,]*(?:\.\d+)?", text)  # not the 50 of p50
+    m = re.search(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?", text)  # not the 50 of p50
     assert m, f"no number in {text!r}"
     return float(m[0].replace(",", ""))
 
