@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -91,6 +92,7 @@ def gpu_unavailable() -> str | None:
 
 def run_bench(name: str, cmd: list[str], out: Path) -> tuple[dict | None, str | None]:
     dest = out / f"bench_{name}.json"
+    progress(f"{name}: load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other load skews the numbers)")
     progress(f"{name}: {' '.join(cmd[1:])} --json {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest}")
     t0 = time.monotonic()
     res = subprocess.run(cmd + ["--json", str(dest)], cwd=ROOT, stdout=subprocess.DEVNULL)  # progress: stderr
@@ -123,18 +125,20 @@ def main(argv=None) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    fresh, why = {}, {}
+    fresh, why, load = {}, {}, {}
     for i, b in enumerate(benches, 1):
         progress(f"bench {i}/{len(benches)}: {b}")
         if b == "gpu" and (reason := gpu_unavailable()):
             fresh[b], why[b] = None, f"no usable CUDA device ({reason})"
             progress(f"gpu: skipped: {why[b]}")
             continue
+        load[b] = round(os.getloadavg()[0], 2)
         fresh[b], why[b] = run_bench(b, cmds[b], out)
     failed = False
     for t in tables:
         b = spec["tables"][t]["bench"]
         result = compare(spec, t, fresh[b], why[b])
+        result["load_avg_1min_at_start"], result["cpu_count"] = load.get(b), os.cpu_count()
         failed |= fresh[b] is None and b != "gpu"
         (out / f"reproduce_{t}.json").write_text(json.dumps(result, indent=2) + "\n")
         print(format_table(result) + "\n", flush=True)
