@@ -69,7 +69,7 @@ def history_point(s: Session, obs: np.ndarray, plan: Plan) -> dict:
     """The window filled by cold prefill of `history` = kv_window observations, then the keep-keys."""
     history = s.cfg.kv_window
     progress(f"history {history}: cold prefill")
-    reps = 2 if history <= 4096 else 1
+    reps = 3  # the median of 3: one sample hit by a noisy neighbour does not set the figure
     prefill = timed_ms(lambda: s.prefill_from(obs[:history]), 1, warmup=0)
     prefill += timed_ms(s.cold_prefill, reps - 1, warmup=0)
     base = s.snapshot(label="bench base", pin=True)
