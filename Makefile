@@ -30,7 +30,7 @@ IFACE_SRC := $(wildcard flashrt_interfaces/*.txt flashrt_interfaces/*.xml flashr
                         flashrt_interfaces/srv/* flashrt_interfaces/action/*)
 PKG_SRC := setup.py setup.cfg scripts/venv_scripts.cfg
 
-.PHONY: help setup interfaces demo test test-compat test-jazzy lint bench bench-ros bench-persist plots gpu-check mutate clean
+.PHONY: help setup interfaces demo test test-compat test-jazzy lint bench bench-ros bench-persist plots reproduce gpu-check mutate clean
 help:
 	@echo "make demo        run the main demo on the CPU default (creates .venv on first use);"
 	@echo "                 DEMO_ARGS=\"--duration 5\" for a short one"
@@ -41,6 +41,8 @@ help:
 	@echo "make bench-ros   latency through ROS 2 -> out/bench_ros.json"
 	@echo "make bench-persist  capsule log: step overhead, MiB/s, resume, kill -9 -> out/bench_persist.json"
 	@echo "make plots       the README's figures from short real runs -> docs/img/ (a few minutes)"
+	@echo "make reproduce   rerun every benchmark behind a README number: README value, fresh value, ratio"
+	@echo "                 (out/reproduce_<table>.json; REPRODUCE_ARGS=\"--tables history\" for a subset)"
 	@echo "make lint        ruff"
 	@echo "make gpu-check   GPU tests + benchmarks (needs a CUDA device)"
 	@echo "make mutate      break the code on purpose, one named mutation at a time; each must be caught"
@@ -127,6 +129,11 @@ bench-persist: $(SETUP_STAMP)
 # Every --plot figure the README shows, from short real runs of the tools (JSON of each in out/plots/).
 plots: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(WITH_ROS_LOG) $(PY) scripts/make_plots.py docs/img
+
+# Every README Results number (docs/readme_numbers.json) rerun and compared; GPU tables skipped without a device.
+REPRODUCE_ARGS ?=
+reproduce: $(SETUP_STAMP) $(IFACE_STAMP)
+	$(WITH_ROS_LOG) $(PY) scripts/reproduce.py $(REPRODUCE_ARGS)
 
 # On a GPU machine; works without .venv (the device image has cupy, numpy, pytest, safetensors).
 GPU_PY ?= $(if $(wildcard $(VENV)/bin/python),$(PY),python3)

@@ -71,37 +71,67 @@ extern "C" __global__ void gru_commit_f32(float* __restrict__ h, i64 h_rs, const
 }
 
 // GRU over a whole sequence for cold prefill: hs[t] = GRU(x_t, hs[t-1]), h0 = 0, with the input gates
-// gi[n, 3H] (b_ih included) precomputed by one GEMM. One block, one thread per hidden unit (blockDim a
-// multiple of 32 >= H); h lives in shared memory and a barrier separates the steps.
-#define GRU_SCAN_MAX_H 1024
-extern "C" __global__ void gru_scan_f32(const float* __restrict__ gi, const float* __restrict__ w_hh,
-                                        const float* __restrict__ b_hh, float* __restrict__ hs, int n, int H) {
-  __shared__ float h[GRU_SCAN_MAX_H];
-  const int j = threadIdx.x, G = 3 * H;
-  if (j < H) h[j] = 0.0f;
+// gi[n, 3H] (b_ih included) precomputed by one GEMM. One persistent block runs all n steps (one launch).
+// Thread (j, s) = (tid / S, tid % S), S a power of two <= 32 (the host picks it: gru_scan_geometry in
+// runtime/launch.py), keeps rows i = s, s + S, ... of unit j's three W_hh columns in registers
+// (GRU_SCAN_REG per gate; rows past those are read from global). The S lanes of a unit are adjacent in
+// one warp: a fixed xor tree sums their partial dot products, and lane s = 0 applies the gates. h is
+// double-buffered in shared memory, so one barrier per step suffices.
+#define GRU_SCAN_MAX_H 512
+#define GRU_SCAN_THREADS 512   // blockDim.x <= this (H * S rounded up to a warp)
+#define GRU_SCAN_REG 22     // 3 x 22 weights: 128 registers at 512 threads with no spill (ptxas -v, sm_87 and sm_90)
+extern "C" __global__ __launch_bounds__(GRU_SCAN_THREADS) void gru_scan_f32(
+    const float* __restrict__ gi, const float* __restrict__ w_hh, const float* __restrict__ b_hh,
+    float* __restrict__ hs, int n, int H, int S) {
+  __shared__ float h[2][GRU_SCAN_MAX_H];
+  const int tid = threadIdx.x, j = tid / S, s = tid % S, G = 3 * H;
+  const bool unit = j < H;  // padding threads of the last warp still join every shuffle and barrier
+  for (int i = tid; i < H; i += blockDim.x) h[0][i] = 0.0f;
+  float wr[GRU_SCAN_REG], wz[GRU_SCAN_REG], wn[GRU_SCAN_REG];
+#pragma unroll
+  for (int k = 0; k < GRU_SCAN_REG; ++k) {
+    const int i = s + k * S;
+    const bool ok = unit && i < H;
+    const float* w = w_hh + (i64)(ok ? i : 0) * G + (ok ? j : 0);
+    wr[k] = ok ? w[0] : 0.0f;
+    wz[k] = ok ? w[H] : 0.0f;
+    wn[k] = ok ? w[2 * H] : 0.0f;
+  }
+  const float br = unit ? b_hh[j] : 0.0f, bz = unit ? b_hh[H + j] : 0.0f, bn = unit ? b_hh[2 * H + j] : 0.0f;
   __syncthreads();
   for (int t = 0; t < n; ++t) {
-    float hn = 0.0f;
-    if (j < H) {
-      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f;
-      for (int i = 0; i < H; ++i) {
-        const float hi = h[i];
+    const float* hc = h[t & 1];
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < GRU_SCAN_REG; ++k) {
+      const int i = s + k * S;
+      const float hi = i < H ? hc[i] : 0.0f;
+      s0 = fmaf(hi, wr[k], s0);
+      s1 = fmaf(hi, wz[k], s1);
+      s2 = fmaf(hi, wn[k], s2);
+    }
+    if (unit)
+      for (int i = s + GRU_SCAN_REG * S; i < H; i += S) {  // wide H only: rows beyond the registers
+        const float hi = hc[i];
         const float* w = w_hh + (i64)i * G + j;
         s0 = fmaf(hi, w[0], s0);
         s1 = fmaf(hi, w[H], s1);
         s2 = fmaf(hi, w[2 * H], s2);
       }
-      const float* g = gi + (i64)t * G;
-      const float r = sigmoid_f(g[j] + s0 + b_hh[j]);
-      const float z = sigmoid_f(g[H + j] + s1 + b_hh[H + j]);
-      const float nn = tanhf(g[2 * H + j] + r * (s2 + b_hh[2 * H + j]));
-      hn = nn + z * (h[j] - nn);
+    for (int o = 1; o < S; o <<= 1) {
+      s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+      s2 += __shfl_xor_sync(0xffffffffu, s2, o);
     }
-    __syncthreads();
-    if (j < H) {
-      h[j] = hn;
+    if (unit && s == 0) {
+      const float* g = gi + (i64)t * G;
+      const float r = sigmoid_f(g[j] + s0 + br);
+      const float z = sigmoid_f(g[H + j] + s1 + bz);
+      const float nn = tanhf(g[2 * H + j] + r * (s2 + bn));
+      const float hn = nn + z * (hc[j] - nn);
+      h[(t + 1) & 1][j] = hn;
       hs[(i64)t * H + j] = hn;
     }
-    __syncthreads();
+    __syncthreads();  // step t's reads of h[t & 1] are done before step t + 1 writes it
   }
 }

@@ -85,6 +85,8 @@ def test_replan_shared_and_copy_fork_are_reported_for_the_same_cases_with_the_wi
             d["copy_fork_replan_ms"][case]["p50"] / d["replan_ms"][case]["p50"], abs=1e-3)
         det = d["replan_detail"][case]
         assert det["kv_len"] == det["kv_window"] and det["step"] > det["kv_window"]
+        assert det["kv_fill"] == f"{det['kv_window']}/{det['kv_window']}"  # what the README quotes
+    assert d["copy_fork_over_shared_vs"].startswith("shared-window replan")
 
 
 def test_history_points_keep_the_old_keys_with_capsule_bytes_independent_of_the_window(quick):

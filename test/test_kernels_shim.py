@@ -195,9 +195,12 @@ def test_launchers_reject_mismatched_shapes():
         LAUNCHERS["add"](np.zeros((2, 4), np.float64), np.zeros((2, 4), np.float64))
 
 
-@pytest.mark.parametrize("n, H", [(1, 8), (37, 33), (20, 64)])
+# H = 8: 32 lanes per unit; 33: 8 lanes and 24 padding threads; 128 (the default d_model): 4 lanes, 88
+# rows in registers and 40 read from global; 200: 2 lanes; 512: one lane per unit, the widest block
+@pytest.mark.parametrize("n, H", [(1, 8), (37, 33), (20, 64), (9, 128), (6, 200), (3, 512)])
 def test_gru_scan_kernel_matches_the_stepwise_scan(n, H):
     from flashrt_ros.runtime.backend import NumpyBackend
+    from flashrt_ros.runtime.launch import gru_scan as launch_gru_scan
     from flashrt_ros.runtime.prefill import gru_scan
 
     rng = np.random.default_rng(n * H)
@@ -206,9 +209,19 @@ def test_gru_scan_kernel_matches_the_stepwise_scan(n, H):
     b_hh = rng.standard_normal(3 * H).astype(np.float32)
     want = gru_scan(NumpyBackend(), gi, w_hh, b_hh)
     got = np.full((n, H), np.nan, np.float32)
-    module("recurrent.cu").get_function("gru_scan_f32")(
-        (1, 1, 1), ((H + 31) // 32 * 32, 1, 1), (gi, w_hh, b_hh, got, np.int32(n), np.int32(H)))
+    la = launch_gru_scan(gi, w_hh, b_hh, got)
+    assert la.block[0] % 32 == 0 and la.block[0] <= 512
+    module(la.source).get_function(la.function)(la.grid, la.block, la.args)
     np.testing.assert_allclose(got, want, **TOL)
+
+
+def test_gru_scan_launcher_refuses_what_the_kernel_cannot_hold():
+    from flashrt_ros.runtime.launch import gru_scan as launch_gru_scan
+
+    H = 513
+    with pytest.raises(ValueError, match="H must be 1..512"):
+        launch_gru_scan(np.zeros((2, 3 * H), np.float32), np.zeros((H, 3 * H), np.float32),
+                        np.zeros(3 * H, np.float32), np.zeros((2, H), np.float32))
 
 
 @pytest.mark.parametrize("pos, kv_len, page", [(-1, -1, 0), (-1, -1, -5), (-(2**62), 7, 2**40),

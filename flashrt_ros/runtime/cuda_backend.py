@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .launch import gru_scan as launch_gru_scan
 from .launch import kernel_dir, launches_for
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
@@ -122,15 +123,14 @@ class CupyBackend:
         return CudaGraphReplay(self, plan, arena, start, count)
 
     def gru_scan(self, gi, w_hh, b_hh):
-        """hs[n, H] of a GRU over precomputed input gates gi[n, 3H] (b_ih included), h0 = 0: one block,
-        one thread per unit, a barrier per step. Used by cold_prefill."""
+        """hs[n, H] of a GRU over precomputed input gates gi[n, 3H] (b_ih included), h0 = 0: one persistent
+        block for the whole sequence (kernels/recurrent.cu). Used by cold_prefill for H <= GRU_SCAN_MAX_H."""
         n, G = gi.shape
-        H = G // 3
-        if H > 1024 or w_hh.shape != (H, G):
-            raise ValueError(f"gru_scan: H={H} must be <= 1024 and w_hh [H, 3H], got {w_hh.shape}")
         with self.stream:
-            hs = self.xp.empty((n, H), self.xp.float32)
+            hs = self.xp.empty((n, G // 3), self.xp.float32)
             gi = self.xp.ascontiguousarray(gi, dtype=self.xp.float32)
-            self.function("recurrent.cu", "gru_scan_f32")(
-                (1,), ((H + 31) // 32 * 32,), (gi, w_hh, b_hh, hs, np.int32(n), np.int32(H)))
+            w_hh = self.xp.ascontiguousarray(w_hh, dtype=self.xp.float32)
+            b_hh = self.xp.ascontiguousarray(b_hh, dtype=self.xp.float32)
+            la = launch_gru_scan(gi, w_hh, b_hh, hs)
+            self.function(la.source, la.function)(la.grid, la.block, la.args)
         return hs

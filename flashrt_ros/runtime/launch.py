@@ -16,6 +16,7 @@ from .kernels import KV_PAGE  # log entries per page = keys per attention block,
 I32, I64, U32, F32 = np.int32, np.int64, np.uint32, np.float32
 ATTN_THREADS = 128  # must match kernels/attention.cu
 ATTN_MAX_HD = 64
+GRU_SCAN_MAX_H = 512  # must match kernels/recurrent.cu (and GRU_SCAN_THREADS there)
 
 
 
@@ -175,6 +176,23 @@ def meta_advance(meta, kv_window):
 
 LAUNCHERS = {f.__name__: f for f in (obs_norm, linear, add, rmsnorm, causal_conv, gru_cell, gru_commit, kv_write,
                                      attn_decode, temporal_ensemble, rng_noise, meta_advance)}
+
+
+def gru_scan(gi, w_hh, b_hh, hs):
+    """Cold prefill's whole-sequence GRU (not a plan op): one persistent block; S lanes per hidden unit,
+    S the largest power of two <= 32 with H * S <= GRU_SCAN_MAX_H threads."""
+    _f32(gi, w_hh, b_hh, hs)
+    n, G = gi.shape
+    H = G // 3
+    _check(G == 3 * H and 1 <= H <= GRU_SCAN_MAX_H, f"gru_scan: H must be 1..{GRU_SCAN_MAX_H}, got gi {gi.shape}")
+    _check(w_hh.shape == (H, G) and b_hh.shape == (G,) and hs.shape == (n, H), "gru_scan shapes")
+    _check(all(a.flags.c_contiguous for a in (gi, w_hh, b_hh, hs)), "gru_scan: contiguous buffers required")
+    S = 1
+    while S < 32 and 2 * S * H <= GRU_SCAN_MAX_H:
+        S *= 2
+    block = _cdiv(H * S, 32) * 32
+    args = (gi, w_hh, b_hh, hs, I32(n), I32(H), I32(S))
+    return Launch("recurrent.cu", "gru_scan_f32", (1, 1, 1), (block, 1, 1), args)
 
 
 def op_views(op, arena, start: int, count: int) -> list:

@@ -110,7 +110,8 @@ def graph_vs_eager(s: Session, plan: GpuPlan) -> dict:
     graph = device_ms(s, runner.replay, plan.graph_reps)
     eager = device_ms(s, runner.replay_eager, plan.graph_reps) if hasattr(runner, "replay_eager") else None
     return {"graph_step_ms": round(graph, 5), "eager_step_ms": None if eager is None else round(eager, 5),
-            "graph_speedup_vs_eager": None if eager is None else round(eager / graph, 2)}
+            "graph_speedup_vs_eager": None if eager is None else round(eager / graph, 2),
+            "graph_speedup_vs": "eager per-op launches of the same live step, same device"}
 
 
 def point(cfg: PolicyConfig, backend, plan: GpuPlan) -> dict:
@@ -154,6 +155,7 @@ def run(args) -> dict:
     points = [point(cfg.replace(kv_window=w), "cuda", plan) for w in plan.windows]
     return {"device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
             "compute_capability": dev.compute_capability, "cupy": cupy.__version__, "points": points,
+            "copy_fork_over_shared_vs": "shared-window replan of the same case, same run, same device",
             **summary(points), "rollback_depth_s": rollback_depth_formula(cfg, (1024, 16384))}
 
 

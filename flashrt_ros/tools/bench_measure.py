@@ -170,7 +170,9 @@ def replan_ab(s: Session, branches: int, horizon: int, obs: np.ndarray, reps: in
                 arms["copy_fork" if copy_fork else "shared"].append(ms)
     s.unpin(base.id)
     shared, copied = stats_ms(arms["shared"]), stats_ms(arms["copy_fork"])
+    kv_len = live_kv_len(s)
     return {"case": f"{branches}x{horizon}@{s.cfg.kv_window}", "kv_window": s.cfg.kv_window,
-            "kv_len": live_kv_len(s), "step": s.step_count, "reps": reps, "shared": shared, "copy_fork": copied,
+            "kv_len": kv_len, "kv_fill": f"{kv_len}/{s.cfg.kv_window}", "step": s.step_count,
+            "reps": reps, "shared": shared, "copy_fork": copied,
             "copy_fork_over_shared": ratio(copied["p50"], shared["p50"])}
 

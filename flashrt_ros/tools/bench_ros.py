@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from ..runtime import PolicyConfig
 from .common import p50_p99, progress, synthetic_trace
 from .demo_mission import params_file, ros_env
 
@@ -73,7 +74,10 @@ def run(args) -> dict:
         step_sub = node.create_subscription(PolicyStep, "policy_step", got.append, policy_step_qos(100))
         pub = node.create_publisher(JointState, "observation", qos)
         wait_linked(node, pub, step_sub, 60.0, alive=lambda: all(p.poll() is None for p in procs))
-        trace = synthetic_trace(args.calls + 700, 14)  # the shipped config's obs_dim
+        # replan from a full, wrapped window: what a long-running robot has (the shipped config's window)
+        window = PolicyConfig.from_yaml(params_file(None)).kv_window
+        warm = window + 64
+        trace = synthetic_trace(args.calls + warm + 100, 14)  # the shipped config's obs_dim
         names = [f"joint{i}" for i in range(7)]
 
         def step(o):
@@ -86,13 +90,14 @@ def run(args) -> dict:
             m = got[-1]
             return (node.get_clock().now().nanoseconds - (m.header.stamp.sec * 10**9 + m.header.stamp.nanosec)) / 1e6
 
-        progress("warm-up: 600 steps (fills the KV window the default config attends over)")
-        for o in trace[:600]:
+        progress(f"warm-up: {warm} steps (fills and wraps the {window}-step KV window)")
+        for o in trace[:warm]:
             step(o)
-        pinned = client.snapshot(label="bench", pin=True).capsule.id
+        base = client.snapshot(label="bench", pin=True).capsule
+        pinned = base.id
         trig = _timed(args.calls, "trigger", lambda: client.wait_for(trigger.call_async(Trigger.Request()), 5))
         roll = _timed(args.calls, "rollback", lambda: client.rollback(capsule_id=pinned))
-        branches = np.stack([trace[600:608] + 0.05 * b for b in range(4)])
+        branches = np.stack([trace[warm:warm + 8] + 0.05 * b for b in range(4)])
         deadline_met = []  # branch capsules evict old unpinned ones; the pinned base stays
 
         rep, rep_node = [], []
@@ -105,13 +110,15 @@ def run(args) -> dict:
             if (i + 1) % 100 == 0:
                 progress(f"replan 4x8: {i + 1}/{args.calls}")
         lat = []
-        for i, o in enumerate(trace[600:600 + args.calls]):
+        for i, o in enumerate(trace[warm:warm + args.calls]):
             lat.append(step(o))
             if (i + 1) % 100 == 0:
                 progress(f"step latency: {i + 1}/{args.calls}")
         out = {"calls": args.calls, "trigger_rtt": p50_p99(trig), "rollback_rtt": p50_p99(roll),
                "replan_rtt": p50_p99(rep), "replan_in_node_ms": p50_p99(rep_node),
                "replan_deadline_met": f"{sum(deadline_met)}/{len(deadline_met)}",
+               "replan_kv_fill": f"{min(base.step, window)}/{window}", "replan_kv_len": min(base.step, window),
+               "replan_from_step": base.step,
                "step_latency": p50_p99(lat), "units": "ms"}
         if getattr(args, "plot", None):  # every sample, for the CDFs (only then: 4 x calls numbers)
             out["samples_ms"] = {k: [round(x, 4) for x in v] for k, v in (

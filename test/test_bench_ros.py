@@ -1,0 +1,22 @@
+"""`flashrt-bench ros` end to end with few calls: the replan it times starts from a full, wrapped KV
+window (the README quotes the figure with that fill), and every key the README table reads is there."""
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+from flashrt_ros.runtime import PolicyConfig
+
+
+def test_bench_ros_replans_from_a_full_wrapped_window_and_reports_the_fill(ros_domain, tmp_path):
+    out = tmp_path / "ros.json"
+    res = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.bench", "ros", "--calls", "20", "--json", str(out)],
+                         cwd=ROOT, env=ros_domain, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    d = json.loads(out.read_text())
+    window = PolicyConfig.from_yaml(ROOT / "config" / "flashrt.yaml").kv_window
+    assert d["replan_kv_fill"] == f"{window}/{window}" and d["replan_kv_len"] == window
+    assert d["replan_from_step"] > window  # full and wrapped
+    for key in ("trigger_rtt", "rollback_rtt", "replan_rtt", "replan_in_node_ms", "step_latency"):
+        assert 0 < d[key]["p50"] <= d[key]["p99"], key
+    assert d["calls"] == 20 and d["replan_deadline_met"].endswith("/20")
