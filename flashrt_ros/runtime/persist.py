@@ -25,9 +25,10 @@ import numpy as np
 from .persist_format import DELTA, RESYNC, LogLayout, encode_record, iter_segment_paths, segment_header_bytes
 
 MB = 2**20
-# The writer takes up a record this long after it was queued: its Python work (encode, checksum) then runs
-# after the step that queued it instead of taking the GIL from it mid-step. Adds this much to the lag only.
-WRITER_DELAY_S = 0.002
+# The writer waits for the runtime to be idle (its lock free) before it encodes a record, so its Python work
+# runs between steps instead of taking the GIL from one mid-step; never longer than this, so a caller that
+# holds the lock while it waits on the writer (flush) cannot deadlock it.
+QUIET_WAIT_S = 0.05
 PARAMS = {"fsync_every_records": "persist_fsync_records", "fsync_every_ms": "persist_fsync_ms",
           "segment_mb": "persist_segment_mb", "budget_mb": "persist_budget_mb", "queue_mb": "persist_queue_mb"}
 
@@ -68,8 +69,9 @@ class PersistStats:
 
 
 class CapsuleLog:
-    def __init__(self, settings: PersistSettings, layout: LogLayout):
-        self.settings, self.layout = settings, layout
+    def __init__(self, settings: PersistSettings, layout: LogLayout, quiet=None):
+        """``quiet``: a lock the runtime holds while it steps (the session lock), or None."""
+        self.settings, self.layout, self.quiet = settings, layout, quiet
         self.dir = Path(settings.directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._queue: queue.Queue = queue.Queue()
@@ -181,9 +183,8 @@ class CapsuleLog:
                 self._maybe_fsync(force=True)
                 item.set()
                 continue
-            wait = item[0] + WRITER_DELAY_S - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
+            if self.quiet is not None and self.quiet.acquire(timeout=QUIET_WAIT_S):
+                self.quiet.release()
             try:
                 self._write(*item[1:6])
             except Exception as e:  # noqa: BLE001 - the writer must outlive any one record

@@ -30,7 +30,7 @@ class Persistence:
     def __init__(self, session, settings: PersistSettings):
         self.session = session
         self.layout = layout_of(session)
-        self.log = CapsuleLog(settings, self.layout)
+        self.log = CapsuleLog(settings, self.layout, quiet=session.lock)
         self.failures = 0  # records lost to an error on the step thread (counted as drops too)
 
     def _window(self, row_pages: np.ndarray, step: int) -> np.ndarray:
