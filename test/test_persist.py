@@ -218,3 +218,16 @@ def test_capsules_every_n_steps_persist_deltas_of_n_entries_across_page_boundari
     for o in OBS[report.step:report.step + 50]:
         s.step(o)
     assert r.state_host().tobytes() == s.state_host().tobytes()
+
+
+def test_a_runtime_that_holds_its_lock_all_the_time_never_starves_the_writer(tmp_path):
+    import time
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path, queue_mb=0.25))  # ~70 small records may wait
+    with s.lock:  # as a runtime stepping back to back, or a long replan: the writer never sees it idle
+        for o in OBS[:300]:
+            s.step(o)
+            time.sleep(0.0005)  # the GIL is free now and then, the runtime lock never
+    assert s.persistence.flush()
+    st = s.persistence.stats()
+    assert (st.records_written, st.records_dropped) == (300, 0)

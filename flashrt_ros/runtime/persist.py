@@ -25,10 +25,10 @@ import numpy as np
 from .persist_format import DELTA, RESYNC, LogLayout, encode_record, iter_segment_paths, segment_header_bytes
 
 MB = 2**20
-# The writer waits for the runtime to be idle (its lock free) before it encodes a record, so its Python work
-# runs between steps instead of taking the GIL from one mid-step; never longer than this, so a caller that
-# holds the lock while it waits on the writer (flush) cannot deadlock it.
-QUIET_WAIT_S = 0.05
+# Before a batch the writer waits for the runtime to be idle (its lock free), so its Python work (encode,
+# checksum) runs between steps instead of taking the GIL from one mid-step. Never longer than this: a
+# runtime stepping back to back, or a caller that waits on the writer with the lock held, only delays it.
+QUIET_WAIT_S = 0.003
 PARAMS = {"fsync_every_records": "persist_fsync_records", "fsync_every_ms": "persist_fsync_ms",
           "segment_mb": "persist_segment_mb", "budget_mb": "persist_budget_mb", "queue_mb": "persist_queue_mb"}
 
@@ -91,6 +91,7 @@ class CapsuleLog:
         self._seg_path: Path | None = None
         self._seg_bytes = self._good_bytes = 0
         self._unsynced, self._last_sync = 0, time.monotonic()
+        self._batch: list = []  # records taken off the queue, not written yet
         self._sizes = {p: p.stat().st_size for p in iter_segment_paths(self.dir)}
         self._pins = {p: p.stat().st_size for p in iter_segment_paths(self.dir, "pin-")}
         self._next_seg = 1 + max((int(p.stem[4:]) for p in self._sizes if p.stem[4:].isdigit()), default=0)
@@ -146,13 +147,12 @@ class CapsuleLog:
     # ---- status ---------------------------------------------------------------------------
     def stats(self) -> PersistStats:
         with self._lock:
-            try:
-                oldest = self._queue.queue[0][0]  # deque peek; a racing get only makes it a bit stale
-                lag = (time.monotonic() - oldest) * 1e3
-            except IndexError:
-                lag = 0.0
+            waiting = [*self._batch[:1], *list(self._queue.queue)[:1]]  # racy peeks: at worst a bit stale
+            times = [w[0] for w in waiting if isinstance(w, tuple)]
+            lag = (time.monotonic() - min(times)) * 1e3 if times else 0.0
             return PersistStats(self._written, self._dropped, self._resyncs, self._errors, self._last_error,
-                                self._queue.qsize(), self._queue_bytes, lag, self._fsync_last, self._fsync_max,
+                                self._queue.qsize() + len(self._batch), self._queue_bytes, lag,
+                                self._fsync_last, self._fsync_max,
                                 sum(self._sizes.values()) + sum(self._pins.values()), len(self._sizes),
                                 len(self._pins))
 
@@ -170,12 +170,23 @@ class CapsuleLog:
     # ---- writer thread --------------------------------------------------------------------
     def _run(self) -> None:
         period = self.settings.fsync_every_ms / 1e3 if self.settings.fsync_every_ms else None
+        batch = self._batch  # taken after one wait for a quiet runtime: a busy runtime never starves the writer
         while True:
-            try:
-                item = self._queue.get(timeout=period)
-            except queue.Empty:  # idle: the time trigger still fires
-                self._maybe_fsync(idle=True)
-                continue
+            if batch:
+                item = batch.pop(0)
+            else:
+                try:
+                    item = self._queue.get(timeout=period)
+                except queue.Empty:  # idle: the time trigger still fires
+                    self._maybe_fsync(idle=True)
+                    continue
+                if self.quiet is not None and self.quiet.acquire(timeout=QUIET_WAIT_S):
+                    self.quiet.release()
+                while True:
+                    try:
+                        batch.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
             if item is None:
                 self._sync_and_close()
                 return
@@ -183,8 +194,6 @@ class CapsuleLog:
                 self._maybe_fsync(force=True)
                 item.set()
                 continue
-            if self.quiet is not None and self.quiet.acquire(timeout=QUIET_WAIT_S):
-                self.quiet.release()
             try:
                 self._write(*item[1:6])
             except Exception as e:  # noqa: BLE001 - the writer must outlive any one record
