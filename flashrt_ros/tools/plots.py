@@ -157,8 +157,12 @@ def bench_persist(result: dict, path) -> Path:
     over = result["persist_step_overhead"]
     for key, label in (("without", "without persistence"), ("with", "with persistence")):
         cdf(lat, samples[key], f"{label} (p99 {over[f'{key}_persistence_ms']['p99']:.2f} ms)")
+    from matplotlib.ticker import FormatStrFormatter
+
     lat.set(xscale="log", xlabel="step latency, ms (log)", ylabel="fraction of steps",
             title=f"step at 100 Hz, full window: p99 ratio {over['p99_ratio']:.2f}")
+    for axis in (lat.xaxis.set_major_formatter, lat.xaxis.set_minor_formatter):
+        axis(FormatStrFormatter("%g"))  # a narrow log range gets minor ticks only: label them as numbers
     lat.grid(alpha=0.3, which="both")
     lat.legend(fontsize=8, loc="lower right")
     rounds = result["records_lost_on_kill"]["rounds"]
