@@ -13,6 +13,7 @@ pinned capsules; retention removes them last.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -127,14 +128,22 @@ class CapsuleLog:
         blob = segment_header_bytes(self.layout) + encode_record(
             RESYNC, replace(info, pinned=True), small, window, min(info.step, self.layout.kv_window))
         tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            _write_all(fd, blob)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(self.dir)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, blob)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            _fsync_dir(self.dir)
+        except OSError as e:  # the pin holds in memory already: a disk error is counted, never raised at the caller
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            with self._lock:
+                self._errors += 1
+                self._last_error = f"pin file of capsule {info.id}: {type(e).__name__}: {e}"
+            return
         with self._lock:
             self._pins[path] = len(blob)
 

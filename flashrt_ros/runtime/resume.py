@@ -19,7 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .persist_format import RESYNC, LogCorrupt, LogLayout, Record, iter_segment_paths, scan
+from .persist_format import (
+    RESYNC,
+    LogCorrupt,
+    LogLayout,
+    Record,
+    is_torn_header,
+    iter_segment_paths,
+    scan,
+    valid_record_after,
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +75,8 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
         mtime = max(mtime, path.stat().st_mtime) if i == 0 else mtime
         try:
             recs, err = scan(path, blob, layout, meta_of)
-        except LogCorrupt as e:
-            if i == 0 and "fingerprint" not in e.why and "layout" not in e.why:  # torn header of the newest
+        except LogCorrupt:
+            if i == 0 and is_torn_header(blob, layout):  # a kill while the newest segment was created
                 records_cut, cut = 0, f"{path.name}: {len(blob)} bytes of a segment that never got a record"
                 if truncate:
                     path.unlink()
@@ -77,6 +86,10 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
         if err is not None:
             if i != 0:
                 raise err
+            after = valid_record_after(path, blob, err.offset, layout, meta_of)
+            if after is not None:  # damage with good records behind it: cutting there would throw them away
+                raise LogCorrupt(path, err.offset, f"{err.why}; valid records follow at offset {after}, so this "
+                                                   "is damage inside the log, not a torn tail")
             records_cut, cut = 1, f"{path.name} at offset {err.offset} ({err.why}, {len(blob) - err.offset} bytes)"
             if truncate:
                 os.truncate(path, err.offset)
@@ -88,11 +101,30 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
         recs, err = scan(path, path.read_bytes(), layout, meta_of)
         if err is not None or len(recs) != 1 or recs[0].kind != RESYNC:
             raise err or LogCorrupt(path, 0, "a pin file holds exactly one RESYNC record")
+        if path.name != f"pin-{recs[0].id:016d}.frl":  # also: one pin file per capsule
+            raise LogCorrupt(path, recs[0].offset, f"the pin file holds capsule {recs[0].id}, not the one it is "
+                                                   "named for")
         pins.append(recs[0])
-    if records and records[0].kind != RESYNC:
-        raise LogCorrupt(segs[0], records[0].offset, "the oldest segment does not start with a RESYNC record")
+    check_timeline(records)
     max_id = max([r.id for r in records] + [r.id for r in pins], default=0)
     return LogContents(records, pins, records_cut, cut, mtime, max_id, read)
+
+
+def check_timeline(records: list[Record]) -> None:
+    """The order the writer gives the records, checked before a rebuild reads through them: ids strictly
+    increase, the oldest stands alone, and each DELTA extends the record right before it (its parent, the
+    step its entries start at). Checksums alone let a removed, repeated or reordered record through."""
+    for prev, rec in zip([None, *records], records):
+        if prev is None:
+            if rec.kind != RESYNC:
+                raise LogCorrupt(rec.path, rec.offset, "the oldest segment does not start with a RESYNC record")
+            continue
+        if rec.id <= prev.id:
+            raise LogCorrupt(rec.path, rec.offset, f"capsule id {rec.id} after {prev.id}: ids must increase")
+        if rec.kind != RESYNC and (rec.parent_id != prev.id or rec.step - len(rec.kv) != prev.step):
+            raise LogCorrupt(rec.path, rec.offset, f"a delta of capsule {rec.parent_id} at step "
+                                                   f"{rec.step - len(rec.kv)} follows capsule {prev.id} at step "
+                                                   f"{prev.step}: a record is missing or out of order")
 
 
 def rebuild(session, contents: LogContents) -> ResumeReport:
@@ -152,4 +184,4 @@ def meta_reader(arena):
     return lambda small: np.asarray(arena.row_view("meta", small))
 
 
-__all__ = ["LogContents", "ResumeReport", "meta_reader", "read_log", "rebuild"]
+__all__ = ["LogContents", "ResumeReport", "check_timeline", "meta_reader", "read_log", "rebuild"]

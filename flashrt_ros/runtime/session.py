@@ -329,6 +329,11 @@ class Session:
 
         if self.persistence is not None:
             raise RuntimeError("persistence is already enabled")
+        directory = Path(settings.directory)
+        try:  # before a resume resets anything: a persist_dir that is a file fails here, state untouched
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(f"persist_dir {directory}: cannot hold the capsule log ({e.strerror or e})") from None
         report = moved = None
         if resume:
             report = resume_from(self, settings.directory)
@@ -340,8 +345,9 @@ class Session:
 
     def disable_persistence(self) -> None:
         """Write what is queued, fsync, and stop the writer."""
-        p, self.persistence = self.persistence, None
-        if p is not None:
+        with self.lock:  # never between a step's (or a replan commit's) check of self.persistence and its use
+            p, self.persistence = self.persistence, None
+        if p is not None:  # closed outside the lock: the writer waits for an idle runtime, briefly
             p.close()
 
     def save_weights(self, path: str | Path) -> None:

@@ -1,0 +1,223 @@
+"""Adversarial review of the capsule log (issue 11): crafted, damaged or racing inputs to persist/resume.
+
+Each test states a defect that was found and fixed: a damaged or crafted log either resumes at the last
+good record of a torn tail, or is refused with LogCorrupt naming the file; never another exception,
+never a silently older or wrong state, never a deleted file.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from conftest import observation_trace, small_config
+from flashrt_ros.runtime import Session
+from flashrt_ros.runtime.persist import PersistSettings
+from flashrt_ros.runtime.persist_format import (
+    INFO,
+    RECORD_HEAD,
+    RECORD_MAGIC,
+    RESYNC,
+    LogCorrupt,
+    iter_segment_paths,
+    scan,
+)
+from flashrt_ros.runtime.persistence import layout_of
+from flashrt_ros.runtime.resume import meta_reader
+
+OBS = observation_trace(200)
+
+
+def settings(tmp_path, **kw) -> PersistSettings:
+    base = dict(directory=tmp_path / "log", fsync_every_ms=0.0, segment_mb=1.0, budget_mb=64.0)
+    base.update(kw)
+    return PersistSettings(**base)
+
+
+def cfg(**kw):
+    return small_config(kv_window=150, **kw)
+
+
+def stepped(tmp_path, n=40, **kw) -> Session:
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path, **kw))
+    for o in OBS[:n]:
+        s.step(o)
+    s.disable_persistence()
+    return s
+
+
+def records_of(s, seg: Path):
+    recs, err = scan(seg, seg.read_bytes(), layout_of(s), meta_reader(s.arena))
+    assert err is None
+    return recs
+
+
+def newest_segment(tmp_path) -> Path:
+    return list(iter_segment_paths(tmp_path / "log"))[-1]
+
+
+def raw_record(kind: int, payload: bytes) -> bytes:
+    """A record with a valid checksum over whatever payload: what a hostile file can hold."""
+    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<BI", kind, len(payload))))
+    return RECORD_HEAD.pack(RECORD_MAGIC, kind, len(payload), crc) + payload
+
+
+def fresh_state():
+    s = Session(cfg())
+    s.step(OBS[0])  # something to lose: a refused resume must leave it as it is
+    return s, s.state_host().tobytes()
+
+
+# ---- records whose checksum is valid but whose payload is too short --------------------------
+@pytest.mark.parametrize("label_len, extra", [(10, b""), (0, b"\0" * 7)])
+def test_a_checksummed_record_too_short_for_its_fields_is_log_corrupt_not_a_numpy_error(tmp_path, label_len, extra):
+    s = stepped(tmp_path, 5)
+    seg = newest_segment(tmp_path)
+    payload = INFO.pack(99, 5, 6, 0, 0, 1, label_len) + extra  # no label bytes / no small state
+    seg.write_bytes(seg.read_bytes() + raw_record(RESYNC, payload))
+    recs, err = scan(seg, seg.read_bytes(), layout_of(s), meta_reader(s.arena))
+    assert len(recs) == 5 and isinstance(err, LogCorrupt) and "holds" in err.why
+    r = Session(cfg())
+    report = r.enable_persistence(settings(tmp_path), resume=True)  # the tail: cut, as a torn record
+    r.disable_persistence()
+    assert (report.step, report.records_cut) == (5, 1)
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+
+
+# ---- the newest segment's header -------------------------------------------------------------
+def test_a_flipped_byte_in_the_newest_segments_header_refuses_and_keeps_the_file(tmp_path):
+    stepped(tmp_path, 30)  # one segment, 30 records
+    seg = newest_segment(tmp_path)
+    blob = bytearray(seg.read_bytes())
+    assert len(records_of(Session(cfg()), seg)) > 1
+    blob[20] ^= 0x01  # inside the JSON: its checksum fails, the records after it are intact
+    seg.write_bytes(bytes(blob))
+    r, before = fresh_state()
+    with pytest.raises(LogCorrupt, match=f"{seg.name}: offset 0"):
+        r.enable_persistence(settings(tmp_path), resume=True)
+    assert seg.read_bytes() == bytes(blob), "a segment full of records was deleted as a 'torn header'"
+    assert r.state_host().tobytes() == before and r.persistence is None
+
+
+def test_a_torn_header_of_the_newest_segment_is_still_cut(tmp_path):
+    s = stepped(tmp_path, 30, segment_mb=0.05)
+    segs = list(iter_segment_paths(tmp_path / "log"))
+    head_len = records_of(s, segs[-1])[0].offset
+    torn = segs[-1].with_name("seg-99999999.frl")
+    torn.write_bytes(segs[-1].read_bytes()[:head_len - 3])  # a kill while rotating: part of a header
+    r = Session(cfg())
+    report = r.enable_persistence(settings(tmp_path), resume=True)
+    r.disable_persistence()
+    assert not torn.exists() and report.step == 30 and "never got a record" in report.cut
+
+
+# ---- damage in the middle of the newest segment ------------------------------------------------
+def test_a_flipped_byte_in_a_middle_record_of_the_newest_segment_refuses_instead_of_cutting_good_records(tmp_path):
+    s = stepped(tmp_path, 40)
+    seg = newest_segment(tmp_path)
+    offs = [r.offset for r in records_of(s, seg)]
+    blob = bytearray(seg.read_bytes())
+    blob[offs[10] + 60] ^= 0x10  # record 11 of 40: 29 good records follow it
+    seg.write_bytes(bytes(blob))
+    r, before = fresh_state()
+    with pytest.raises(LogCorrupt, match=f"{seg.name}: offset {offs[10]}: .*valid records follow"):
+        r.enable_persistence(settings(tmp_path), resume=True)
+    assert seg.read_bytes() == bytes(blob), "good records after the damage were truncated away"
+    assert r.state_host().tobytes() == before and r.persistence is None
+
+
+# ---- the timeline's order --------------------------------------------------------------------
+def _rewrite(seg: Path, recs, keep) -> None:
+    blob = seg.read_bytes()
+    parts = [blob[:recs[0].offset]] + [blob[recs[i].offset:recs[i].offset + recs[i].nbytes] for i in keep]
+    seg.write_bytes(b"".join(parts))
+
+
+@pytest.mark.parametrize("case", ["hole", "duplicate", "swapped"])
+def test_a_timeline_with_a_hole_a_duplicate_or_swapped_records_is_refused_not_loaded(tmp_path, case):
+    s = stepped(tmp_path, 20)
+    seg = newest_segment(tmp_path)
+    recs = records_of(s, seg)
+    keep = list(range(len(recs)))
+    if case == "hole":
+        keep.remove(7)  # every record checksums, but the DELTA after it appends onto the wrong window
+    elif case == "duplicate":
+        keep.insert(8, 7)
+    else:
+        keep[7], keep[8] = 8, 7
+    _rewrite(seg, recs, keep)
+    r, before = fresh_state()
+    with pytest.raises(LogCorrupt, match=seg.name):
+        r.enable_persistence(settings(tmp_path), resume=True)
+    assert r.state_host().tobytes() == before and r.persistence is None
+
+
+# ---- pin files -------------------------------------------------------------------------------
+def test_a_pin_file_whose_name_does_not_match_its_capsule_is_refused_cleanly(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:10]:
+        s.step(o)
+    s.pin(3)
+    s.disable_persistence()
+    pin = tmp_path / "log" / f"pin-{3:016d}.frl"
+    (tmp_path / "log" / f"pin-{4:016d}.frl").write_bytes(pin.read_bytes())  # two files, one capsule id
+    r, before = fresh_state()
+    with pytest.raises(LogCorrupt, match=f"pin-{4:016d}.frl"):
+        r.enable_persistence(settings(tmp_path), resume=True)
+    assert r.state_host().tobytes() == before and r.persistence is None
+
+
+def test_a_pin_file_that_cannot_be_written_counts_an_error_and_the_pin_still_holds(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:10]:
+        s.step(o)
+    (tmp_path / "log" / f".pin-{5:016d}.frl.tmp").mkdir()  # the temporary name cannot be opened for writing
+    info = s.pin(5)  # the pin took effect in memory: the call must not fail after that
+    assert info.pinned and s.capsule_info(5).pinned
+    st = s.persistence.stats()
+    assert st.write_errors == 1 and "pin" in st.last_error
+    snap = s.snapshot(label="kept", pin=True)  # the same for a pinned snapshot (the live id moved already)
+    assert s.live_capsule_id == snap.id
+    s.disable_persistence()
+
+
+# ---- persist_dir -----------------------------------------------------------------------------
+def test_a_persist_dir_that_is_a_file_fails_before_touching_the_live_state(tmp_path):
+    target = tmp_path / "not-a-dir"
+    target.write_bytes(b"x")
+    s, before = fresh_state()
+    with pytest.raises(OSError, match="not-a-dir"):
+        s.enable_persistence(PersistSettings(target, fsync_every_ms=0.0), resume=True)
+    assert s.state_host().tobytes() == before and s.persistence is None and s.step_count == 1
+
+
+# ---- disable_persistence against a running replan -----------------------------------------------
+def test_disable_persistence_waits_for_a_running_replan_whose_commit_is_then_persisted(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:20]:
+        s.step(o)
+    disabler = threading.Thread(target=s.disable_persistence)
+    seen = []
+
+    def on_step(done):
+        if done == 1:
+            disabler.start()
+            time.sleep(0.3)  # the disabler had every chance to run
+            seen.append(disabler.is_alive())
+
+    res = s.replan(None, OBS[None, 20:24], commit_branch=0, on_step=on_step)
+    disabler.join(10)
+    assert seen == [True], "disable_persistence ran in the middle of a replan, without the session lock"
+    r = Session(cfg())
+    report = r.enable_persistence(settings(tmp_path), resume=True)
+    r.disable_persistence()
+    assert report.capsule_id == res.live_capsule_id
+    assert r.state_host().tobytes() == s.state_host().tobytes()
