@@ -178,11 +178,12 @@ def test_a_pin_file_that_cannot_be_written_counts_an_error_and_the_pin_still_hol
     s.enable_persistence(settings(tmp_path))
     for o in OBS[:10]:
         s.step(o)
-    (tmp_path / "log" / f".pin-{5:016d}.frl.tmp").mkdir()  # the temporary name cannot be opened for writing
+    (tmp_path / "log" / f"pin-{5:016d}.frl" / "x").mkdir(parents=True)  # the file cannot take its name
     info = s.pin(5)  # the pin took effect in memory: the call must not fail after that
     assert info.pinned and s.capsule_info(5).pinned
     st = s.persistence.stats()
     assert st.write_errors == 1 and "pin" in st.last_error
+    assert not list((tmp_path / "log").glob(".pin-*.tmp"))  # no temporary file left behind
     snap = s.snapshot(label="kept", pin=True)  # the same for a pinned snapshot (the live id moved already)
     assert s.live_capsule_id == snap.id
     s.disable_persistence()
@@ -221,3 +222,51 @@ def test_disable_persistence_waits_for_a_running_replan_whose_commit_is_then_per
     r.disable_persistence()
     assert report.capsule_id == res.live_capsule_id
     assert r.state_host().tobytes() == s.state_host().tobytes()
+
+
+# ---- a pin file racing an unpin or a drop -----------------------------------------------------
+@pytest.mark.parametrize("undo", ["unpin", "drop"])
+def test_an_unpin_or_drop_while_the_pin_file_is_written_leaves_no_pin_file(tmp_path, monkeypatch, undo):
+    from flashrt_ros.runtime.persist import CapsuleLog
+
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:10]:
+        s.step(o)
+    encoding, undone = threading.Event(), threading.Event()
+    real = CapsuleLog.write_pin
+
+    def slow_write_pin(self, *a, **kw):  # only the scheduling changes: the pin's file is written after the undo
+        encoding.set()
+        undone.wait(5)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(CapsuleLog, "write_pin", slow_write_pin)
+    pinner = threading.Thread(target=s.pin, args=(4,))
+    pinner.start()
+    encoding.wait(5)
+    s.unpin(4) if undo == "unpin" else s.drop(4)
+    undone.set()
+    pinner.join(5)
+    assert not (tmp_path / "log" / f"pin-{4:016d}.frl").exists(), f"a pin file outlived the {undo}"
+    s.disable_persistence()
+    r = Session(cfg())
+    r.enable_persistence(settings(tmp_path), resume=True)
+    r.disable_persistence()
+    assert not r.list_capsules(pinned_only=True)
+
+
+def test_a_pin_unpin_pin_sequence_keeps_the_pin_file(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:10]:
+        s.step(o)
+    s.pin(4)
+    s.unpin(4)
+    s.pin(4)
+    s.disable_persistence()
+    r = Session(cfg())
+    r.enable_persistence(settings(tmp_path), resume=True)
+    r.disable_persistence()
+    assert [i.id for i in r.list_capsules(pinned_only=True)] == [4]
+    assert r.capsule_host(4).tobytes() == s.capsule_host(4).tobytes()

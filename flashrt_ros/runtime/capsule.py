@@ -108,6 +108,11 @@ class CapsuleStore:
             raise UnknownCapsule(f"unknown capsule id {cid}")
         return cap
 
+    def is_pinned(self, cid: int) -> bool:
+        """Safe without the session lock (one dict lookup, a frozen info): the pin files ask it."""
+        cap = self._caps.get(cid)
+        return cap is not None and cap.info.pinned
+
     def get(self, cid: int) -> CapsuleInfo:
         return self._cap(cid).info
 

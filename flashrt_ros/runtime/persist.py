@@ -18,6 +18,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -79,6 +80,7 @@ class CapsuleLog:
         self._queue_bytes = 0
         self._queue_cap = int(settings.queue_mb * MB)
         self._lock = threading.Lock()  # counters shared by the two threads
+        self._pin_lock = threading.Lock()  # a pin file's name against an unpin's removal (never nests the session lock)
         # step-thread state: what the last queued record was, so a DELTA can follow it
         self.last_id, self.last_step, self.need_resync = 0, 0, True
         self._dropped = self._written = self._resyncs = self._errors = 0
@@ -122,12 +124,14 @@ class CapsuleLog:
         self.last_id, self.last_step, self.need_resync = info.id, info.step, False
 
     # ---- pins (a service thread) ----------------------------------------------------------
-    def write_pin(self, info, small: np.ndarray, window: np.ndarray) -> None:
-        """One RESYNC record in its own file, crash-safely: a kill leaves the old file or the new one."""
+    def write_pin(self, info, small: np.ndarray, window: np.ndarray, still_pinned: Callable[[], bool]) -> None:
+        """One RESYNC record in its own file, crash-safely: a kill leaves the old file or the new one.
+        ``still_pinned`` is asked under the pin lock right before the file takes its name: an unpin or a
+        drop that came while it was written wins (remove_pin asks the same under the same lock)."""
         path = self.dir / f"pin-{info.id:016d}.frl"
         blob = segment_header_bytes(self.layout) + encode_record(
             RESYNC, replace(info, pinned=True), small, window, min(info.step, self.layout.kv_window))
-        tmp = path.with_name(f".{path.name}.tmp")
+        tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")  # pins of one capsule may race
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -135,7 +139,13 @@ class CapsuleLog:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, path)
+            with self._pin_lock:
+                if not still_pinned():
+                    tmp.unlink()
+                    return
+                os.replace(tmp, path)
+                with self._lock:
+                    self._pins[path] = len(blob)
             _fsync_dir(self.dir)
         except OSError as e:  # the pin holds in memory already: a disk error is counted, never raised at the caller
             with contextlib.suppress(OSError):
@@ -143,15 +153,15 @@ class CapsuleLog:
             with self._lock:
                 self._errors += 1
                 self._last_error = f"pin file of capsule {info.id}: {type(e).__name__}: {e}"
-            return
-        with self._lock:
-            self._pins[path] = len(blob)
 
-    def remove_pin(self, capsule_id: int) -> None:
+    def remove_pin(self, capsule_id: int, still_pinned: Callable[[], bool]) -> None:
         path = self.dir / f"pin-{capsule_id:016d}.frl"
-        path.unlink(missing_ok=True)
-        with self._lock:
-            self._pins.pop(path, None)
+        with self._pin_lock:
+            if still_pinned():  # pinned again since: that pin's file stays
+                return
+            path.unlink(missing_ok=True)
+            with self._lock:
+                self._pins.pop(path, None)
 
     # ---- status ---------------------------------------------------------------------------
     def stats(self) -> PersistStats:

@@ -68,10 +68,10 @@ class Persistence:
         s = self.session
         small = s.backend.to_host(s.store.record(info.id))
         window = self._window(s.store.pages_of(info.id), info.step)
-        return lambda: self.log.write_pin(info, small, window)
+        return lambda: self.log.write_pin(info, small, window, lambda: s.store.is_pinned(info.id))
 
     def on_unpinned(self, capsule_id: int) -> None:
-        self.log.remove_pin(capsule_id)
+        self.log.remove_pin(capsule_id, lambda: self.session.store.is_pinned(capsule_id))
 
     def stats(self) -> PersistStats:
         return self.log.stats()
