@@ -270,3 +270,35 @@ def test_a_pin_unpin_pin_sequence_keeps_the_pin_file(tmp_path):
     r.disable_persistence()
     assert [i.id for i in r.list_capsules(pinned_only=True)] == [4]
     assert r.capsule_host(4).tobytes() == s.capsule_host(4).tobytes()
+
+
+# ---- pins that share their window's pages -------------------------------------------------------
+def test_pins_of_neighbouring_capsules_that_fit_the_running_store_fit_the_resumed_one(tmp_path):
+    c = cfg(capsule_budget_mb=2.0)  # 28 KV log pages, 20 reserved: the pins' windows must share pages
+    s = Session(c)
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:200]:
+        s.step(o)
+    for cid in range(150, 201):  # 51 pins over 2 shared pages: allowed while they share them
+        s.pin(cid)
+    s.disable_persistence()
+    r = Session(c)
+    report = r.enable_persistence(settings(tmp_path), resume=True)  # was: StoreFullOfPins, pin files one window each
+    r.disable_persistence()
+    assert report.pinned == 51 and r.state_host().tobytes() == s.state_host().tobytes()
+    for cid in (150, 175, 200):
+        assert r.capsule_host(cid).tobytes() == s.capsule_host(cid).tobytes()
+
+
+def test_a_resume_into_a_session_that_stepped_on_its_own_holds_only_the_logs_capsules(tmp_path):
+    s = stepped(tmp_path, 40)
+    r = Session(cfg())
+    for o in OBS[100:140]:  # 40 capsules of its own, under the ids the log uses too
+        r.step(o)
+    r.pin(20)
+    report = r.enable_persistence(settings(tmp_path), resume=True)
+    r.disable_persistence()
+    assert report.capsule_id == 40 and r.state_host().tobytes() == s.state_host().tobytes()
+    assert not r.list_capsules(pinned_only=True)
+    for cid in (1, 20, 40):
+        assert r.capsule_host(cid).tobytes() == s.capsule_host(cid).tobytes(), cid

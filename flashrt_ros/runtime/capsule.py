@@ -169,6 +169,11 @@ class CapsuleStore:
         return info
 
     # ---- capsules -------------------------------------------------------------------------
+    def clear(self) -> None:
+        """Forget every capsule, pinned ones too (a resume replaces the store with the log's). Ids go on."""
+        for cid in list(self._caps):
+            self._release(cid)
+
     def mark_resumed(self) -> None:
         """Every capsule held now came from the persisted log."""
         for cap in self._caps.values():

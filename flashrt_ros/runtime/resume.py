@@ -133,7 +133,15 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
     store, backend = session.store, session.backend
     with session.lock, backend.activate():
         session.reset()
+        store.clear()  # a session that stepped on its own holds capsules under the log's ids
+        # A pin on the timeline is pinned when the timeline passes it, so it shares its window's pages with
+        # its neighbours as it did before the crash (a pin file loads a window of its own: pins that fit
+        # the running store by sharing pages would not fit). Only the other pins are loaded from their files.
+        timeline = {rec.id for rec in contents.records}
+        pinned = {rec.id for rec in contents.pins}
         for rec in sorted(contents.pins, key=lambda r: r.id):
+            if rec.id in timeline:
+                continue
             _load_row(session, rec)
             store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
                            pin=True, cid=rec.id)
@@ -142,9 +150,8 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
                 _load_row(session, rec)
             else:
                 _append_row(session, rec)
-            if rec.id not in store:  # a pinned capsule is in already
-                store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
-                               cid=rec.id)
+            store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
+                           pin=rec.id in pinned, cid=rec.id)
         live = contents.records[-1] if contents.records else max(contents.pins, key=lambda r: r.id, default=None)
         if live is not None:
             store.restore(live.id, 0)
