@@ -302,3 +302,21 @@ def test_a_resume_into_a_session_that_stepped_on_its_own_holds_only_the_logs_cap
     assert not r.list_capsules(pinned_only=True)
     for cid in (1, 20, 40):
         assert r.capsule_host(cid).tobytes() == s.capsule_host(cid).tobytes(), cid
+
+
+def test_a_log_whose_pins_do_not_fit_a_smaller_store_is_refused_with_a_clear_error(tmp_path):
+    from flashrt_ros.runtime.resume import ResumeDoesNotFit
+
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:60]:
+        s.step(o)
+    for cid in range(10, 61):
+        s.pin(cid)
+    s.disable_persistence()
+    small = cfg(capsule_capacity=40)  # not in the fingerprint: the same log, a smaller store
+    r = Session(small)
+    with pytest.raises(ResumeDoesNotFit, match="do not fit this capsule store .*capsule_capacity"):
+        r.enable_persistence(settings(tmp_path), resume=True)
+    assert r.persistence is None and len(r.list_capsules()) == 0
+    assert r.state_host().tobytes() == Session(small).state_host().tobytes()  # reset, not half rebuilt

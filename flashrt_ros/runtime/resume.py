@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import CapsuleError
 from .persist_format import (
     RESYNC,
     LogCorrupt,
@@ -60,6 +61,10 @@ class ResumeReport:
         return (f"resumed capsule {self.capsule_id} at step {self.step} ({self.age_s:.1f} s old): "
                 f"{self.records_read} records read, {self.capsules} capsules ({self.pinned} pinned) restored, "
                 f"{self.records_cut} records cut{cut}, in {self.elapsed_ms:.0f} ms")
+
+
+class ResumeDoesNotFit(CapsuleError):
+    """A sound log whose pinned capsules (or the live window) need more than this store holds."""
 
 
 def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: bool) -> LogContents:
@@ -132,26 +137,14 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
     t0 = time.perf_counter()
     store, backend = session.store, session.backend
     with session.lock, backend.activate():
-        session.reset()
-        store.clear()  # a session that stepped on its own holds capsules under the log's ids
-        # A pin on the timeline is pinned when the timeline passes it, so it shares its window's pages with
-        # its neighbours as it did before the crash (a pin file loads a window of its own: pins that fit
-        # the running store by sharing pages would not fit). Only the other pins are loaded from their files.
-        timeline = {rec.id for rec in contents.records}
-        pinned = {rec.id for rec in contents.pins}
-        for rec in sorted(contents.pins, key=lambda r: r.id):
-            if rec.id in timeline:
-                continue
-            _load_row(session, rec)
-            store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
-                           pin=True, cid=rec.id)
-        for rec in contents.records:
-            if rec.kind == RESYNC:
-                _load_row(session, rec)
-            else:
-                _append_row(session, rec)
-            store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
-                           pin=rec.id in pinned, cid=rec.id)
+        try:
+            _rebuild_store(session, contents)
+        except CapsuleError as e:  # the log is sound but this store is smaller (capacity, budget): start clean
+            session.reset()
+            store.clear()
+            raise ResumeDoesNotFit(f"resume: the log's capsules do not fit this capsule store ({e}); raise "
+                                   "capsule_capacity or capsule_budget_mb, or start fresh. The session is "
+                                   "left reset, with no capsules") from None
         live = contents.records[-1] if contents.records else max(contents.pins, key=lambda r: r.id, default=None)
         if live is not None:
             store.restore(live.id, 0)
@@ -165,6 +158,30 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
                         max(0.0, time.time() - contents.newest_mtime) if contents.newest_mtime else 0.0,
                         len(contents.records), contents.records_cut, contents.cut, len(store),
                         sum(i.pinned for i in store.list()), (time.perf_counter() - t0) * 1e3)
+
+
+def _rebuild_store(session, contents: LogContents) -> None:
+    store = session.store
+    session.reset()
+    store.clear()  # a session that stepped on its own holds capsules under the log's ids
+    # A pin on the timeline is pinned when the timeline passes it, so it shares its window's pages with
+    # its neighbours as it did before the crash (a pin file loads a window of its own: pins that fit
+    # the running store by sharing pages would not fit). Only the other pins are loaded from their files.
+    timeline = {rec.id for rec in contents.records}
+    pinned = {rec.id for rec in contents.pins}
+    for rec in sorted(contents.pins, key=lambda r: r.id):
+        if rec.id in timeline:
+            continue
+        _load_row(session, rec)
+        store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
+                       pin=True, cid=rec.id)
+    for rec in contents.records:
+        if rec.kind == RESYNC:
+            _load_row(session, rec)
+        else:
+            _append_row(session, rec)
+        store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
+                       pin=rec.id in pinned, cid=rec.id)
 
 
 def _load_row(session, rec: Record) -> None:
@@ -191,4 +208,4 @@ def meta_reader(arena):
     return lambda small: np.asarray(arena.row_view("meta", small))
 
 
-__all__ = ["LogContents", "ResumeReport", "check_timeline", "meta_reader", "read_log", "rebuild"]
+__all__ = ["LogContents", "ResumeDoesNotFit", "ResumeReport", "check_timeline", "meta_reader", "read_log", "rebuild"]

@@ -323,7 +323,8 @@ class Session:
         """Append every timeline capsule to the log in ``settings.directory`` (persistence.py). ``resume``:
         first rebuild the store from the log there and make its newest capsule live; returns the
         ResumeReport (None without resume). Raises FingerprintMismatch / LogCorrupt, touching nothing,
-        when the log cannot be resumed."""
+        when the log cannot be resumed; ResumeDoesNotFit, the session left reset, when a sound log needs a
+        bigger capsule store than this one."""
         from .persistence import Persistence, start_fresh
         from .persistence import resume as resume_from
 
