@@ -320,3 +320,47 @@ def test_a_log_whose_pins_do_not_fit_a_smaller_store_is_refused_with_a_clear_err
         r.enable_persistence(settings(tmp_path), resume=True)
     assert r.persistence is None and len(r.list_capsules()) == 0
     assert r.state_host().tobytes() == Session(small).state_host().tobytes()  # reset, not half rebuilt
+
+
+# ---- two writers on one persist_dir -------------------------------------------------------------
+def test_a_second_session_on_a_persist_dir_in_use_is_refused_and_touches_nothing(tmp_path):
+    a = Session(cfg())
+    a.enable_persistence(settings(tmp_path))
+    for o in OBS[:30]:
+        a.step(o)
+    a.persistence.flush()
+    seg = newest_segment(tmp_path)
+    torn = seg.read_bytes() + b"FRR1\x01"  # the writer is mid-record: a resume would cut it as torn
+    seg.write_bytes(torn)
+    b, before = fresh_state()
+    with pytest.raises(OSError, match="in use"):
+        b.enable_persistence(settings(tmp_path), resume=True)
+    assert seg.read_bytes() == torn, "a second session truncated the segment the first one is writing"
+    assert b.persistence is None and b.state_host().tobytes() == before
+    seg.write_bytes(torn[:-5])
+    a.disable_persistence()  # the directory is free again
+    report = b.enable_persistence(settings(tmp_path), resume=True)
+    b.disable_persistence()
+    assert report.capsule_id == 30
+
+
+def test_enable_disable_cycles_and_refused_enables_leak_no_file_descriptor(tmp_path):
+    import os
+
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))  # warm-up: imports, the first writer thread
+    s.disable_persistence()
+    before = fds()
+    other = Session(cfg())
+    for k in range(5):
+        s.enable_persistence(settings(tmp_path), resume=bool(k))
+        for o in OBS[k * 5:k * 5 + 5]:
+            s.step(o)
+        s.pin(s.live_capsule_id)
+        with pytest.raises(OSError, match="in use"):
+            other.enable_persistence(settings(tmp_path), resume=True)
+        s.disable_persistence()
+    assert fds() == before

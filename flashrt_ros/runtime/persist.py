@@ -14,6 +14,7 @@ pinned capsules; retention removes them last.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import queue
 import threading
@@ -70,12 +71,40 @@ class PersistStats:
     pins: int
 
 
+class PersistDirInUse(OSError):
+    """Another writer (this process or another) holds the persist_dir."""
+
+
+class DirLock:
+    """An exclusive flock on the persist_dir itself for one writer's whole life, taken before a resume reads
+    (and cuts) the log: a second session would truncate the segment the first is writing as a torn tail,
+    and interleave its segments with the first's. The kernel drops it when the process dies."""
+
+    def __init__(self, directory: Path):
+        self._fd: int | None = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            self._fd = None
+            raise PersistDirInUse(f"persist_dir {directory}: in use by another capsule log writer (this "
+                                  "process or another holds its lock); give each node its own persist_dir") from None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor releases the flock
+            self._fd = None
+
+
 class CapsuleLog:
-    def __init__(self, settings: PersistSettings, layout: LogLayout, quiet=None):
-        """``quiet``: a lock the runtime holds while it steps (the session lock), or None."""
+    def __init__(self, settings: PersistSettings, layout: LogLayout, quiet=None, dir_lock: DirLock | None = None):
+        """``quiet``: a lock the runtime holds while it steps (the session lock), or None. ``dir_lock``: the
+        directory's DirLock, taken by the caller before it read the log (taken here when None); released
+        by close()."""
         self.settings, self.layout, self.quiet = settings, layout, quiet
         self.dir = Path(settings.directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = dir_lock or DirLock(self.dir)
         self._queue: queue.Queue = queue.Queue()
         self._queue_bytes = 0
         self._queue_cap = int(settings.queue_mb * MB)
@@ -185,6 +214,8 @@ class CapsuleLog:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(timeout_s)
+        if not self._thread.is_alive():  # a writer still running keeps the directory
+            self._dir_lock.release()
 
     # ---- writer thread --------------------------------------------------------------------
     def _run(self) -> None:

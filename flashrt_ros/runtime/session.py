@@ -325,7 +325,7 @@ class Session:
         ResumeReport (None without resume). Raises FingerprintMismatch / LogCorrupt, touching nothing,
         when the log cannot be resumed; ResumeDoesNotFit, the session left reset, when a sound log needs a
         bigger capsule store than this one."""
-        from .persistence import Persistence, start_fresh
+        from .persistence import DirLock, Persistence, start_fresh
         from .persistence import resume as resume_from
 
         if self.persistence is not None:
@@ -335,12 +335,18 @@ class Session:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise OSError(f"persist_dir {directory}: cannot hold the capsule log ({e.strerror or e})") from None
-        report = moved = None
-        if resume:
-            report = resume_from(self, settings.directory)
-        else:
-            moved = start_fresh(self, settings.directory)
-        self.persistence = Persistence(self, settings)
+        lock = DirLock(directory)  # before the log is read: a resume cuts tails, another writer's too
+        try:
+            report = moved = None
+            if resume:
+                report = resume_from(self, settings.directory)
+            else:
+                moved = start_fresh(self, settings.directory)
+            persistence = Persistence(self, settings, lock)
+        except BaseException:
+            lock.release()
+            raise
+        self.persistence = persistence
         self.persistence.moved_aside = moved
         return report
 
