@@ -364,3 +364,13 @@ def test_enable_disable_cycles_and_refused_enables_leak_no_file_descriptor(tmp_p
             other.enable_persistence(settings(tmp_path), resume=True)
         s.disable_persistence()
     assert fds() == before
+
+
+# ---- settings ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("field, param", [("fsync_every_ms", "persist_fsync_ms"), ("queue_mb", "persist_queue_mb"),
+                                          ("fsync_every_records", "persist_fsync_records")])
+def test_an_infinite_persist_setting_is_refused_naming_its_parameter(tmp_path, field, param):
+    # fsync_every_ms=inf used to kill the writer thread (a Queue.get timeout too large), so nothing was ever
+    # written while the node went on as if persisting; queue_mb=inf failed with an OverflowError
+    with pytest.raises(ValueError, match=param):
+        PersistSettings(tmp_path / "log", **{field: float("inf")})

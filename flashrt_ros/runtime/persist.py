@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import queue
 import threading
@@ -47,8 +48,8 @@ class PersistSettings:
 
     def __post_init__(self):
         for name, param in PARAMS.items():
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{param}: must be >= 0, got {getattr(self, name)!r}")
+            if not 0 <= getattr(self, name) < math.inf:  # inf: a Queue.get timeout too large kills the writer
+                raise ValueError(f"{param}: must be >= 0 and finite, got {getattr(self, name)!r}")
         if self.segment_mb <= 0 or self.budget_mb < 2 * self.segment_mb:
             raise ValueError(f"persist_budget_mb: {self.budget_mb:g} must hold at least two segments of "
                              f"persist_segment_mb ({self.segment_mb:g} > 0)")
