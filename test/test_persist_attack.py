@@ -374,3 +374,12 @@ def test_an_infinite_persist_setting_is_refused_naming_its_parameter(tmp_path, f
     # written while the node went on as if persisting; queue_mb=inf failed with an OverflowError
     with pytest.raises(ValueError, match=param):
         PersistSettings(tmp_path / "log", **{field: float("inf")})
+
+
+def test_a_huge_but_finite_fsync_period_keeps_the_writer_alive(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path, fsync_every_ms=1e16))  # past threading.TIMEOUT_MAX in seconds
+    time.sleep(0.2)
+    s.step(OBS[0])
+    assert s.persistence.flush(5) and s.persistence.stats().records_written == 1
+    s.disable_persistence()

@@ -220,7 +220,9 @@ class CapsuleLog:
 
     # ---- writer thread --------------------------------------------------------------------
     def _run(self) -> None:
-        period = self.settings.fsync_every_ms / 1e3 if self.settings.fsync_every_ms else None
+        # the idle wake-up: at most a minute (a timeout past threading.TIMEOUT_MAX would kill this thread;
+        # waking early is harmless, _maybe_fsync checks the time itself)
+        period = min(self.settings.fsync_every_ms / 1e3, 60.0) if self.settings.fsync_every_ms else None
         batch = self._batch  # taken after one wait for a quiet runtime: a busy runtime never starves the writer
         while True:
             if batch:
