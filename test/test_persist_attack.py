@@ -383,3 +383,27 @@ def test_a_huge_but_finite_fsync_period_keeps_the_writer_alive(tmp_path):
     s.step(OBS[0])
     assert s.persistence.flush(5) and s.persistence.stats().records_written == 1
     s.disable_persistence()
+
+
+def test_a_record_whose_id_leaves_no_room_for_new_ids_is_not_loaded(tmp_path):
+    # resumed, it made every later id 2**64: each new record failed to encode and the log stopped for good
+    from dataclasses import replace as dc_replace
+
+    from flashrt_ros.runtime.persist_format import encode_record
+
+    s = stepped(tmp_path, 5)
+    seg = newest_segment(tmp_path)
+    last = records_of(s, seg)[-1]
+    info = dc_replace(s.capsule_info(5), id=2**64 - 1)
+    blob = seg.read_bytes()
+    forged = encode_record(last.kind, info, last.small, last.kv, len(last.kv))
+    seg.write_bytes(blob[:last.offset] + forged)
+    recs, err = scan(seg, seg.read_bytes(), layout_of(s), meta_reader(s.arena))
+    assert len(recs) == 4 and "out of range" in err.why
+    r = Session(cfg())
+    report = r.enable_persistence(settings(tmp_path), resume=True)  # the tail: cut like a torn record
+    assert (report.capsule_id, report.records_cut) == (4, 1)
+    r.step(OBS[4])
+    assert r.persistence.flush(5)
+    assert r.persistence.stats().write_errors == 0
+    r.disable_persistence()

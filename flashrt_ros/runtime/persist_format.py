@@ -41,6 +41,7 @@ INFO = struct.Struct("<QQQqB3xII")
 DELTA, RESYNC = 1, 2
 KINDS = {DELTA: "delta", RESYNC: "resync"}
 MAX_SEGMENT_HEADER = 1 << 16
+MAX_ID = 1 << 62  # ids count up from 1: a larger one is forged, and new ids after it would not fit the format
 
 
 class LogCorrupt(ValueError):
@@ -150,7 +151,7 @@ def _decode(path: Path, blob, at: int, layout: LogLayout, meta_of: Callable[[np.
         raise LogCorrupt(path, at, "record checksum mismatch")
     cid, parent, step, stamp, pinned, n_entries, label_len = INFO.unpack_from(payload, 0)
     off = INFO.size
-    if label_len > 4 * MAX_LABEL_CHARS or cid == 0 or pinned > 1:
+    if label_len > 4 * MAX_LABEL_CHARS or not 0 < cid < MAX_ID or parent >= MAX_ID or pinned > 1:
         raise LogCorrupt(path, at, "record info out of range (label, id or pinned)")
     if n < off + label_len + layout.row_nbytes:  # checked before a slice reads past the payload
         raise LogCorrupt(path, at, f"record holds {n} bytes, its label and small state need "
