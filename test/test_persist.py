@@ -70,7 +70,7 @@ def test_resume_restores_the_newest_capsule_byte_exactly_and_continues_identical
 
 def test_every_restored_capsule_equals_the_original(persisted):
     s, tmp_path = persisted
-    s.persistence.flush()
+    s.disable_persistence()  # one writer per persist_dir: the resume below takes its lock
     r = Session(cfg())
     r.enable_persistence(settings(tmp_path), resume=True)
     restored = {i.id for i in r.list_capsules()}

@@ -108,6 +108,11 @@ class CapsuleStore:
             raise UnknownCapsule(f"unknown capsule id {cid}")
         return cap
 
+    def is_pinned(self, cid: int) -> bool:
+        """Safe without the session lock (one dict lookup, a frozen info): the pin files ask it."""
+        cap = self._caps.get(cid)
+        return cap is not None and cap.info.pinned
+
     def get(self, cid: int) -> CapsuleInfo:
         return self._cap(cid).info
 
@@ -164,6 +169,11 @@ class CapsuleStore:
         return info
 
     # ---- capsules -------------------------------------------------------------------------
+    def clear(self) -> None:
+        """Forget every capsule, pinned ones too (a resume replaces the store with the log's). Ids go on."""
+        for cid in list(self._caps):
+            self._release(cid)
+
     def mark_resumed(self) -> None:
         """Every capsule held now came from the persisted log."""
         for cap in self._caps.values():

@@ -13,10 +13,14 @@ pinned capsules; retention removes them last.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import math
 import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,8 +48,8 @@ class PersistSettings:
 
     def __post_init__(self):
         for name, param in PARAMS.items():
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{param}: must be >= 0, got {getattr(self, name)!r}")
+            if not 0 <= getattr(self, name) < math.inf:  # inf: a Queue.get timeout too large kills the writer
+                raise ValueError(f"{param}: must be >= 0 and finite, got {getattr(self, name)!r}")
         if self.segment_mb <= 0 or self.budget_mb < 2 * self.segment_mb:
             raise ValueError(f"persist_budget_mb: {self.budget_mb:g} must hold at least two segments of "
                              f"persist_segment_mb ({self.segment_mb:g} > 0)")
@@ -68,16 +72,45 @@ class PersistStats:
     pins: int
 
 
+class PersistDirInUse(OSError):
+    """Another writer (this process or another) holds the persist_dir."""
+
+
+class DirLock:
+    """An exclusive flock on the persist_dir itself for one writer's whole life, taken before a resume reads
+    (and cuts) the log: a second session would truncate the segment the first is writing as a torn tail,
+    and interleave its segments with the first's. The kernel drops it when the process dies."""
+
+    def __init__(self, directory: Path):
+        self._fd: int | None = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            self._fd = None
+            raise PersistDirInUse(f"persist_dir {directory}: in use by another capsule log writer (this "
+                                  "process or another holds its lock); give each node its own persist_dir") from None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor releases the flock
+            self._fd = None
+
+
 class CapsuleLog:
-    def __init__(self, settings: PersistSettings, layout: LogLayout, quiet=None):
-        """``quiet``: a lock the runtime holds while it steps (the session lock), or None."""
+    def __init__(self, settings: PersistSettings, layout: LogLayout, quiet=None, dir_lock: DirLock | None = None):
+        """``quiet``: a lock the runtime holds while it steps (the session lock), or None. ``dir_lock``: the
+        directory's DirLock, taken by the caller before it read the log (taken here when None); released
+        by close()."""
         self.settings, self.layout, self.quiet = settings, layout, quiet
         self.dir = Path(settings.directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = dir_lock or DirLock(self.dir)
         self._queue: queue.Queue = queue.Queue()
         self._queue_bytes = 0
         self._queue_cap = int(settings.queue_mb * MB)
         self._lock = threading.Lock()  # counters shared by the two threads
+        self._pin_lock = threading.Lock()  # a pin file's name against an unpin's removal (never nests the session lock)
         # step-thread state: what the last queued record was, so a DELTA can follow it
         self.last_id, self.last_step, self.need_resync = 0, 0, True
         self._dropped = self._written = self._resyncs = self._errors = 0
@@ -121,28 +154,44 @@ class CapsuleLog:
         self.last_id, self.last_step, self.need_resync = info.id, info.step, False
 
     # ---- pins (a service thread) ----------------------------------------------------------
-    def write_pin(self, info, small: np.ndarray, window: np.ndarray) -> None:
-        """One RESYNC record in its own file, crash-safely: a kill leaves the old file or the new one."""
+    def write_pin(self, info, small: np.ndarray, window: np.ndarray, still_pinned: Callable[[], bool]) -> None:
+        """One RESYNC record in its own file, crash-safely: a kill leaves the old file or the new one.
+        ``still_pinned`` is asked under the pin lock right before the file takes its name: an unpin or a
+        drop that came while it was written wins (remove_pin asks the same under the same lock)."""
         path = self.dir / f"pin-{info.id:016d}.frl"
         blob = segment_header_bytes(self.layout) + encode_record(
             RESYNC, replace(info, pinned=True), small, window, min(info.step, self.layout.kv_window))
-        tmp = path.with_name(f".{path.name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")  # pins of one capsule may race
         try:
-            _write_all(fd, blob)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        _fsync_dir(self.dir)
-        with self._lock:
-            self._pins[path] = len(blob)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, blob)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with self._pin_lock:
+                if not still_pinned():
+                    tmp.unlink()
+                    return
+                os.replace(tmp, path)
+                with self._lock:
+                    self._pins[path] = len(blob)
+            _fsync_dir(self.dir)
+        except OSError as e:  # the pin holds in memory already: a disk error is counted, never raised at the caller
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            with self._lock:
+                self._errors += 1
+                self._last_error = f"pin file of capsule {info.id}: {type(e).__name__}: {e}"
 
-    def remove_pin(self, capsule_id: int) -> None:
+    def remove_pin(self, capsule_id: int, still_pinned: Callable[[], bool]) -> None:
         path = self.dir / f"pin-{capsule_id:016d}.frl"
-        path.unlink(missing_ok=True)
-        with self._lock:
-            self._pins.pop(path, None)
+        with self._pin_lock:
+            if still_pinned():  # pinned again since: that pin's file stays
+                return
+            path.unlink(missing_ok=True)
+            with self._lock:
+                self._pins.pop(path, None)
 
     # ---- status ---------------------------------------------------------------------------
     def stats(self) -> PersistStats:
@@ -166,10 +215,14 @@ class CapsuleLog:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(timeout_s)
+        if not self._thread.is_alive():  # a writer still running keeps the directory
+            self._dir_lock.release()
 
     # ---- writer thread --------------------------------------------------------------------
     def _run(self) -> None:
-        period = self.settings.fsync_every_ms / 1e3 if self.settings.fsync_every_ms else None
+        # the idle wake-up: at most a minute (a timeout past threading.TIMEOUT_MAX would kill this thread;
+        # waking early is harmless, _maybe_fsync checks the time itself)
+        period = min(self.settings.fsync_every_ms / 1e3, 60.0) if self.settings.fsync_every_ms else None
         batch = self._batch  # taken after one wait for a quiet runtime: a busy runtime never starves the writer
         while True:
             if batch:

@@ -41,6 +41,7 @@ INFO = struct.Struct("<QQQqB3xII")
 DELTA, RESYNC = 1, 2
 KINDS = {DELTA: "delta", RESYNC: "resync"}
 MAX_SEGMENT_HEADER = 1 << 16
+MAX_ID = 1 << 62  # ids count up from 1: a larger one is forged, and new ids after it would not fit the format
 
 
 class LogCorrupt(ValueError):
@@ -85,6 +86,7 @@ class Record:
     kv: np.ndarray  # DELTA: [n, n_layers, 2, d]; RESYNC: [n_layers, 2, kv_window, d]; float32
     offset: int = 0  # where it starts in its file
     nbytes: int = 0
+    path: Path | None = None  # its file
 
 
 def segment_header_bytes(layout: LogLayout) -> bytes:
@@ -149,11 +151,16 @@ def _decode(path: Path, blob, at: int, layout: LogLayout, meta_of: Callable[[np.
         raise LogCorrupt(path, at, "record checksum mismatch")
     cid, parent, step, stamp, pinned, n_entries, label_len = INFO.unpack_from(payload, 0)
     off = INFO.size
+    if label_len > 4 * MAX_LABEL_CHARS or not 0 < cid < MAX_ID or parent >= MAX_ID or pinned > 1:
+        raise LogCorrupt(path, at, "record info out of range (label, id or pinned)")
+    if n < off + label_len + layout.row_nbytes:  # checked before a slice reads past the payload
+        raise LogCorrupt(path, at, f"record holds {n} bytes, its label and small state need "
+                                   f"{off + label_len + layout.row_nbytes}")
     try:
         label = bytes(payload[off:off + label_len]).decode()
     except UnicodeDecodeError:
         raise LogCorrupt(path, at, "label is not UTF-8") from None
-    if label_len > 4 * MAX_LABEL_CHARS or len(label) > MAX_LABEL_CHARS or cid == 0 or pinned > 1:
+    if len(label) > MAX_LABEL_CHARS:
         raise LogCorrupt(path, at, "record info out of range (label, id or pinned)")
     off += label_len
     small = np.frombuffer(payload, np.uint8, layout.row_nbytes, off)
@@ -174,7 +181,7 @@ def _decode(path: Path, blob, at: int, layout: LogLayout, meta_of: Callable[[np.
     L, d = layout.n_layers, layout.d_model
     shape = (n_entries, L, 2, d) if kind == DELTA else (L, 2, w, d)
     return Record(kind, cid, parent, step, stamp, bool(pinned), label, small, kv.reshape(shape), at,
-                  RECORD_HEAD.size + n)
+                  RECORD_HEAD.size + n, path)
 
 
 def scan(path: Path, blob, layout: LogLayout, meta_of) -> tuple[list[Record], LogCorrupt | None]:
@@ -190,6 +197,26 @@ def scan(path: Path, blob, layout: LogLayout, meta_of) -> tuple[list[Record], Lo
         records.append(rec)
         at += rec.nbytes
     return records, None
+
+
+def valid_record_after(path: Path, blob, at: int, layout: LogLayout, meta_of) -> int | None:
+    """Where the first valid record past offset ``at`` starts, or None. A bad record followed by a valid
+    one is damage inside the log, not a torn tail (a kill only ever tears the last record)."""
+    find = blob.find if isinstance(blob, bytes) else bytes(blob).find
+    hit = find(RECORD_MAGIC, at + 1)
+    while hit >= 0:
+        try:
+            _decode(path, blob, hit, layout, meta_of)
+            return hit
+        except LogCorrupt:
+            hit = find(RECORD_MAGIC, hit + 1)
+    return None
+
+
+def is_torn_header(blob, layout: LogLayout) -> bool:
+    """A segment killed while its header was written: a strict prefix of the header this layout writes."""
+    head = segment_header_bytes(layout)
+    return len(blob) < len(head) and head.startswith(bytes(blob))
 
 
 def iter_segment_paths(directory: Path, prefix: str = "seg-") -> Iterator[Path]:

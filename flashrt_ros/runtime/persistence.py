@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import FingerprintMismatch
-from .persist import CapsuleLog, PersistSettings, PersistStats
+from .persist import CapsuleLog, DirLock, PersistDirInUse, PersistSettings, PersistStats
 from .persist_format import DELTA, RESYNC, LogCorrupt, LogLayout, iter_segment_paths
 from .resume import ResumeReport, meta_reader, read_log, rebuild
 
@@ -27,10 +27,10 @@ def layout_of(session) -> LogLayout:
 
 
 class Persistence:
-    def __init__(self, session, settings: PersistSettings):
+    def __init__(self, session, settings: PersistSettings, dir_lock: DirLock | None = None):
         self.session = session
         self.layout = layout_of(session)
-        self.log = CapsuleLog(settings, self.layout, quiet=session.lock)
+        self.log = CapsuleLog(settings, self.layout, quiet=session.lock, dir_lock=dir_lock)
         self.failures = 0  # records lost to an error on the step thread (counted as drops too)
 
     def _window(self, row_pages: np.ndarray, step: int) -> np.ndarray:
@@ -68,10 +68,10 @@ class Persistence:
         s = self.session
         small = s.backend.to_host(s.store.record(info.id))
         window = self._window(s.store.pages_of(info.id), info.step)
-        return lambda: self.log.write_pin(info, small, window)
+        return lambda: self.log.write_pin(info, small, window, lambda: s.store.is_pinned(info.id))
 
     def on_unpinned(self, capsule_id: int) -> None:
-        self.log.remove_pin(capsule_id)
+        self.log.remove_pin(capsule_id, lambda: self.session.store.is_pinned(capsule_id))
 
     def stats(self) -> PersistStats:
         return self.log.stats()
@@ -129,5 +129,5 @@ def has_log(directory: Path) -> bool:
     return directory.is_dir() and any(iter_segment_paths(directory))
 
 
-__all__ = ["Persistence", "PersistSettings", "PersistStats", "ResumeReport", "has_log",
+__all__ = ["DirLock", "PersistDirInUse", "Persistence", "PersistSettings", "PersistStats", "ResumeReport", "has_log",
            "layout_of", "move_aside", "read_for_resume", "resume", "start_fresh"]

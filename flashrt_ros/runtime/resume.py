@@ -19,7 +19,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .persist_format import RESYNC, LogCorrupt, LogLayout, Record, iter_segment_paths, scan
+from .errors import CapsuleError
+from .persist_format import (
+    RESYNC,
+    LogCorrupt,
+    LogLayout,
+    Record,
+    is_torn_header,
+    iter_segment_paths,
+    scan,
+    valid_record_after,
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,10 @@ class ResumeReport:
                 f"{self.records_cut} records cut{cut}, in {self.elapsed_ms:.0f} ms")
 
 
+class ResumeDoesNotFit(CapsuleError):
+    """A sound log whose pinned capsules (or the live window) need more than this store holds."""
+
+
 def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: bool) -> LogContents:
     """The newest ``keep`` records or more (whole segments, each starting with a RESYNC) and the pins.
     ``truncate``: cut the torn tail off the file too, so the next scan is clean."""
@@ -66,8 +80,8 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
         mtime = max(mtime, path.stat().st_mtime) if i == 0 else mtime
         try:
             recs, err = scan(path, blob, layout, meta_of)
-        except LogCorrupt as e:
-            if i == 0 and "fingerprint" not in e.why and "layout" not in e.why:  # torn header of the newest
+        except LogCorrupt:
+            if i == 0 and is_torn_header(blob, layout):  # a kill while the newest segment was created
                 records_cut, cut = 0, f"{path.name}: {len(blob)} bytes of a segment that never got a record"
                 if truncate:
                     path.unlink()
@@ -77,6 +91,10 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
         if err is not None:
             if i != 0:
                 raise err
+            after = valid_record_after(path, blob, err.offset, layout, meta_of)
+            if after is not None:  # damage with good records behind it: cutting there would throw them away
+                raise LogCorrupt(path, err.offset, f"{err.why}; valid records follow at offset {after}, so this "
+                                                   "is damage inside the log, not a torn tail")
             records_cut, cut = 1, f"{path.name} at offset {err.offset} ({err.why}, {len(blob) - err.offset} bytes)"
             if truncate:
                 os.truncate(path, err.offset)
@@ -88,11 +106,30 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
         recs, err = scan(path, path.read_bytes(), layout, meta_of)
         if err is not None or len(recs) != 1 or recs[0].kind != RESYNC:
             raise err or LogCorrupt(path, 0, "a pin file holds exactly one RESYNC record")
+        if path.name != f"pin-{recs[0].id:016d}.frl":  # also: one pin file per capsule
+            raise LogCorrupt(path, recs[0].offset, f"the pin file holds capsule {recs[0].id}, not the one it is "
+                                                   "named for")
         pins.append(recs[0])
-    if records and records[0].kind != RESYNC:
-        raise LogCorrupt(segs[0], records[0].offset, "the oldest segment does not start with a RESYNC record")
+    check_timeline(records)
     max_id = max([r.id for r in records] + [r.id for r in pins], default=0)
     return LogContents(records, pins, records_cut, cut, mtime, max_id, read)
+
+
+def check_timeline(records: list[Record]) -> None:
+    """The order the writer gives the records, checked before a rebuild reads through them: ids strictly
+    increase, the oldest stands alone, and each DELTA extends the record right before it (its parent, the
+    step its entries start at). Checksums alone let a removed, repeated or reordered record through."""
+    for prev, rec in zip([None, *records], records):
+        if prev is None:
+            if rec.kind != RESYNC:
+                raise LogCorrupt(rec.path, rec.offset, "the oldest segment does not start with a RESYNC record")
+            continue
+        if rec.id <= prev.id:
+            raise LogCorrupt(rec.path, rec.offset, f"capsule id {rec.id} after {prev.id}: ids must increase")
+        if rec.kind != RESYNC and (rec.parent_id != prev.id or rec.step - len(rec.kv) != prev.step):
+            raise LogCorrupt(rec.path, rec.offset, f"a delta of capsule {rec.parent_id} at step "
+                                                   f"{rec.step - len(rec.kv)} follows capsule {prev.id} at step "
+                                                   f"{prev.step}: a record is missing or out of order")
 
 
 def rebuild(session, contents: LogContents) -> ResumeReport:
@@ -100,19 +137,14 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
     t0 = time.perf_counter()
     store, backend = session.store, session.backend
     with session.lock, backend.activate():
-        session.reset()
-        for rec in sorted(contents.pins, key=lambda r: r.id):
-            _load_row(session, rec)
-            store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
-                           pin=True, cid=rec.id)
-        for rec in contents.records:
-            if rec.kind == RESYNC:
-                _load_row(session, rec)
-            else:
-                _append_row(session, rec)
-            if rec.id not in store:  # a pinned capsule is in already
-                store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
-                               cid=rec.id)
+        try:
+            _rebuild_store(session, contents)
+        except CapsuleError as e:  # the log is sound but this store is smaller (capacity, budget): start clean
+            session.reset()
+            store.clear()
+            raise ResumeDoesNotFit(f"resume: the log's capsules do not fit this capsule store ({e}); raise "
+                                   "capsule_capacity or capsule_budget_mb, or start fresh. The session is "
+                                   "left reset, with no capsules") from None
         live = contents.records[-1] if contents.records else max(contents.pins, key=lambda r: r.id, default=None)
         if live is not None:
             store.restore(live.id, 0)
@@ -126,6 +158,30 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
                         max(0.0, time.time() - contents.newest_mtime) if contents.newest_mtime else 0.0,
                         len(contents.records), contents.records_cut, contents.cut, len(store),
                         sum(i.pinned for i in store.list()), (time.perf_counter() - t0) * 1e3)
+
+
+def _rebuild_store(session, contents: LogContents) -> None:
+    store = session.store
+    session.reset()
+    store.clear()  # a session that stepped on its own holds capsules under the log's ids
+    # A pin on the timeline is pinned when the timeline passes it, so it shares its window's pages with
+    # its neighbours as it did before the crash (a pin file loads a window of its own: pins that fit
+    # the running store by sharing pages would not fit). Only the other pins are loaded from their files.
+    timeline = {rec.id for rec in contents.records}
+    pinned = {rec.id for rec in contents.pins}
+    for rec in sorted(contents.pins, key=lambda r: r.id):
+        if rec.id in timeline:
+            continue
+        _load_row(session, rec)
+        store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
+                       pin=True, cid=rec.id)
+    for rec in contents.records:
+        if rec.kind == RESYNC:
+            _load_row(session, rec)
+        else:
+            _append_row(session, rec)
+        store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
+                       pin=rec.id in pinned, cid=rec.id)
 
 
 def _load_row(session, rec: Record) -> None:
@@ -152,4 +208,4 @@ def meta_reader(arena):
     return lambda small: np.asarray(arena.row_view("meta", small))
 
 
-__all__ = ["LogContents", "ResumeReport", "meta_reader", "read_log", "rebuild"]
+__all__ = ["LogContents", "ResumeDoesNotFit", "ResumeReport", "check_timeline", "meta_reader", "read_log", "rebuild"]

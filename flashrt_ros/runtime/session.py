@@ -323,25 +323,38 @@ class Session:
         """Append every timeline capsule to the log in ``settings.directory`` (persistence.py). ``resume``:
         first rebuild the store from the log there and make its newest capsule live; returns the
         ResumeReport (None without resume). Raises FingerprintMismatch / LogCorrupt, touching nothing,
-        when the log cannot be resumed."""
-        from .persistence import Persistence, start_fresh
+        when the log cannot be resumed; ResumeDoesNotFit, the session left reset, when a sound log needs a
+        bigger capsule store than this one."""
+        from .persistence import DirLock, Persistence, start_fresh
         from .persistence import resume as resume_from
 
         if self.persistence is not None:
             raise RuntimeError("persistence is already enabled")
-        report = moved = None
-        if resume:
-            report = resume_from(self, settings.directory)
-        else:
-            moved = start_fresh(self, settings.directory)
-        self.persistence = Persistence(self, settings)
+        directory = Path(settings.directory)
+        try:  # before a resume resets anything: a persist_dir that is a file fails here, state untouched
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(f"persist_dir {directory}: cannot hold the capsule log ({e.strerror or e})") from None
+        lock = DirLock(directory)  # before the log is read: a resume cuts tails, another writer's too
+        try:
+            report = moved = None
+            if resume:
+                report = resume_from(self, settings.directory)
+            else:
+                moved = start_fresh(self, settings.directory)
+            persistence = Persistence(self, settings, lock)
+        except BaseException:
+            lock.release()
+            raise
+        self.persistence = persistence
         self.persistence.moved_aside = moved
         return report
 
     def disable_persistence(self) -> None:
         """Write what is queued, fsync, and stop the writer."""
-        p, self.persistence = self.persistence, None
-        if p is not None:
+        with self.lock:  # never between a step's (or a replan commit's) check of self.persistence and its use
+            p, self.persistence = self.persistence, None
+        if p is not None:  # closed outside the lock: the writer waits for an idle runtime, briefly
             p.close()
 
     def save_weights(self, path: str | Path) -> None:
