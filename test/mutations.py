@@ -157,4 +157,9 @@ MUTATIONS = [
              "      h[t & 1][j] = hn;",
              ["test/test_kernels_shim.py::test_gru_scan_kernel_matches_the_stepwise_scan"],
              "the persistent GRU scan overwrites h while other lanes of the same step still read it"),
+    Mutation("rollback_not_recorded", RT + "session.py",
+             "                self.persistence.on_live(info)\n",
+             "                pass\n",
+             ["test/test_persist_attack.py::test_a_rollback_followed_by_a_crash_resumes_the_rolled_back_state"],
+             "a rollback writes no marker: a crash before the next step resumes past the rollback"),
 ]

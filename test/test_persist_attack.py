@@ -409,10 +409,7 @@ def test_a_record_whose_id_leaves_no_room_for_new_ids_is_not_loaded(tmp_path):
     r.disable_persistence()
 
 
-# ---- known gap, not fixed here (see the review report) -------------------------------------------
-@pytest.mark.xfail(strict=True, reason="NOT FIXED: a rollback takes no capsule, so nothing reaches the log; a "
-                   "crash before the next capsule resumes the pre-rollback state. Needs a new record kind (a "
-                   "'live' marker naming the restored capsule) or a capsule per rollback: a design change")
+# ---- a rollback is recorded (a LIVE marker) -------------------------------------------------------
 def test_a_rollback_followed_by_a_crash_resumes_the_rolled_back_state(tmp_path):
     s = Session(cfg())
     s.enable_persistence(settings(tmp_path))
@@ -425,3 +422,41 @@ def test_a_rollback_followed_by_a_crash_resumes_the_rolled_back_state(tmp_path):
     r.disable_persistence()
     assert report.capsule_id == s.live_capsule_id == 30
     assert r.state_host().tobytes() == s.state_host().tobytes()
+
+
+def test_steps_after_a_recorded_rollback_resume_at_the_newest_capsule_and_continue_identically(tmp_path):
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    for o in OBS[:40]:
+        s.step(o)
+    s.rollback(steps_back=10)
+    s.rollback(steps_back=5)  # two markers in a row: the last one is the word
+    for o in OBS[25:45]:
+        s.step(o)
+    s.disable_persistence()
+    r = Session(cfg())
+    report = r.enable_persistence(settings(tmp_path), resume=True)
+    r.disable_persistence()
+    assert (report.capsule_id, report.step) == (s.live_capsule_id, 45)
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+    assert r.step(OBS[45]).action.tobytes() == s.step(OBS[45]).action.tobytes()
+
+
+def test_a_live_marker_with_state_bytes_is_refused(tmp_path):
+    import struct
+    import zlib
+
+    from flashrt_ros.runtime.persist_format import INFO, LIVE, RECORD_HEAD, RECORD_MAGIC, scan
+    from flashrt_ros.runtime.persistence import layout_of
+    from flashrt_ros.runtime.resume import meta_reader
+
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    s.step(OBS[0])
+    s.disable_persistence()
+    seg = next(iter_segment_paths(tmp_path / "log"))
+    payload = INFO.pack(1, 0, 1, 0, 0, 0, 0) + b"extra"
+    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<BI", LIVE, len(payload))))
+    seg.write_bytes(seg.read_bytes() + RECORD_HEAD.pack(RECORD_MAGIC, LIVE, len(payload), crc) + payload)
+    recs, err = scan(seg, seg.read_bytes(), layout_of(s), meta_reader(s.arena))
+    assert len(recs) == 1 and err is not None and "live marker" in err.why

@@ -26,7 +26,17 @@ from pathlib import Path
 
 import numpy as np
 
-from .persist_format import DELTA, RESYNC, LogLayout, encode_record, iter_segment_paths, segment_header_bytes
+from .persist_format import (
+    DELTA,
+    EMPTY_KV,
+    EMPTY_SMALL,
+    LIVE,
+    RESYNC,
+    LogLayout,
+    encode_record,
+    iter_segment_paths,
+    segment_header_bytes,
+)
 
 MB = 2**20
 # Before a batch the writer waits for the runtime to be idle (its lock free), so its Python work (encode,
@@ -153,6 +163,13 @@ class CapsuleLog:
         self._queue.put((time.monotonic(), kind, info, small, kv, n_entries, nbytes))
         self.last_id, self.last_step, self.need_resync = info.id, info.step, False
 
+    def mark_live(self, info) -> None:
+        """Capsule ``info`` (already recorded) is live now (a rollback): a small marker, so a crash before
+        the next capsule resumes there. The next record still resynchronises (its parent is not the last
+        record), so the DELTA chain is untouched."""
+        marker = replace(info, parent_id=0, pinned=False, label="")  # the id and the step say it all
+        self._queue.put((time.monotonic(), LIVE, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
+
     # ---- pins (a service thread) ----------------------------------------------------------
     def write_pin(self, info, small: np.ndarray, window: np.ndarray, still_pinned: Callable[[], bool]) -> None:
         """One RESYNC record in its own file, crash-safely: a kill leaves the old file or the new one.
@@ -265,9 +282,12 @@ class CapsuleLog:
             self._mirror[:, :, slots] = kv.transpose(1, 2, 0, 3)
 
     def _write(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int) -> None:
-        self._apply_to_mirror(kind, info.step, kv, n)
-        if self._fd is None or self._seg_bytes >= self.settings.segment_mb * MB:
-            self._rotate()
+        if kind == LIVE and self._fd is None:
+            return  # nothing recorded in this run yet: a marker could only name an older run's capsule
+        if kind != LIVE:
+            self._apply_to_mirror(kind, info.step, kv, n)
+        if kind != LIVE and (self._fd is None or self._seg_bytes >= self.settings.segment_mb * MB):
+            self._rotate()  # a marker never opens a segment: each starts with a RESYNC
         if kind == DELTA and self._resync_next:
             kind, kv, n = RESYNC, self._mirror, min(info.step, self.layout.kv_window)
         blob = encode_record(kind, info, small, kv, n)
@@ -281,6 +301,8 @@ class CapsuleLog:
             self._seg_bytes = self._good_bytes
             raise
         self._seg_bytes = self._good_bytes = self._seg_bytes + len(blob)
+        if kind == LIVE:
+            return  # not a capsule: counts, the resync flag and the mirror stay as they were
         self._resync_next = False
         self._unsynced += 1
         with self._lock:

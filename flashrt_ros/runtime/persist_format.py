@@ -13,7 +13,9 @@ layout, its crc32), then records back to back. A record is
 
 A DELTA follows the record of its parent, so its window is the parent's plus its own entries. A RESYNC
 stands alone: every segment starts with one, and so does the first record written after a drop or after
-the timeline jumped (rollback, a committed replan). A pin file holds one RESYNC record of a pinned capsule.
+the timeline jumped (rollback, a committed replan). A LIVE marker (no state, only INFO) says that capsule
+`id`, recorded earlier, became live without a new capsule (a rollback): a resume makes it live if it is the
+last word. A pin file holds one RESYNC record of a pinned capsule.
 
 Reading validates everything before a byte reaches the runtime: magic, lengths, checksum, label, the
 ``meta`` invariants, the entry count, and finite floats. The first bad record ends a scan; the caller
@@ -38,8 +40,9 @@ SEGMENT_HEAD = struct.Struct("<8sII")  # magic, json length, crc32(json)
 RECORD_HEAD = struct.Struct("<4sB3xII")
 RECORD_MAGIC = b"FRR1"
 INFO = struct.Struct("<QQQqB3xII")
-DELTA, RESYNC = 1, 2
-KINDS = {DELTA: "delta", RESYNC: "resync"}
+DELTA, RESYNC, LIVE = 1, 2, 3
+KINDS = {DELTA: "delta", RESYNC: "resync", LIVE: "live"}
+EMPTY_SMALL, EMPTY_KV = np.zeros(0, np.uint8), np.zeros(0, np.float32)
 MAX_SEGMENT_HEADER = 1 << 16
 MAX_ID = 1 << 62  # ids count up from 1: a larger one is forged, and new ids after it would not fit the format
 
@@ -153,6 +156,10 @@ def _decode(path: Path, blob, at: int, layout: LogLayout, meta_of: Callable[[np.
     off = INFO.size
     if label_len > 4 * MAX_LABEL_CHARS or not 0 < cid < MAX_ID or parent >= MAX_ID or pinned > 1:
         raise LogCorrupt(path, at, "record info out of range (label, id or pinned)")
+    if kind == LIVE:  # a marker: capsule `cid` (recorded before it) became live; nothing else
+        if n != off or parent or n_entries or label_len or pinned:
+            raise LogCorrupt(path, at, "a live marker holds its capsule id and step only")
+        return Record(kind, cid, 0, step, stamp, False, "", EMPTY_SMALL, EMPTY_KV, at, RECORD_HEAD.size + n, path)
     if n < off + label_len + layout.row_nbytes:  # checked before a slice reads past the payload
         raise LogCorrupt(path, at, f"record holds {n} bytes, its label and small state need "
                                    f"{off + label_len + layout.row_nbytes}")

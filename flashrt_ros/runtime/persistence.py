@@ -62,6 +62,13 @@ class Persistence:
             self.failures += 1
             log.drop()
 
+    def on_live(self, info) -> None:
+        """Under the session lock, after a rollback made capsule ``info`` live. Never raises."""
+        try:
+            self.log.mark_live(info)
+        except Exception:  # noqa: BLE001 - a lost marker only means a resume picks the newest capsule
+            self.failures += 1
+
     def pin_job(self, info) -> Callable[[], None]:
         """Under the session lock: copy the pinned capsule to the host. The returned job writes its pin
         file; run it after releasing the lock."""

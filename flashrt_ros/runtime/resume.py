@@ -21,6 +21,7 @@ import numpy as np
 
 from .errors import CapsuleError
 from .persist_format import (
+    LIVE,
     RESYNC,
     LogCorrupt,
     LogLayout,
@@ -41,6 +42,7 @@ class LogContents:
     newest_mtime: float  # wall time the newest segment was last written (the resumed state's age)
     max_id: int
     segments_read: int = 0
+    live_id: int = 0  # a LIVE marker after the last record: the capsule a rollback made live (0: the newest)
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,11 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
             raise LogCorrupt(path, recs[0].offset, f"the pin file holds capsule {recs[0].id}, not the one it is "
                                                    "named for")
         pins.append(recs[0])
+    live_id = records[-1].id if records and records[-1].kind == LIVE else 0  # the last word, if a marker
+    records = [r for r in records if r.kind != LIVE]
     check_timeline(records)
     max_id = max([r.id for r in records] + [r.id for r in pins], default=0)
-    return LogContents(records, pins, records_cut, cut, mtime, max_id, read)
+    return LogContents(records, pins, records_cut, cut, mtime, max_id, read, live_id)
 
 
 def check_timeline(records: list[Record]) -> None:
@@ -146,6 +150,8 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
                                    "capsule_capacity or capsule_budget_mb, or start fresh. The session is "
                                    "left reset, with no capsules") from None
         live = contents.records[-1] if contents.records else max(contents.pins, key=lambda r: r.id, default=None)
+        marked = [r for r in contents.records + contents.pins if r.id == contents.live_id and r.id in store]
+        live = marked[0] if marked else live  # a rollback before the crash: its capsule, if the store kept it
         if live is not None:
             store.restore(live.id, 0)
             session._step, session._live_id = live.step, live.id

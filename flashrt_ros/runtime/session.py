@@ -216,6 +216,8 @@ class Session:
             self._step = info.step
             self._live_id = info.id
             self.history.head = self.history.node_of(info.id)
+            if self.persistence is not None:  # a crash before the next capsule resumes here, not past it
+                self.persistence.on_live(info)
             return info
 
     def restore_roles(self, capsule_id: int, roles: tuple[str, ...]) -> CapsuleInfo:
