@@ -82,7 +82,8 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
                       kv_log_use_percent=f"{100.0 * usage.log_entries_used / max(1, usage.log_entries_total):.1f}")
     if session is not None:
         values["live_capsule_id"] = session.live_capsule_id
-    persist = session.persistence.stats() if session is not None and session.persistence is not None else None
+    persistence = getattr(session, "persistence", None)  # read once: cleanup may clear it meanwhile
+    persist = persistence.stats() if persistence is not None else None
     if persist is not None:
         values.update(persist_records_written=persist.records_written, persist_records_dropped=persist.records_dropped,
                       persist_write_errors=persist.write_errors, persist_lag_ms=f"{persist.lag_ms:.1f}",

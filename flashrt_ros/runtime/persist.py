@@ -338,23 +338,25 @@ class CapsuleLog:
         self._retain()
 
     def _retain(self) -> None:
-        """Oldest segments first, then the oldest pins; never the open segment."""
+        """Oldest segments first, then the oldest pins; never the open segment. Under the pin lock: a pin
+        file being renamed into place is never counted and then deleted underneath it."""
         budget = self.settings.budget_mb * MB
-        with self._lock:
-            victims = []
-            total = sum(self._sizes.values()) + sum(self._pins.values())
-            for path in sorted(self._sizes):
-                if total <= budget or path == self._seg_path:
-                    break
-                total -= self._sizes.pop(path)
-                victims.append(path)
-            for path in sorted(self._pins):
-                if total <= budget:
-                    break
-                total -= self._pins.pop(path)
-                victims.append(path)
-        for path in victims:
-            path.unlink(missing_ok=True)
+        with self._pin_lock:
+            with self._lock:
+                victims = []
+                total = sum(self._sizes.values()) + sum(self._pins.values())
+                for path in sorted(self._sizes):
+                    if total <= budget or path == self._seg_path:
+                        break
+                    total -= self._sizes.pop(path)
+                    victims.append(path)
+                for path in sorted(self._pins):
+                    if total <= budget:
+                        break
+                    total -= self._pins.pop(path)
+                    victims.append(path)
+            for path in victims:
+                path.unlink(missing_ok=True)
 
     def _maybe_fsync(self, idle: bool = False, force: bool = False) -> None:
         s = self.settings
