@@ -12,6 +12,7 @@ from pathlib import Path
 INSTALL_HINT = "--plot needs matplotlib: pip install matplotlib (in this repo's venv: .venv/bin/pip install matplotlib)"
 DPI = 100
 BUDGET_MS = 50.0  # the replan deadline the demos and the node use by default
+PAPER_SPEEDUPS = {2048: 3.9, 16384: 27.0}  # rollback + re-plan over cold recompute, as the paper reports (GPU)
 
 
 class PlotUnavailable(RuntimeError):
@@ -93,6 +94,15 @@ def bench_runtime(result: dict, path) -> Path:
         x = p["speedup_vs_prefill"]
         ax.annotate(f"{x:.{0 if x >= 10 else 1}f}x", (p["history"], p["rollback_replan_ms"]),
                     textcoords="offset points", xytext=(0, 7), ha="center", fontsize=9, weight="bold")
+    # the paper's points (GPU): where rollback + re-plan would sit at its speedups over this run's cold prefill
+    paper = [(p["history"], p["cold_prefill_ms"] / PAPER_SPEEDUPS[p["history"]], PAPER_SPEEDUPS[p["history"]])
+             for p in hist if p["history"] in PAPER_SPEEDUPS]
+    if paper:
+        ax.scatter([q[0] for q in paper], [q[1] for q in paper], marker="*", s=110, color="tab:purple", zorder=3,
+                   label="the paper's speedup (GPU), on this cold prefill")
+        for hx, ms, k in paper:
+            ax.annotate(f"paper {k:g}x", (hx, ms), textcoords="offset points", xytext=(0, -13), ha="center",
+                        fontsize=8, color="tab:purple")
     ax.set(xscale="log", yscale="log", xlabel="history = kv_window (steps)", ylabel="ms (median)",
            title="rollback + re-plan vs cold recompute\n(labels: speedup vs tuned cold prefill, same backend)")
     history_ticks(ax, h)
