@@ -3,24 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from persist_fixtures import cfg, settings
 
-from conftest import observation_trace, small_config
+from conftest import observation_trace
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.errors import FingerprintMismatch
-from flashrt_ros.runtime.persist import PersistSettings
 from flashrt_ros.runtime.persist_format import LogCorrupt, iter_segment_paths
 
 OBS = observation_trace(700)
 
-
-def settings(tmp_path, **kw) -> PersistSettings:
-    base = dict(directory=tmp_path / "log", fsync_every_ms=0.0, segment_mb=1.0, budget_mb=64.0)
-    base.update(kw)
-    return PersistSettings(**base)
-
-
-def cfg(**kw):
-    return small_config(kv_window=150, **kw)  # 2 pages + a wrap within a few hundred steps
 
 
 def run_mission(s: Session, obs=OBS) -> None:

@@ -13,8 +13,9 @@ import zlib
 from pathlib import Path
 
 import pytest
+from persist_fixtures import cfg, settings
 
-from conftest import observation_trace, small_config
+from conftest import observation_trace
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.persist import PersistSettings
 from flashrt_ros.runtime.persist_format import (
@@ -31,15 +32,6 @@ from flashrt_ros.runtime.resume import meta_reader
 
 OBS = observation_trace(200)
 
-
-def settings(tmp_path, **kw) -> PersistSettings:
-    base = dict(directory=tmp_path / "log", fsync_every_ms=0.0, segment_mb=1.0, budget_mb=64.0)
-    base.update(kw)
-    return PersistSettings(**base)
-
-
-def cfg(**kw):
-    return small_config(kv_window=150, **kw)
 
 
 def stepped(tmp_path, n=40, **kw) -> Session:
