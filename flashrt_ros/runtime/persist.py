@@ -35,6 +35,7 @@ from .persist_format import (
     LogLayout,
     encode_record,
     iter_segment_paths,
+    pin_name,
     segment_header_bytes,
 )
 
@@ -149,11 +150,18 @@ class CapsuleLog:
         return (self.need_resync or parent_id != self.last_id or parent_id == 0
                 or not 0 <= step - self.last_step <= self.layout.kv_window)
 
-    def drop(self) -> None:
-        """The record could not be queued: the next one must stand alone."""
+    def drop(self, error: Exception | None = None) -> None:
+        """The record could not be queued (no room, or ``error``): the next one must stand alone."""
         with self._lock:
             self._dropped += 1
+        if error is not None:
+            self.record_error("a record on the step thread", error)
         self.need_resync = True
+
+    def record_error(self, what: str, error: Exception) -> None:
+        with self._lock:
+            self._errors += 1
+            self._last_error = f"{what}: {type(error).__name__}: {error}"
 
     def submit(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n_entries: int) -> None:
         """Queue a record (host copies the caller does not touch again). Never blocks."""
@@ -175,7 +183,7 @@ class CapsuleLog:
         """One RESYNC record in its own file, crash-safely: a kill leaves the old file or the new one.
         ``still_pinned`` is asked under the pin lock right before the file takes its name: an unpin or a
         drop that came while it was written wins (remove_pin asks the same under the same lock)."""
-        path = self.dir / f"pin-{info.id:016d}.frl"
+        path = self.dir / pin_name(info.id)
         blob = segment_header_bytes(self.layout) + encode_record(
             RESYNC, replace(info, pinned=True), small, window, min(info.step, self.layout.kv_window))
         tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")  # pins of one capsule may race
@@ -197,12 +205,10 @@ class CapsuleLog:
         except OSError as e:  # the pin holds in memory already: a disk error is counted, never raised at the caller
             with contextlib.suppress(OSError):
                 tmp.unlink()
-            with self._lock:
-                self._errors += 1
-                self._last_error = f"pin file of capsule {info.id}: {type(e).__name__}: {e}"
+            self.record_error(f"pin file of capsule {info.id}", e)
 
     def remove_pin(self, capsule_id: int, still_pinned: Callable[[], bool]) -> None:
-        path = self.dir / f"pin-{capsule_id:016d}.frl"
+        path = self.dir / pin_name(capsule_id)
         with self._pin_lock:
             if still_pinned():  # pinned again since: that pin's file stays
                 return
@@ -314,8 +320,7 @@ class CapsuleLog:
         self._resync_next = True
         with self._lock:
             self._dropped += 1
-            self._errors += 1
-            self._last_error = f"{type(e).__name__}: {e}"
+        self.record_error("writing", e)
 
     def _rotate(self) -> None:
         self._sync_and_close()

@@ -226,6 +226,11 @@ def is_torn_header(blob, layout: LogLayout) -> bool:
     return len(blob) < len(head) and head.startswith(bytes(blob))
 
 
+def pin_name(capsule_id: int) -> str:
+    """The file that keeps a pinned capsule: one per capsule, named for it."""
+    return f"pin-{capsule_id:016d}.frl"
+
+
 def iter_segment_paths(directory: Path, prefix: str = "seg-") -> Iterator[Path]:
     """Segments in write order (the name holds the zero-padded first sequence number)."""
     yield from sorted(p for p in directory.glob(f"{prefix}*.frl") if p.is_file())

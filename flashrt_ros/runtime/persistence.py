@@ -27,11 +27,12 @@ def layout_of(session) -> LogLayout:
 
 
 class Persistence:
-    def __init__(self, session, settings: PersistSettings, dir_lock: DirLock | None = None):
+    def __init__(self, session, settings: PersistSettings, dir_lock: DirLock | None = None,
+                 moved_aside: Path | None = None):
         self.session = session
         self.layout = layout_of(session)
         self.log = CapsuleLog(settings, self.layout, quiet=session.lock, dir_lock=dir_lock)
-        self.failures = 0  # records lost to an error on the step thread (counted as drops too)
+        self.moved_aside = moved_aside  # where start_fresh put a log this session could not continue
 
     def _window(self, row_pages: np.ndarray, step: int) -> np.ndarray:
         W = self.layout.kv_window
@@ -41,33 +42,29 @@ class Persistence:
     def on_capsule(self, info) -> None:
         """Called under the session lock right after a timeline capsule of row 0 was taken. Never raises:
         the step already ran, and the log resynchronises after a lost record."""
-        s, log = self.session, self.log
+        s, log, W = self.session, self.log, self.layout.kv_window
         try:
             if log.wants_resync(info.parent_id, info.step):
-                nbytes = self.layout.row_nbytes + 4 * self.layout.entry_floats * self.layout.kv_window
-                if not log.has_room(nbytes):
-                    log.drop()
-                    return
-                small = s.backend.to_host(s.arena.state[0])
-                log.submit(RESYNC, info, small, self._window(s.kv.tables[0], info.step),
-                           min(info.step, self.layout.kv_window))
+                kind, n, floats = RESYNC, min(info.step, W), W  # the whole window, zeros outside it
             else:
-                n = info.step - log.last_step
-                if not log.has_room(self.layout.row_nbytes + 4 * self.layout.entry_floats * n):
-                    log.drop()
-                    return
-                small = s.backend.to_host(s.arena.state[0])
-                log.submit(DELTA, info, small, s.kv.entries(0, log.last_step, info.step), n)
-        except Exception:  # noqa: BLE001 - counted and visible in stats; the next record resyncs
-            self.failures += 1
-            log.drop()
+                kind, n = DELTA, info.step - log.last_step
+                floats = n
+            if not log.has_room(self.layout.row_nbytes + 4 * self.layout.entry_floats * floats):
+                log.drop()
+                return
+            small = s.backend.to_host(s.arena.state[0])
+            kv = self._window(s.kv.tables[0], info.step) if kind == RESYNC else s.kv.entries(0, log.last_step,
+                                                                                               info.step)
+            log.submit(kind, info, small, kv, n)
+        except Exception as e:  # noqa: BLE001 - counted and visible in stats; the next record resyncs
+            log.drop(e)
 
     def on_live(self, info) -> None:
         """Under the session lock, after a rollback made capsule ``info`` live. Never raises."""
         try:
             self.log.mark_live(info)
-        except Exception:  # noqa: BLE001 - a lost marker only means a resume picks the newest capsule
-            self.failures += 1
+        except Exception as e:  # noqa: BLE001 - a lost marker only means a resume picks the newest capsule
+            self.log.record_error(f"live marker of capsule {info.id}", e)
 
     def pin_job(self, info) -> Callable[[], None]:
         """Under the session lock: copy the pinned capsule to the host. The returned job writes its pin
@@ -131,10 +128,5 @@ def move_aside(directory: Path) -> Path | None:
     return dest
 
 
-def has_log(directory: Path) -> bool:
-    directory = Path(directory)
-    return directory.is_dir() and any(iter_segment_paths(directory))
-
-
-__all__ = ["DirLock", "PersistDirInUse", "Persistence", "PersistSettings", "PersistStats", "ResumeReport", "has_log",
+__all__ = ["DirLock", "PersistDirInUse", "Persistence", "PersistSettings", "PersistStats", "ResumeReport",
            "layout_of", "move_aside", "read_for_resume", "resume", "start_fresh"]

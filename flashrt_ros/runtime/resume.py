@@ -28,6 +28,7 @@ from .persist_format import (
     Record,
     is_torn_header,
     iter_segment_paths,
+    pin_name,
     scan,
     valid_record_after,
 )
@@ -79,7 +80,8 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
     read = 0
     for i, path in enumerate(reversed(segs)):  # newest first, until enough records
         blob = path.read_bytes()
-        mtime = max(mtime, path.stat().st_mtime) if i == 0 else mtime
+        if i == 0:
+            mtime = path.stat().st_mtime
         try:
             recs, err = scan(path, blob, layout, meta_of)
         except LogCorrupt:
@@ -108,7 +110,7 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
         recs, err = scan(path, path.read_bytes(), layout, meta_of)
         if err is not None or len(recs) != 1 or recs[0].kind != RESYNC:
             raise err or LogCorrupt(path, 0, "a pin file holds exactly one RESYNC record")
-        if path.name != f"pin-{recs[0].id:016d}.frl":  # also: one pin file per capsule
+        if path.name != pin_name(recs[0].id):  # also: one pin file per capsule
             raise LogCorrupt(path, recs[0].offset, f"the pin file holds capsule {recs[0].id}, not the one it is "
                                                    "named for")
         pins.append(recs[0])

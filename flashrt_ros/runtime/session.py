@@ -344,12 +344,11 @@ class Session:
                 report = resume_from(self, settings.directory)
             else:
                 moved = start_fresh(self, settings.directory)
-            persistence = Persistence(self, settings, lock)
+            persistence = Persistence(self, settings, lock, moved)
         except BaseException:
             lock.release()
             raise
         self.persistence = persistence
-        self.persistence.moved_aside = moved
         return report
 
     def disable_persistence(self) -> None:
