@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from persist_fixtures import cfg, settings
 
-from conftest import observation_trace
+from conftest import assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.errors import FingerprintMismatch
 from flashrt_ros.runtime.persist_format import LogCorrupt, iter_segment_paths
@@ -124,10 +124,10 @@ def test_a_flipped_byte_in_the_last_record_is_cut_and_in_an_older_needed_segment
     old[len(old) // 2] ^= 0x01
     segs[-2].write_bytes(bytes(old))
     r = Session(cfg())
-    before = r.state_host().tobytes()
-    with pytest.raises(LogCorrupt, match=f"{segs[-2].name}: offset \\d+"):
-        r.enable_persistence(settings(tmp_path), resume=True)
-    assert r.state_host().tobytes() == before and r.persistence is None
+    r.step(OBS[0])  # something to lose
+    assert_refused_unchanged(r, lambda: r.enable_persistence(settings(tmp_path), resume=True), LogCorrupt,
+                             f"{segs[-2].name}: offset \\d+")
+    assert r.persistence is None
 
 
 def test_a_log_of_another_fingerprint_is_refused_with_a_clear_message(tmp_path):
@@ -136,8 +136,9 @@ def test_a_log_of_another_fingerprint_is_refused_with_a_clear_message(tmp_path):
     s.step(OBS[0])
     s.disable_persistence()
     other = Session(cfg(seed=1))
-    with pytest.raises(FingerprintMismatch, match="another config, weights or plan"):
-        other.enable_persistence(settings(tmp_path), resume=True)
+    other.step(OBS[0])  # something to lose
+    assert_refused_unchanged(other, lambda: other.enable_persistence(settings(tmp_path), resume=True),
+                             FingerprintMismatch, "another config, weights or plan")
     assert other.persistence is None
 
 

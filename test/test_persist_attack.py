@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from persist_fixtures import cfg, settings
 
-from conftest import observation_trace
+from conftest import assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.persist import PersistSettings
 from flashrt_ros.runtime.persist_format import (
@@ -34,11 +34,18 @@ OBS = observation_trace(200)
 
 
 
-def stepped(tmp_path, n=40, **kw) -> Session:
+def persisting(tmp_path, n=40, **kw) -> Session:
+    """A session that persists into tmp_path/log and has stepped OBS[:n]; its log still open."""
     s = Session(cfg())
     s.enable_persistence(settings(tmp_path, **kw))
     for o in OBS[:n]:
         s.step(o)
+    return s
+
+
+def stepped(tmp_path, n=40, **kw) -> Session:
+    """persisting(), its log closed (written and fsynced)."""
+    s = persisting(tmp_path, n, **kw)
     s.disable_persistence()
     return s
 
@@ -59,10 +66,14 @@ def raw_record(kind: int, payload: bytes) -> bytes:
     return RECORD_HEAD.pack(RECORD_MAGIC, kind, len(payload), crc) + payload
 
 
-def fresh_state():
+def assert_enable_refused(settings_, exc, match, resume=True) -> Session:
+    """A session with something to lose refuses enable_persistence(settings_) with ``exc`` matching
+    ``match``, its state, capsules and step as before, and no persistence attached. Returns it."""
     s = Session(cfg())
-    s.step(OBS[0])  # something to lose: a refused resume must leave it as it is
-    return s, s.state_host().tobytes()
+    s.step(OBS[0])
+    assert_refused_unchanged(s, lambda: s.enable_persistence(settings_, resume=resume), exc, match)
+    assert s.persistence is None
+    return s
 
 
 # ---- records whose checksum is valid but whose payload is too short --------------------------
@@ -89,11 +100,8 @@ def test_a_flipped_byte_in_the_newest_segments_header_refuses_and_keeps_the_file
     assert len(records_of(Session(cfg()), seg)) > 1
     blob[20] ^= 0x01  # inside the JSON: its checksum fails, the records after it are intact
     seg.write_bytes(bytes(blob))
-    r, before = fresh_state()
-    with pytest.raises(LogCorrupt, match=f"{seg.name}: offset 0"):
-        r.enable_persistence(settings(tmp_path), resume=True)
+    assert_enable_refused(settings(tmp_path), LogCorrupt, f"{seg.name}: offset 0")
     assert seg.read_bytes() == bytes(blob), "a segment full of records was deleted as a 'torn header'"
-    assert r.state_host().tobytes() == before and r.persistence is None
 
 
 def test_a_torn_header_of_the_newest_segment_is_still_cut(tmp_path):
@@ -116,11 +124,8 @@ def test_a_flipped_byte_in_a_middle_record_of_the_newest_segment_refuses_instead
     blob = bytearray(seg.read_bytes())
     blob[offs[10] + 60] ^= 0x10  # record 11 of 40: 29 good records follow it
     seg.write_bytes(bytes(blob))
-    r, before = fresh_state()
-    with pytest.raises(LogCorrupt, match=f"{seg.name}: offset {offs[10]}: .*valid records follow"):
-        r.enable_persistence(settings(tmp_path), resume=True)
+    assert_enable_refused(settings(tmp_path), LogCorrupt, f"{seg.name}: offset {offs[10]}: .*valid records follow")
     assert seg.read_bytes() == bytes(blob), "good records after the damage were truncated away"
-    assert r.state_host().tobytes() == before and r.persistence is None
 
 
 # ---- the timeline's order --------------------------------------------------------------------
@@ -143,33 +148,21 @@ def test_a_timeline_with_a_hole_a_duplicate_or_swapped_records_is_refused_not_lo
     else:
         keep[7], keep[8] = 8, 7
     _rewrite(seg, recs, keep)
-    r, before = fresh_state()
-    with pytest.raises(LogCorrupt, match=seg.name):
-        r.enable_persistence(settings(tmp_path), resume=True)
-    assert r.state_host().tobytes() == before and r.persistence is None
+    assert_enable_refused(settings(tmp_path), LogCorrupt, seg.name)
 
 
 # ---- pin files -------------------------------------------------------------------------------
 def test_a_pin_file_whose_name_does_not_match_its_capsule_is_refused_cleanly(tmp_path):
-    s = Session(cfg())
-    s.enable_persistence(settings(tmp_path))
-    for o in OBS[:10]:
-        s.step(o)
+    s = persisting(tmp_path, 10)
     s.pin(3)
     s.disable_persistence()
     pin = tmp_path / "log" / f"pin-{3:016d}.frl"
     (tmp_path / "log" / f"pin-{4:016d}.frl").write_bytes(pin.read_bytes())  # two files, one capsule id
-    r, before = fresh_state()
-    with pytest.raises(LogCorrupt, match=f"pin-{4:016d}.frl"):
-        r.enable_persistence(settings(tmp_path), resume=True)
-    assert r.state_host().tobytes() == before and r.persistence is None
+    assert_enable_refused(settings(tmp_path), LogCorrupt, f"pin-{4:016d}.frl")
 
 
 def test_a_pin_file_that_cannot_be_written_counts_an_error_and_the_pin_still_holds(tmp_path):
-    s = Session(cfg())
-    s.enable_persistence(settings(tmp_path))
-    for o in OBS[:10]:
-        s.step(o)
+    s = persisting(tmp_path, 10)
     (tmp_path / "log" / f"pin-{5:016d}.frl" / "x").mkdir(parents=True)  # the file cannot take its name
     info = s.pin(5)  # the pin took effect in memory: the call must not fail after that
     assert info.pinned and s.capsule_info(5).pinned
@@ -185,18 +178,12 @@ def test_a_pin_file_that_cannot_be_written_counts_an_error_and_the_pin_still_hol
 def test_a_persist_dir_that_is_a_file_fails_before_touching_the_live_state(tmp_path):
     target = tmp_path / "not-a-dir"
     target.write_bytes(b"x")
-    s, before = fresh_state()
-    with pytest.raises(OSError, match="not-a-dir"):
-        s.enable_persistence(PersistSettings(target, fsync_every_ms=0.0), resume=True)
-    assert s.state_host().tobytes() == before and s.persistence is None and s.step_count == 1
+    assert_enable_refused(PersistSettings(target, fsync_every_ms=0.0), OSError, "not-a-dir")
 
 
 # ---- disable_persistence against a running replan -----------------------------------------------
 def test_disable_persistence_waits_for_a_running_replan_whose_commit_is_then_persisted(tmp_path):
-    s = Session(cfg())
-    s.enable_persistence(settings(tmp_path))
-    for o in OBS[:20]:
-        s.step(o)
+    s = persisting(tmp_path, 20)
     disabler = threading.Thread(target=s.disable_persistence)
     seen = []
 
@@ -221,10 +208,7 @@ def test_disable_persistence_waits_for_a_running_replan_whose_commit_is_then_per
 def test_an_unpin_or_drop_while_the_pin_file_is_written_leaves_no_pin_file(tmp_path, monkeypatch, undo):
     from flashrt_ros.runtime.persist import CapsuleLog
 
-    s = Session(cfg())
-    s.enable_persistence(settings(tmp_path))
-    for o in OBS[:10]:
-        s.step(o)
+    s = persisting(tmp_path, 10)
     encoding, undone = threading.Event(), threading.Event()
     real = CapsuleLog.write_pin
 
@@ -249,10 +233,7 @@ def test_an_unpin_or_drop_while_the_pin_file_is_written_leaves_no_pin_file(tmp_p
 
 
 def test_a_pin_unpin_pin_sequence_keeps_the_pin_file(tmp_path):
-    s = Session(cfg())
-    s.enable_persistence(settings(tmp_path))
-    for o in OBS[:10]:
-        s.step(o)
+    s = persisting(tmp_path, 10)
     s.pin(4)
     s.unpin(4)
     s.pin(4)
@@ -299,10 +280,7 @@ def test_a_resume_into_a_session_that_stepped_on_its_own_holds_only_the_logs_cap
 def test_a_log_whose_pins_do_not_fit_a_smaller_store_is_refused_with_a_clear_error(tmp_path):
     from flashrt_ros.runtime.resume import ResumeDoesNotFit
 
-    s = Session(cfg())
-    s.enable_persistence(settings(tmp_path))
-    for o in OBS[:60]:
-        s.step(o)
+    s = persisting(tmp_path, 60)
     for cid in range(10, 61):
         s.pin(cid)
     s.disable_persistence()
@@ -316,19 +294,13 @@ def test_a_log_whose_pins_do_not_fit_a_smaller_store_is_refused_with_a_clear_err
 
 # ---- two writers on one persist_dir -------------------------------------------------------------
 def test_a_second_session_on_a_persist_dir_in_use_is_refused_and_touches_nothing(tmp_path):
-    a = Session(cfg())
-    a.enable_persistence(settings(tmp_path))
-    for o in OBS[:30]:
-        a.step(o)
+    a = persisting(tmp_path, 30)
     a.persistence.flush()
     seg = newest_segment(tmp_path)
     torn = seg.read_bytes() + b"FRR1\x01"  # the writer is mid-record: a resume would cut it as torn
     seg.write_bytes(torn)
-    b, before = fresh_state()
-    with pytest.raises(OSError, match="in use"):
-        b.enable_persistence(settings(tmp_path), resume=True)
+    b = assert_enable_refused(settings(tmp_path), OSError, "in use")
     assert seg.read_bytes() == torn, "a second session truncated the segment the first one is writing"
-    assert b.persistence is None and b.state_host().tobytes() == before
     seg.write_bytes(torn[:-5])
     a.disable_persistence()  # the directory is free again
     report = b.enable_persistence(settings(tmp_path), resume=True)
@@ -403,10 +375,7 @@ def test_a_record_whose_id_leaves_no_room_for_new_ids_is_not_loaded(tmp_path):
 
 # ---- a rollback is recorded (a LIVE marker) -------------------------------------------------------
 def test_a_rollback_followed_by_a_crash_resumes_the_rolled_back_state(tmp_path):
-    s = Session(cfg())
-    s.enable_persistence(settings(tmp_path))
-    for o in OBS[:40]:
-        s.step(o)
+    s = persisting(tmp_path, 40)
     s.rollback(steps_back=10)  # the planner undid ten steps; the node dies before the next observation
     s.disable_persistence()
     r = Session(cfg())
@@ -417,10 +386,7 @@ def test_a_rollback_followed_by_a_crash_resumes_the_rolled_back_state(tmp_path):
 
 
 def test_steps_after_a_recorded_rollback_resume_at_the_newest_capsule_and_continue_identically(tmp_path):
-    s = Session(cfg())
-    s.enable_persistence(settings(tmp_path))
-    for o in OBS[:40]:
-        s.step(o)
+    s = persisting(tmp_path, 40)
     s.rollback(steps_back=10)
     s.rollback(steps_back=5)  # two markers in a row: the last one is the word
     for o in OBS[25:45]:
