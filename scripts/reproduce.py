@@ -86,6 +86,18 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def machine_line(machine: dict | None) -> str:
+    """The fresh run's machine in one line (bench JSON `machine` block, tools/machine.py)."""
+    if not machine:
+        return "machine not recorded"
+    blas = ", ".join(f"{b.get('internal_api')} {b.get('version')}" for b in machine.get("blas") or []) or "BLAS ?"
+    load = "/".join(f"{x:g}" for x in machine.get("load_avg_before") or []) or "?"
+    after = "/".join(f"{x:g}" for x in machine.get("load_avg_after") or []) or "?"
+    return (f"{machine.get('cpu_model')} ({machine.get('cores')} cores), load {load} before, {after} after, "
+            f"backend {machine.get('backend')}, numpy {machine.get('numpy')} ({blas}), numba {machine.get('numba')}, "
+            f"cupy {machine.get('cupy')}")
+
+
 def gpu_unavailable() -> str | None:
     from flashrt_ros.runtime.backend import cuda_probe
     return cuda_probe()
@@ -111,6 +123,9 @@ def main(argv=None) -> int:
     ap.add_argument("--demo-duration", type=float, default=60.0,
                     help="mission length in seconds (default 60; the README's soak ran 600: latencies compare, "
                     "counts are not rerun)")
+    ap.add_argument("--results", default=str(ROOT / "docs" / "results" / "reproduced"),
+                    help="where each fresh bench JSON (with its machine block) is also saved (default "
+                    "docs/results/reproduced/)")
     ap.add_argument("--list", action="store_true", help="print the plan (tables, benches, commands) and exit")
     args = ap.parse_args(argv)
     tables = [t for t in (args.tables or ",".join(spec["tables"])).split(",") if t]
@@ -140,9 +155,19 @@ def main(argv=None) -> int:
         b = spec["tables"][t]["bench"]
         result = compare(spec, t, fresh[b], why[b])
         result["load_avg_1min_at_start"], result["cpu_count"] = load.get(b), os.cpu_count()
+        result["machine"] = (fresh[b] or {}).get("machine")
+        result["readme_machine"] = spec["tables"][t].get("machine", "not recorded")
         failed |= fresh[b] is None and b != "gpu"
         (out / f"reproduce_{t}.json").write_text(json.dumps(result, indent=2) + "\n")
-        print(format_table(result) + "\n", flush=True)
+        print(format_table(result), flush=True)
+        if not result["skipped"]:
+            print(f"  README machine: {result['readme_machine']}\n"
+                  f"  fresh machine:  {machine_line(result['machine'])}\n", flush=True)
+    saved = Path(args.results)
+    for b, data in fresh.items():
+        if data is not None:
+            saved.mkdir(parents=True, exist_ok=True)
+            (saved / f"bench_{b}.json").write_text(json.dumps(data, indent=2) + "\n")
     for t in spec.get("not_rerun", []):
         print(f"not rerun ({t['table']}): {t['row'].strip('| ')}: {t['why']}")
     return 1 if failed else 0

@@ -6,6 +6,10 @@ import argparse
 import sys
 
 from .common import write_json
+from .machine import load_average, with_machine
+
+# The backend a subcommand measures when its JSON does not say (the ROS bench starts a NumPy node).
+RUNS_ON = {"gpu": "cuda"}
 
 
 def main(argv=None) -> int:
@@ -58,7 +62,10 @@ def main(argv=None) -> int:
     else:
         from .bench_ros import run
     try:
+        load_before = load_average()
         result = run(args)
+        backend = result.get("backend") or getattr(args, "backend", None) or RUNS_ON.get(args.which, "numpy")
+        result = with_machine(result, backend, load_before)
         write_json(result, args.json)
     except KeyboardInterrupt:
         return 130

@@ -34,8 +34,10 @@ def main(argv=None) -> int:
         from .demo_mission import run
         if not args.duration > 0:
             ap.error("--duration must be > 0 seconds")
+    from .machine import load_average, with_machine
     try:
-        summary = run(args)
+        load_before = load_average()
+        summary = with_machine(run(args), args.backend, load_before)
     except KeyboardInterrupt:
         return 130
     if args.json:
