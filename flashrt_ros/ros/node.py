@@ -18,8 +18,6 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,38 +37,16 @@ from ..runtime.persist_format import LogCorrupt
 from ..runtime.persistence import move_aside
 from ..runtime.session import Session
 from .capsule_dir import CapsuleDir
-from .convert import ObservationReader, stamp_to_ns
+from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .diagnostics import device_name, diagnostics_message
+from .node_stats import NodeStats
 from .params import check_node_param, command_line_overrides, declare_all, guard_live_params, read_config
 from .replan_server import HELD_MAX, ReplanServer
 from .services import CapsuleServices
 from .step_link import policy_step_qos
 
 NODE_NAME = "flashrt"
-LATENCY_WINDOW = 1000  # steps kept for the p50 / p99 in /diagnostics
-RATE_WINDOW = 200  # steps over which /diagnostics measures the step rate
 RUNTIME_LOGGER = "flashrt_ros"  # Python logging of the runtime, forwarded to the ROS log
-
-
-@dataclass
-class NodeStats:
-    steps: int = 0
-    rejected: int = 0
-    held: int = 0
-    step_deadline_misses: int = 0
-    capsule_errors: int = 0
-    replans: int = 0
-    replans_rejected: int = 0
-    replan_deadline_misses: int = 0
-    persist_drops_reported: int = 0  # persist drops seen by the last /diagnostics
-    latencies_ms: list = field(default_factory=list)
-    step_times: deque = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
-
-    def add_latency(self, ms: float) -> None:
-        self.latencies_ms.append(ms)
-        self.step_times.append(time.monotonic())
-        if len(self.latencies_ms) > 2 * LATENCY_WINDOW:
-            del self.latencies_ms[:-LATENCY_WINDOW]
 
 
 class RosLogHandler(logging.Handler):
@@ -171,6 +147,10 @@ class FlashRTNode(LifecycleNode):
         self._capsule_services = CapsuleServices(self, self._capsule_dir)
         self._replan_server = ReplanServer(self)
         self.get_logger().info(f"active: stepping on '{self._observation_sub.topic_name}' ({msg_type.__name__})")
+        if msg_type is JointState and not self._own["joint_names"]:
+            self.get_logger().warning("joint_names is unset: JointState values are taken in message order and "
+                                      "their names are not checked; set joint_names to map joints by name and "
+                                      "refuse messages from a publisher with other joints")
         return TransitionCallbackReturn.SUCCESS
 
     def on_deactivate(self, state: State | None) -> TransitionCallbackReturn:
@@ -251,24 +231,31 @@ class FlashRTNode(LifecycleNode):
     def on_observation(self, msg) -> None:
         # [replan] while a replan runs, the latest observation is held and the replan thread steps it
         # between two batched steps (ReplanServer.hold / LiveGate)
-        if self._replan_server is not None and self._replan_server.hold(msg):
+        server = self._replan_server
+        if server is None:
+            self.step_from_message(msg)
             return
-        self.step_from_message(msg)
+        if server.hold(msg):
+            return
+        try:  # a replan that starts now waits for this step before it takes the runtime lock
+            self.step_from_message(msg)
+        finally:
+            server.gate.stepped()
 
     def step_from_message(self, msg) -> None:
         session, reader = self.session, self._reader
         if session is None or reader is None:
             return
         try:
-            learning = not reader.joint_names
             obs = reader(msg)
+        except JointNamesMismatch as e:  # another publisher, or a wrong joint_names: an error on /diagnostics
+            self.stats.joint_name_mismatch(str(e))
+            self.get_logger().error(f"observation rejected: {e}", throttle_duration_sec=1.0)
+            return
         except ValueError as e:  # counted; the state is untouched
-            self.stats.rejected += 1
+            self.stats.count("rejected")
             self.get_logger().warning(f"observation rejected: {e}", throttle_duration_sec=1.0)
             return
-        if learning and reader.learned:
-            self.get_logger().info(f"joint order taken from the first JointState and enforced from now on: "
-                                   f"{reader.joint_names} (set joint_names to fix it in advance)")
         header = getattr(msg, "header", None)
         stamp = header.stamp if header is not None else self.get_clock().now().to_msg()
         self.last_stamp_ns = stamp_to_ns(stamp)
@@ -279,17 +266,16 @@ class FlashRTNode(LifecycleNode):
         try:
             res = session.step(obs, self.last_stamp_ns, on_action=publish_action)
         except CapsuleError as e:  # the step ran and the action went out; only the capsule is missing
-            self.stats.capsule_errors += 1
+            self.stats.count("capsule_errors")
             self.get_logger().error(f"no capsule for this step: {e}", throttle_duration_sec=1.0)
             return
         except ValueError as e:  # refused before it ran: the state is untouched
-            self.stats.rejected += 1
+            self.stats.count("rejected")
             self.get_logger().warning(f"observation rejected: {e}", throttle_duration_sec=1.0)
             return
-        self.stats.steps += 1
-        self.stats.add_latency(res.latency_ms)
-        if res.latency_ms > self.get_parameter("step_deadline_ms").value:
-            self.stats.step_deadline_misses += 1
+        missed = res.latency_ms > self.get_parameter("step_deadline_ms").value
+        self.stats.add_step(res.latency_ms, missed)
+        if missed:
             self.get_logger().warning(f"step took {res.latency_ms:.2f} ms", throttle_duration_sec=1.0)
         self._topic_pubs["policy_step"].publish(PolicyStep(
             header=Header(stamp=stamp, frame_id=header.frame_id if header is not None else ""),
