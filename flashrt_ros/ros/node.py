@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.duration import Duration
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, State, TransitionCallbackReturn
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -47,6 +48,8 @@ from .step_link import policy_step_qos
 
 NODE_NAME = "flashrt"
 RUNTIME_LOGGER = "flashrt_ros"  # Python logging of the runtime, forwarded to the ROS log
+POLICY_STEP_ACK_WAIT_S = 0.1  # before a policy_step writer goes: time for subscribers to acknowledge its last steps
+POLICY_STEP_RENEW_WAIT_S = 2.0  # a service waits this long for the executor to renew the policy_step writer
 
 
 class RosLogHandler(logging.Handler):
@@ -90,6 +93,7 @@ class FlashRTNode(LifecycleNode):
         self._reader: ObservationReader | None = None
         self._capsule_dir: CapsuleDir | None = None
         self._topic_pubs: dict = {}
+        self._policy_step_lock = threading.Lock()  # the policy_step writer: publishing vs replacing it
         self._observation_sub = self._capsule_services = self._replan_server = None
         self._last_usage = None
         # /diagnostics is a plain publisher on a timer made here: it reports every lifecycle state,
@@ -126,11 +130,9 @@ class FlashRTNode(LifecycleNode):
             f"configured in {(time.perf_counter() - t0) * 1e3:.0f} ms: backend {session.backend.name} on "
             f"{self.hardware_id}, {len(session.plan.ops)} ops, {usage.capacity} capsule slots, "
             f"fingerprint {session.fingerprint[:12]}, capsule_dir {capsule_dir.root}")
-        # Lifecycle publishers: nothing goes out on them unless the node is active.
-        self._topic_pubs = {
-            "action": self.create_lifecycle_publisher(Float64MultiArray, "action", 10),
-            "policy_step": self.create_lifecycle_publisher(PolicyStep, "policy_step", policy_step_qos()),
-        }
+        # A lifecycle publisher: nothing goes out on it unless the node is active. policy_step is made on
+        # activate instead (see _renew_policy_step_writer).
+        self._topic_pubs = {"action": self.create_lifecycle_publisher(Float64MultiArray, "action", 10)}
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
@@ -143,6 +145,7 @@ class FlashRTNode(LifecycleNode):
             qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=HELD_MAX,
                              reliability=qos_profile_sensor_data.reliability)
         super().on_activate(state)  # enables the lifecycle publishers
+        self._renew_policy_step_writer()
         self._observation_sub = self.create_subscription(msg_type, "observation", self.on_observation, qos)
         self._capsule_services = CapsuleServices(self, self._capsule_dir)
         self._replan_server = ReplanServer(self)
@@ -162,6 +165,7 @@ class FlashRTNode(LifecycleNode):
         if self._capsule_services is not None:
             self._capsule_services.destroy()
         self._observation_sub = self._capsule_services = self._replan_server = None
+        self._renew_policy_step_writer(recreate=False)  # an inactive node offers no steps to late joiners
         super().on_deactivate(state)  # disables the lifecycle publishers
         return TransitionCallbackReturn.SUCCESS
 
@@ -199,6 +203,46 @@ class FlashRTNode(LifecycleNode):
             return ""
         self.get_logger().info(f"{report.summary()}; persisting to {directory}")
         return report.summary()
+
+    # ---- policy_step history ----------------------------------------------------------------
+    def _renew_policy_step_writer(self, recreate: bool = True) -> None:
+        """policy_step is transient-local (step_link: a client's first answer must survive the DDS match), so
+        its writer hands its last steps to every late subscriber. Those must be steps of the live timeline:
+        on a rollback, a reset, a restoring import and while inactive the writer is replaced by one with an
+        empty history. What current subscribers have not yet acknowledged is delivered first (briefly
+        waited for). Executor thread only: DDS entities are made and destroyed there."""
+        with self._policy_step_lock:  # never the runtime lock: a replan may hold that for long
+            old = self._topic_pubs.pop("policy_step", None)
+            if old is not None:
+                try:
+                    old.wait_for_all_acked(Duration(seconds=POLICY_STEP_ACK_WAIT_S))
+                except Exception:  # noqa: BLE001 - an rmw without the call: the history goes anyway
+                    pass
+                self.destroy_publisher(old)
+            if recreate:
+                self._topic_pubs["policy_step"] = self.create_publisher(PolicyStep, "policy_step", policy_step_qos())
+
+    def live_state_replaced(self) -> None:
+        """The live state no longer continues the steps published so far (rollback, reset, a restoring
+        import): start policy_step's history afresh. Called from a service worker thread; returns once the
+        executor has replaced the writer (or after POLICY_STEP_RENEW_WAIT_S)."""
+        executor = self.executor
+        if executor is None:
+            self._renew_policy_step_writer("policy_step" in self._topic_pubs)
+            return
+        renewed = threading.Event()
+
+        def renew() -> None:
+            try:
+                if "policy_step" in self._topic_pubs:  # still active
+                    self._renew_policy_step_writer()
+            finally:
+                renewed.set()
+
+        executor.create_task(renew)
+        if not renewed.wait(POLICY_STEP_RENEW_WAIT_S):
+            self.get_logger().warning("policy_step history not renewed in time: a late subscriber may still get "
+                                      "steps from before the rollback or reset")
 
     def on_cleanup(self, state: State | None) -> TransitionCallbackReturn:
         destroy = getattr(self, "destroy_lifecycle_publisher", self.destroy_publisher)
@@ -263,6 +307,12 @@ class FlashRTNode(LifecycleNode):
         def publish_action(action: np.ndarray) -> None:
             self._topic_pubs["action"].publish(Float64MultiArray(data=action.astype(np.float64).tolist()))
 
+        # the step and its policy_step as one: a rollback comes before both or after both, so a renewed
+        # history never starts with a step of the timeline that was left
+        with session.lock:
+            self._step_and_publish(session, obs, stamp, header, publish_action)
+
+    def _step_and_publish(self, session, obs, stamp, header, publish_action) -> None:
         try:
             res = session.step(obs, self.last_stamp_ns, on_action=publish_action)
         except CapsuleError as e:  # the step ran and the action went out; only the capsule is missing
@@ -277,11 +327,14 @@ class FlashRTNode(LifecycleNode):
         self.stats.add_step(res.latency_ms, missed)
         if missed:
             self.get_logger().warning(f"step took {res.latency_ms:.2f} ms", throttle_duration_sec=1.0)
-        self._topic_pubs["policy_step"].publish(PolicyStep(
-            header=Header(stamp=stamp, frame_id=header.frame_id if header is not None else ""),
-            step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(),
-            action_chunk=res.chunk.ravel().tolist(), chunk_len=session.cfg.chunk_len,
-            step_latency_ms=res.latency_ms))
+        msg = PolicyStep(header=Header(stamp=stamp, frame_id=header.frame_id if header is not None else ""),
+                         step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(),
+                         action_chunk=res.chunk.ravel().tolist(), chunk_len=session.cfg.chunk_len,
+                         step_latency_ms=res.latency_ms)
+        with self._policy_step_lock:
+            writer = self._topic_pubs.get("policy_step")
+            if writer is not None:  # None: deactivated meanwhile
+                writer.publish(msg)
 
     # ---- diagnostics ----------------------------------------------------------------------
     def _store_usage(self, session):

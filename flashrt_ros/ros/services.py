@@ -142,6 +142,7 @@ class CapsuleServices:
         t0 = time.perf_counter()
         info = self.session.rollback(request.capsule_id or None, int(request.steps_back))
         response.elapsed_ms = (time.perf_counter() - t0) * 1e3
+        self.node.live_state_replaced()  # policy_step's history is of the timeline left behind
         response.success, response.message = True, f"capsule {info.id} (step {info.step}) is live"
         response.capsule = info_msg(info)
 
@@ -175,10 +176,13 @@ class CapsuleServices:
 
     def import_capsule(self, request, response):
         info = self.session.import_capsule(self.capsule_dir.path_for(request.file_name), restore=request.restore)
+        if request.restore:
+            self.node.live_state_replaced()
         response.success = True
         response.message = f"imported as capsule {info.id}" + (" (live)" if request.restore else "")
         response.capsule = info_msg(info)
 
     def reset(self, request, response):
         self.session.reset()
+        self.node.live_state_replaced()
         response.success, response.message = True, "policy state reset to zeros; capsules kept"
