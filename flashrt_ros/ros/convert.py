@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..runtime.inputs import MAX_LABEL_CHARS
+
 OBSERVATION_TYPES = ("joint_state", "float32_array")
 
 
@@ -141,3 +143,16 @@ def check_file_name(file_name: str) -> str:
     if file_name.startswith("."):
         raise ValueError(f"file_name {file_name!r} must not start with '.'")
     return file_name
+
+
+def request_refusal(request) -> str:
+    """Why a service request is refused on arrival, before it is queued or touches anything ('' = not):
+    its strings over their bounds (a label is a name, a file name one path component). Answering at once
+    means a huge request is dropped as soon as its answer is built."""
+    label = getattr(request, "label", None)
+    if isinstance(label, str) and len(label) > MAX_LABEL_CHARS:
+        return f"label: at most {MAX_LABEL_CHARS} characters, got {len(label)}"
+    file_name = getattr(request, "file_name", None)
+    if isinstance(file_name, str) and len(file_name) > MAX_FILE_NAME:
+        return f"file_name has {len(file_name)} characters, at most {MAX_FILE_NAME} are allowed"
+    return ""

@@ -31,7 +31,7 @@ from flashrt_interfaces.srv import (
 
 from ..runtime.errors import CapsuleError
 from .capsule_dir import CapsuleDir
-from .convert import capsule_info_to_msg
+from .convert import capsule_info_to_msg, request_refusal
 
 EXPECTED = (CapsuleError, ValueError, OSError)
 WORKERS = 1  # calls run in the order they arrived, as they would on the executor thread
@@ -100,6 +100,10 @@ class CapsuleServices:
     # ---- the bridge: executor coroutine <-> worker thread ---------------------------------
     def _off_executor(self, name: str, work):
         async def callback(request, response):
+            refusal = request_refusal(request)  # a huge label or file name: answered here, never queued
+            if refusal:
+                self._fail(response, name, ValueError(refusal))
+                return response
             try:
                 done = Future(executor=self.node.executor)
                 done.add_done_callback(lambda _: None)  # scheduling it wakes the executor
@@ -121,7 +125,7 @@ class CapsuleServices:
             work(request, response)
             done.set_result(None)
         except BaseException as e:  # noqa: BLE001 - every error is answered, none escapes
-            done.set_result(e)
+            done.set_result(e.with_traceback(None))  # its frames would keep the request alive (a cycle)
 
     def _fail(self, response, what: str, err: BaseException) -> None:
         if hasattr(response, "success"):
