@@ -193,6 +193,7 @@ def test_without_joint_names_the_first_message_fixes_nothing_and_bad_joint_state
     _, planner = flashrt
     diags = []
     planner.node.create_subscription(DiagnosticArray, "/diagnostics", diags.append, 10)
+    from flashrt_ros.ros.convert import message_to_obs
     ref = reference_session()
     obs = observation_trace(10)
 
@@ -203,6 +204,10 @@ def test_without_joint_names_the_first_message_fixes_nothing_and_bad_joint_state
     rogue.name = [f"other{i}" for i in range(7)]
     same_as_reference(_step_with(planner, rogue), obs[0])  # message order: names are not checked...
     same_as_reference(planner.step(obs[1]), obs[1])  # ...and the first publisher fixes no joint order
+    # the joint order changes mid-stream: stepped as flashrt-replay's offline conversion reads it
+    rev = joint_state(obs[2], 2_000_000_000)
+    rev.name, rev.position, rev.velocity = rev.name[::-1], rev.position[::-1], rev.velocity[::-1]
+    same_as_reference(_step_with(planner, rev), message_to_obs(rev, "joint_state", 14))
     bad = [joint_state(obs[2], 3_000_000_000 + i) for i in range(4)]
     bad[0].name = bad[0].name[:2]  # 2 names for 7 joints
     bad[1].name = [f"joint{i}" for i in range(14)]  # 14 positions, 0 velocities
@@ -216,12 +221,12 @@ def test_without_joint_names_the_first_message_fixes_nothing_and_bad_joint_state
         planner.spin(0.05)
     planner.spin(0.3)
     assert len(planner.steps) == n, "a refused JointState was stepped"
-    same_as_reference(planner.step(obs[2]), obs[2])  # the live state is untouched
+    same_as_reference(planner.step(obs[3]), obs[3])  # the live state is untouched
     end, values = time.monotonic() + 10, []
     while time.monotonic() < end:
         planner.spin(0.1)
         values = [{kv.key: kv.value for kv in s.values} for d in diags for s in d.status]
-        if values and int(values[-1]["steps"]) == 3:
+        if values and int(values[-1]["steps"]) == 4:
             break
     assert values and int(values[-1]["rejected_inputs"]) == 4
     assert int(values[-1]["joint_name_mismatches"]) == 0
