@@ -94,6 +94,7 @@ class FlashRTNode(LifecycleNode):
         self._capsule_dir: CapsuleDir | None = None
         self._topic_pubs: dict = {}
         self._policy_step_lock = threading.Lock()  # the policy_step writer: publishing vs replacing it
+        self._policy_step_history = False  # the writer has published since it was made
         self._observation_sub = self._capsule_services = self._replan_server = None
         self._last_usage = None
         # /diagnostics is a plain publisher on a timer made here: it reports every lifecycle state,
@@ -221,11 +222,15 @@ class FlashRTNode(LifecycleNode):
                 self.destroy_publisher(old)
             if recreate:
                 self._topic_pubs["policy_step"] = self.create_publisher(PolicyStep, "policy_step", policy_step_qos())
+            self._policy_step_history = False
 
     def live_state_replaced(self) -> None:
         """The live state no longer continues the steps published so far (rollback, reset, a restoring
         import): start policy_step's history afresh. Called from a service worker thread; returns once the
         executor has replaced the writer (or after POLICY_STEP_RENEW_WAIT_S)."""
+        with self._policy_step_lock:
+            if not self._policy_step_history:  # nothing to forget (rollbacks back to back cost nothing here)
+                return
         executor = self.executor
         if executor is None:
             self._renew_policy_step_writer("policy_step" in self._topic_pubs)
@@ -239,7 +244,10 @@ class FlashRTNode(LifecycleNode):
             finally:
                 renewed.set()
 
-        executor.create_task(renew)
+        try:
+            executor.create_task(renew)
+        except Exception:  # noqa: BLE001 - the executor is shutting down: the writer goes with the node
+            return
         if not renewed.wait(POLICY_STEP_RENEW_WAIT_S):
             self.get_logger().warning("policy_step history not renewed in time: a late subscriber may still get "
                                       "steps from before the rollback or reset")
@@ -335,6 +343,7 @@ class FlashRTNode(LifecycleNode):
             writer = self._topic_pubs.get("policy_step")
             if writer is not None:  # None: deactivated meanwhile
                 writer.publish(msg)
+                self._policy_step_history = True
 
     # ---- diagnostics ----------------------------------------------------------------------
     def _store_usage(self, session):
