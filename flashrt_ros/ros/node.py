@@ -335,10 +335,11 @@ class FlashRTNode(LifecycleNode):
         self.stats.add_step(res.latency_ms, missed)
         if missed:
             self.get_logger().warning(f"step took {res.latency_ms:.2f} ms", throttle_duration_sec=1.0)
-        msg = PolicyStep(header=Header(stamp=stamp, frame_id=header.frame_id if header is not None else ""),
-                         step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(),
-                         action_chunk=res.chunk.ravel().tolist(), chunk_len=session.cfg.chunk_len,
-                         step_latency_ms=res.latency_ms)
+        msg = PolicyStep(
+            header=Header(stamp=stamp, frame_id=header.frame_id if header is not None else ""),
+            step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(),
+            action_chunk=res.chunk.ravel().tolist(), chunk_len=session.cfg.chunk_len,
+            step_latency_ms=res.latency_ms)
         with self._policy_step_lock:
             writer = self._topic_pubs.get("policy_step")
             if writer is not None:  # None: deactivated meanwhile
