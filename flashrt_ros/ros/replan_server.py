@@ -207,7 +207,7 @@ class ReplanServer:
             if not reason:
                 self._current = goal_handle
                 self._idle.clear()
-                self.gate.start()
+                self.gate.start()  # waits for a live step in progress, if any (one step at most)
         if reason:
             self.node.stats.count("replans_rejected")
             self.node.get_logger().warning(f"replan goal rejected: {reason}", throttle_duration_sec=1.0)
