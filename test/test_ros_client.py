@@ -110,3 +110,32 @@ def test_client_works_from_a_node_its_own_executor_spins_and_leaves_it_there(fla
         executor.shutdown()
         spinner.join(5)
         node.destroy_node()
+
+
+def test_timed_out_requests_are_cancelled_and_nothing_stays_pending(flashrt):
+    """A node that stops answering (SIGSTOP: its services and action stay discovered): every call times
+    out, and neither the service clients nor the action client keep the unanswered request."""
+    import os
+    import signal
+
+    from flashrt_ros.ros.client import FlashRTTimeout
+    proc, planner = flashrt
+    client = planner.client
+    planner.run(observation_trace(3))
+    os.kill(proc.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(FlashRTTimeout):
+            client.snapshot(label="never answered", timeout_s=0.5)
+        with pytest.raises(FlashRTTimeout):
+            client.rollback(steps_back=1, timeout_s=0.5)
+        task = client.send_replan(observation_trace(4)[None])
+        with pytest.raises(FlashRTTimeout):
+            task.get_result(timeout_s=0.5)
+        pending = {name: dict(c._pending_requests) for name, c in client.clients.items()}
+        assert pending == {name: {} for name in client.clients}
+        assert client.replan_client._pending_goal_requests == {}
+        assert client.replan_client._pending_result_requests == {}
+    finally:
+        os.kill(proc.proc.pid, signal.SIGCONT)
+    assert client.snapshot(label="answered again").success  # a late answer to a forgotten request is ignored
+    assert not task.is_task_complete()  # given up: the late goal response is not recorded

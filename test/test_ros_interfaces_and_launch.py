@@ -8,6 +8,7 @@ import pytest
 
 from conftest import ROOT
 from flashrt_ros.ros.convert import (
+    JointNamesMismatch,
     ObservationReader,
     check_file_name,
     float_array_to_obs,
@@ -110,17 +111,15 @@ def test_joint_state_whose_names_positions_and_velocities_disagree_is_refused(na
             joint_state_to_obs(joint_state(names, pos, vel), len(pos) + len(vel), joint_names)
 
 
-def test_reader_learns_the_joint_order_from_the_first_message_and_maps_later_ones_by_name():
+def test_reader_takes_the_joint_order_from_joint_names_never_from_the_first_message():
     reader = ObservationReader("joint_state", 4)
-    assert reader(joint_state(["a", "b"], [1.0, 2.0], [10.0, 20.0])).tolist() == [1.0, 2.0, 10.0, 20.0]
-    assert reader.joint_names == ["a", "b"]
-    assert reader(joint_state(["b", "a"], [2.0, 1.0], [20.0, 10.0])).tolist() == [1.0, 2.0, 10.0, 20.0]
-    with pytest.raises(ValueError, match="lacks joints"):
-        reader(joint_state(["a", "c"], [1.0, 2.0], [10.0, 20.0]))
-    first_rejected = ObservationReader("joint_state", 4)
-    with pytest.raises(ValueError):
-        first_rejected(joint_state(["a", "a"], [1.0, 2.0], [10.0, 20.0]))
-    assert first_rejected.joint_names == []  # a refused message teaches nothing
+    assert reader(joint_state(["x", "y"], [1.0, 2.0], [10.0, 20.0])).tolist() == [1.0, 2.0, 10.0, 20.0]
+    assert reader(joint_state(["b", "a"], [2.0, 1.0], [20.0, 10.0])).tolist() == [2.0, 1.0, 20.0, 10.0]
+    assert reader.joint_names == []  # message order, whoever spoke first
+    named = ObservationReader("joint_state", 4, ["a", "b"])
+    assert named(joint_state(["b", "a"], [2.0, 1.0], [20.0, 10.0])).tolist() == [1.0, 2.0, 10.0, 20.0]
+    with pytest.raises(JointNamesMismatch, match="lacks joints"):
+        named(joint_state(["a", "c"], [1.0, 2.0], [10.0, 20.0]))
 
 
 def test_float_array_and_replan_observation_validation():
@@ -128,6 +127,10 @@ def test_float_array_and_replan_observation_validation():
     assert float_array_to_obs(Float32MultiArray(data=[1.0, 2.0]), 2).dtype == np.float32
     with pytest.raises(ValueError, match="3 values"):
         float_array_to_obs(Float32MultiArray(data=[1.0, 2.0, 3.0]), 2)
+    padded = Float32MultiArray(data=[0.0, 1.0])
+    padded.layout.data_offset = 1
+    with pytest.raises(ValueError, match="data_offset is 1"):
+        float_array_to_obs(padded, 2)
     assert replan_observations([0.0] * 24, 2, 3, 4).shape == (2, 3, 4)
     with pytest.raises(ValueError, match="2 x 3 x 4 = 24"):
         replan_observations([0.0] * 23, 2, 3, 4)

@@ -186,42 +186,47 @@ def _step_with(planner, msg, timeout: float = 5.0):
     return planner.steps[-1]
 
 
-def test_joint_order_is_learned_then_enforced_and_bad_joint_states_are_refused_and_counted(flashrt):
+def test_without_joint_names_the_first_message_fixes_nothing_and_bad_joint_states_are_refused(flashrt):
     from diagnostic_msgs.msg import DiagnosticArray
     from ros_harness import reference_session
 
     _, planner = flashrt
     diags = []
     planner.node.create_subscription(DiagnosticArray, "/diagnostics", diags.append, 10)
+    from flashrt_ros.ros.convert import message_to_obs
     ref = reference_session()
     obs = observation_trace(10)
 
     def same_as_reference(step_msg, o):
         assert np.asarray(step_msg.action, np.float32).tobytes() == ref.step(o).action.tobytes()
 
-    same_as_reference(planner.step(obs[0]), obs[0])  # joint0..6: learned
-    rev = joint_state(obs[1], 2_000_000_000)
+    rogue = joint_state(obs[0], 1_000_000_000)
+    rogue.name = [f"other{i}" for i in range(7)]
+    same_as_reference(_step_with(planner, rogue), obs[0])  # message order: names are not checked...
+    same_as_reference(planner.step(obs[1]), obs[1])  # ...and the first publisher fixes no joint order
+    # the joint order changes mid-stream: stepped as flashrt-replay's offline conversion reads it
+    rev = joint_state(obs[2], 2_000_000_000)
     rev.name, rev.position, rev.velocity = rev.name[::-1], rev.position[::-1], rev.velocity[::-1]
-    same_as_reference(_step_with(planner, rev), obs[1])  # mapped by name, not by position
-    bad = [joint_state(obs[2], 3_000_000_000 + i) for i in range(5)]
+    same_as_reference(_step_with(planner, rev), message_to_obs(rev, "joint_state", 14))
+    bad = [joint_state(obs[2], 3_000_000_000 + i) for i in range(4)]
     bad[0].name = bad[0].name[:2]  # 2 names for 7 joints
     bad[1].name = [f"joint{i}" for i in range(14)]  # 14 positions, 0 velocities
     bad[1].position, bad[1].velocity = list(obs[2]), []
     bad[2].name = [f"joint{i}" for i in range(10)]  # 10 positions, 4 velocities
     bad[2].position, bad[2].velocity = list(obs[2][:10]), list(obs[2][10:])
     bad[3].name = ["joint0"] * 7  # duplicates
-    bad[4].name = [f"other{i}" for i in range(7)]  # not the learned joints
     n = len(planner.steps)
     for m in bad:
         planner.publish(m)
         planner.spin(0.05)
     planner.spin(0.3)
     assert len(planner.steps) == n, "a refused JointState was stepped"
-    same_as_reference(planner.step(obs[2]), obs[2])  # the live state is untouched
+    same_as_reference(planner.step(obs[3]), obs[3])  # the live state is untouched
     end, values = time.monotonic() + 10, []
     while time.monotonic() < end:
         planner.spin(0.1)
         values = [{kv.key: kv.value for kv in s.values} for d in diags for s in d.status]
-        if values and int(values[-1]["steps"]) == 3:
+        if values and int(values[-1]["steps"]) == 4:
             break
-    assert values and int(values[-1]["rejected_inputs"]) == 5
+    assert values and int(values[-1]["rejected_inputs"]) == 4
+    assert int(values[-1]["joint_name_mismatches"]) == 0

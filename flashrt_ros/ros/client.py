@@ -10,7 +10,8 @@ In the manner of nav2_simple_commander, on top of an rclpy Node the caller owns:
     client.rollback(steps_back=20)            # one named method per service
 
 Failures, one style:
-- no answer (server not there, or no reply within timeout_s) raises FlashRTTimeout;
+- no answer (server not there, or no reply within timeout_s) raises FlashRTTimeout, and the request
+  is cancelled: nothing stays pending in the client or its node;
 - every answer is returned, failures included: a service response with success=false and a message,
   a ReplanOutcome with accepted=False and a reason, or with the result's success=false. Nothing else raises.
 
@@ -110,13 +111,19 @@ class ReplanTask:
             self._user_feedback(msg.feedback)
 
     def _on_goal_response(self, future) -> None:
+        if future.cancelled():  # the caller gave up waiting (FlashRTTimeout): no answer to record
+            return
         handle = future.result()
         if handle is None or not handle.accepted:  # the ROS-level rejection only ever means busy (Replan.action)
             self._finish(GoalStatus.STATUS_UNKNOWN, Replan.Result(success=False, rejected=True, message=BUSY))
             return
         self._goal_handle = handle
         self._result_future = handle.get_result_async()
-        self._result_future.add_done_callback(lambda f: self._finish(f.result().status, f.result().result))
+        self._result_future.add_done_callback(self._on_result)
+
+    def _on_result(self, future) -> None:
+        if not future.cancelled():
+            self._finish(future.result().status, future.result().result)
 
     def _finish(self, status: int, result: Replan.Result) -> None:
         reason = result.message if result.rejected else ""
@@ -131,8 +138,16 @@ class ReplanTask:
         return self._done.is_set()
 
     def get_result(self, timeout_s: float = 10.0) -> ReplanOutcome:
-        """Wait for the answer; FlashRTTimeout if it does not come within timeout_s."""
-        self._client.wait_for(self._done, timeout_s, "the replan result")
+        """Wait for the answer; FlashRTTimeout if it does not come within timeout_s. A timed-out task is
+        given up: its requests still waiting for the node are cancelled here (the node is not told; call
+        cancel() first to stop a goal that runs)."""
+        try:
+            self._client.wait_for(self._done, timeout_s, "the replan result")
+        except FlashRTTimeout:
+            for future in (self._send_future, self._result_future):
+                if future is not None and not future.done():
+                    future.cancel()
+            raise
         return self._outcome
 
     def cancel(self, timeout_s: float = 5.0) -> bool:
@@ -198,6 +213,8 @@ class FlashRTClient:
             future.add_done_callback(lambda _: arrived.set())
             arrived.wait(max(0.0, end - time.monotonic()))
         if not done():
+            if not isinstance(future, threading.Event):
+                future.cancel()  # no answer will be awaited: the client forgets the request
             raise FlashRTTimeout(f"no answer ({what}) within {timeout_s} s")
         return None if isinstance(future, threading.Event) else future.result()
 
@@ -211,7 +228,12 @@ class FlashRTClient:
             cli, srv_type = self.clients[name], SERVICES[name]
         if not cli.service_is_ready() and not cli.wait_for_service(timeout_sec=timeout_s):
             raise FlashRTTimeout(f"service '{cli.srv_name}' not available after {timeout_s} s")
-        return self.wait_for(cli.call_async(srv_type.Request(**fields)), timeout_s, f"service '{cli.srv_name}'")
+        future = cli.call_async(srv_type.Request(**fields))
+        try:
+            return self.wait_for(future, timeout_s, f"service '{cli.srv_name}'")
+        except FlashRTTimeout:
+            cli.remove_pending_request(future)  # cancel() does it through a done callback; be sure
+            raise
 
     def snapshot(self, label: str = "", pin: bool = False, timeout_s: float = 5.0) -> Snapshot.Response:
         return self.call("snapshot", timeout_s, label=label, pin=pin)

@@ -8,13 +8,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..runtime.inputs import MAX_LABEL_CHARS
+
 OBSERVATION_TYPES = ("joint_state", "float32_array")
+
+
+class JointNamesMismatch(ValueError):
+    """A JointState whose names do not include every configured joint (a foreign or misconfigured
+    publisher): refused, and reported as an error on /diagnostics."""
 
 
 def joint_state_to_obs(msg, obs_dim: int, joint_names: Sequence[str] = ()) -> np.ndarray:
     """[positions..., velocities...] as float32 [obs_dim]. Names, positions and velocities must have one
     entry per joint, and names must be unique. With joint_names, values are taken by name in that order
-    (extra joints in the message are ignored); otherwise in message order."""
+    (extra joints in the message are ignored; a missing one raises JointNamesMismatch); otherwise in
+    message order, names unchecked."""
     names = list(msg.name)
     pos = np.asarray(msg.position, dtype=np.float64)
     vel = np.asarray(msg.velocity, dtype=np.float64)
@@ -28,7 +36,9 @@ def joint_state_to_obs(msg, obs_dim: int, joint_names: Sequence[str] = ()) -> np
         index = {n: i for i, n in enumerate(names)}
         missing = [j for j in joint_names if j not in index]
         if missing:
-            raise ValueError(f"JointState lacks joints {missing[:3]} (has {names[:8]})")
+            raise JointNamesMismatch(f"JointState lacks joints {_short(missing)} of joint_names (it names "
+                                     f"{_short(names)}); refused: check which node publishes on 'observation', "
+                                     "or fix joint_names")
         idx = [index[j] for j in joint_names]
         pos, vel = pos[idx], vel[idx]
     obs = np.concatenate([pos, vel])
@@ -38,29 +48,35 @@ def joint_state_to_obs(msg, obs_dim: int, joint_names: Sequence[str] = ()) -> np
     return _finite(obs.astype(np.float32))
 
 
+def _short(names: Sequence[str], n: int = 8) -> str:
+    shown = [str(x)[:40] for x in list(names)[:n]]
+    return str(shown)[:-1] + (f", ... {len(names) - n} more]" if len(names) > n else "]")
+
+
 class ObservationReader:
-    """Stateful message_to_obs for one stream. Without configured joint_names, the names of the first
-    accepted JointState become the joint order and are enforced from then on (a reordered message is
-    mapped by name; one that lacks a joint is refused), so message order cannot silently permute the
-    observation."""
+    """message -> observation for one stream, as the node and flashrt-replay convert it. The joint order
+    comes from the configuration alone (joint_names), never from the messages: with joint_names a
+    JointState is mapped by name and one that lacks a joint is refused (JointNamesMismatch); without,
+    values are taken in message order."""
 
     def __init__(self, observation_type: str, obs_dim: int, joint_names: Sequence[str] = ()):
         if observation_type not in OBSERVATION_TYPES:
             raise ValueError(f"observation_type must be one of {OBSERVATION_TYPES}, got {observation_type!r}")
         self.observation_type, self.obs_dim = observation_type, obs_dim
         self.joint_names = list(joint_names)
-        self.learned = False
 
     def __call__(self, msg) -> np.ndarray:
-        if self.observation_type == "float32_array":
-            return float_array_to_obs(msg, self.obs_dim)
-        obs = joint_state_to_obs(msg, self.obs_dim, self.joint_names)
-        if not self.joint_names:
-            self.joint_names, self.learned = list(msg.name), True
-        return obs
+        return message_to_obs(msg, self.observation_type, self.obs_dim, self.joint_names)
 
 
 def float_array_to_obs(msg, obs_dim: int) -> np.ndarray:
+    """The array's values, from index 0. A nonzero layout.data_offset (leading padding) is refused rather
+    than ignored: the padding would shift every value of the observation."""
+    layout = getattr(msg, "layout", None)
+    offset = getattr(layout, "data_offset", 0) or 0
+    if offset:
+        raise ValueError(f"layout.data_offset is {offset}: observations must start at index 0 of data "
+                         "(publish without leading padding)")
     obs = np.asarray(msg.data, dtype=np.float64)
     if obs.shape != (obs_dim,):
         raise ValueError(f"array has {obs.size} values, obs_dim is {obs_dim}")
@@ -127,3 +143,16 @@ def check_file_name(file_name: str) -> str:
     if file_name.startswith("."):
         raise ValueError(f"file_name {file_name!r} must not start with '.'")
     return file_name
+
+
+def request_refusal(request) -> str:
+    """Why a service request is refused on arrival, before it is queued or touches anything ('' = not):
+    its strings over their bounds (a label is a name, a file name one path component). Answering at once
+    means a huge request is dropped as soon as its answer is built."""
+    label = getattr(request, "label", None)
+    if isinstance(label, str) and len(label) > MAX_LABEL_CHARS:
+        return f"label: at most {MAX_LABEL_CHARS} characters, got {len(label)}"
+    file_name = getattr(request, "file_name", None)
+    if isinstance(file_name, str) and len(file_name) > MAX_FILE_NAME:
+        return f"file_name has {len(file_name)} characters, at most {MAX_FILE_NAME} are allowed"
+    return ""

@@ -55,7 +55,8 @@ def observed_step_rate_hz(step_times) -> float:
 def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats, session, usage,
                         step_deadline_ms: float) -> DiagnosticArray:
     """``usage``: the store's StoreUsage, or None when it could not be read without waiting."""
-    lat = np.asarray(stats.latencies_ms[-1000:], dtype=np.float64)
+    latencies, step_times = stats.recent()
+    lat = np.asarray(latencies, dtype=np.float64)
     p50, p99 = (float(np.percentile(lat, 50)), float(np.percentile(lat, 99))) if lat.size else (0.0, 0.0)
     values = {
         "lifecycle_state": lifecycle_state,
@@ -65,6 +66,7 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
         "step_latency_p99_ms": f"{p99:.3f}",
         "step_deadline_misses": stats.step_deadline_misses,
         "rejected_inputs": stats.rejected,
+        "joint_name_mismatches": stats.joint_name_mismatches,
         "held_observations": stats.held,
         "capsule_errors": stats.capsule_errors,
         "replans": stats.replans,
@@ -72,7 +74,7 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
         "replan_deadline_misses": stats.replan_deadline_misses,
     }
     if usage is not None:
-        rate = observed_step_rate_hz(stats.step_times)
+        rate = observed_step_rate_hz(step_times)
         depth_s = usage.rollback_depth_steps / rate if rate > 0 else 0.0
         values.update(capsules_used=usage.capsules, capsules_pinned=usage.pinned, capsule_capacity=usage.capacity,
                       capsule_bytes_used=usage.bytes_used, capsule_budget_bytes=usage.budget_bytes,
@@ -93,9 +95,16 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
                       persist_pins=persist.pins)
         if persist.last_error:
             values["persist_last_error"] = persist.last_error
+    if stats.last_joint_name_error:
+        values["last_joint_name_error"] = stats.last_joint_name_error
+    mismatches = stats.joint_name_mismatches
     level, message = DiagnosticStatus.OK, "ok"
     if lifecycle_state != "active":
         level, message = DiagnosticStatus.WARN, f"{lifecycle_state}: not stepping"
+    elif mismatches > stats.joint_name_mismatches_reported:  # ERROR while they keep coming
+        level, message = DiagnosticStatus.ERROR, (
+            f"{mismatches - stats.joint_name_mismatches_reported} JointState(s) refused: their names do not "
+            f"match joint_names ({stats.last_joint_name_error})")
     elif p99 > step_deadline_ms:
         level, message = DiagnosticStatus.WARN, f"step p99 {p99:.2f} ms > step_deadline_ms {step_deadline_ms}"
     elif stats.capsule_errors:
@@ -103,6 +112,7 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
     elif persist is not None and persist.records_dropped > stats.persist_drops_reported:
         level, message = DiagnosticStatus.WARN, (f"persist: {persist.records_dropped} records dropped, the disk is "
                                                  f"behind or failing ({persist.last_error or 'queue full'})")
+    stats.joint_name_mismatches_reported = mismatches
     if persist is not None:
         stats.persist_drops_reported = persist.records_dropped  # WARN while drops keep coming, OK once they stop
     status = DiagnosticStatus(level=level, name=f"{name.lstrip('/')}: runtime", message=message,

@@ -18,13 +18,12 @@ import signal
 import sys
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.duration import Duration
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, State, TransitionCallbackReturn
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -39,38 +38,18 @@ from ..runtime.persist_format import LogCorrupt
 from ..runtime.persistence import move_aside
 from ..runtime.session import Session
 from .capsule_dir import CapsuleDir
-from .convert import ObservationReader, stamp_to_ns
+from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .diagnostics import device_name, diagnostics_message
+from .node_stats import NodeStats
 from .params import check_node_param, command_line_overrides, declare_all, guard_live_params, read_config
 from .replan_server import HELD_MAX, ReplanServer
 from .services import CapsuleServices
 from .step_link import policy_step_qos
 
 NODE_NAME = "flashrt"
-LATENCY_WINDOW = 1000  # steps kept for the p50 / p99 in /diagnostics
-RATE_WINDOW = 200  # steps over which /diagnostics measures the step rate
 RUNTIME_LOGGER = "flashrt_ros"  # Python logging of the runtime, forwarded to the ROS log
-
-
-@dataclass
-class NodeStats:
-    steps: int = 0
-    rejected: int = 0
-    held: int = 0
-    step_deadline_misses: int = 0
-    capsule_errors: int = 0
-    replans: int = 0
-    replans_rejected: int = 0
-    replan_deadline_misses: int = 0
-    persist_drops_reported: int = 0  # persist drops seen by the last /diagnostics
-    latencies_ms: list = field(default_factory=list)
-    step_times: deque = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
-
-    def add_latency(self, ms: float) -> None:
-        self.latencies_ms.append(ms)
-        self.step_times.append(time.monotonic())
-        if len(self.latencies_ms) > 2 * LATENCY_WINDOW:
-            del self.latencies_ms[:-LATENCY_WINDOW]
+POLICY_STEP_ACK_WAIT_S = 0.1  # before a policy_step writer goes: time for subscribers to acknowledge its last steps
+POLICY_STEP_RENEW_WAIT_S = 2.0  # a service waits this long for the executor to renew the policy_step writer
 
 
 class RosLogHandler(logging.Handler):
@@ -114,6 +93,8 @@ class FlashRTNode(LifecycleNode):
         self._reader: ObservationReader | None = None
         self._capsule_dir: CapsuleDir | None = None
         self._topic_pubs: dict = {}
+        self._policy_step_lock = threading.Lock()  # the policy_step writer: publishing vs replacing it
+        self._policy_step_history = False  # the writer has published since it was made
         self._observation_sub = self._capsule_services = self._replan_server = None
         self._last_usage = None
         # /diagnostics is a plain publisher on a timer made here: it reports every lifecycle state,
@@ -150,11 +131,9 @@ class FlashRTNode(LifecycleNode):
             f"configured in {(time.perf_counter() - t0) * 1e3:.0f} ms: backend {session.backend.name} on "
             f"{self.hardware_id}, {len(session.plan.ops)} ops, {usage.capacity} capsule slots, "
             f"fingerprint {session.fingerprint[:12]}, capsule_dir {capsule_dir.root}")
-        # Lifecycle publishers: nothing goes out on them unless the node is active.
-        self._topic_pubs = {
-            "action": self.create_lifecycle_publisher(Float64MultiArray, "action", 10),
-            "policy_step": self.create_lifecycle_publisher(PolicyStep, "policy_step", policy_step_qos()),
-        }
+        # A lifecycle publisher: nothing goes out on it unless the node is active. policy_step is made on
+        # activate instead (see _renew_policy_step_writer).
+        self._topic_pubs = {"action": self.create_lifecycle_publisher(Float64MultiArray, "action", 10)}
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
@@ -167,10 +146,15 @@ class FlashRTNode(LifecycleNode):
             qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=HELD_MAX,
                              reliability=qos_profile_sensor_data.reliability)
         super().on_activate(state)  # enables the lifecycle publishers
+        self._renew_policy_step_writer()
         self._observation_sub = self.create_subscription(msg_type, "observation", self.on_observation, qos)
         self._capsule_services = CapsuleServices(self, self._capsule_dir)
         self._replan_server = ReplanServer(self)
         self.get_logger().info(f"active: stepping on '{self._observation_sub.topic_name}' ({msg_type.__name__})")
+        if msg_type is JointState and not self._own["joint_names"]:
+            self.get_logger().warning("joint_names is unset: JointState values are taken in message order and "
+                                      "their names are not checked; set joint_names to map joints by name and "
+                                      "refuse messages from a publisher with other joints")
         return TransitionCallbackReturn.SUCCESS
 
     def on_deactivate(self, state: State | None) -> TransitionCallbackReturn:
@@ -182,6 +166,7 @@ class FlashRTNode(LifecycleNode):
         if self._capsule_services is not None:
             self._capsule_services.destroy()
         self._observation_sub = self._capsule_services = self._replan_server = None
+        self._renew_policy_step_writer(recreate=False)  # an inactive node offers no steps to late joiners
         super().on_deactivate(state)  # disables the lifecycle publishers
         return TransitionCallbackReturn.SUCCESS
 
@@ -220,6 +205,53 @@ class FlashRTNode(LifecycleNode):
         self.get_logger().info(f"{report.summary()}; persisting to {directory}")
         return report.summary()
 
+    # ---- policy_step history ----------------------------------------------------------------
+    def _renew_policy_step_writer(self, recreate: bool = True) -> None:
+        """policy_step is transient-local (step_link: a client's first answer must survive the DDS match), so
+        its writer hands its last steps to every late subscriber. Those must be steps of the live timeline:
+        on a rollback, a reset, a restoring import and while inactive the writer is replaced by one with an
+        empty history. What current subscribers have not yet acknowledged is delivered first (briefly
+        waited for). Executor thread only: DDS entities are made and destroyed there."""
+        with self._policy_step_lock:  # never the runtime lock: a replan may hold that for long
+            old = self._topic_pubs.pop("policy_step", None)
+            if old is not None:
+                try:
+                    old.wait_for_all_acked(Duration(seconds=POLICY_STEP_ACK_WAIT_S))
+                except Exception:  # noqa: BLE001 - an rmw without the call: the history goes anyway
+                    pass
+                self.destroy_publisher(old)
+            if recreate:
+                self._topic_pubs["policy_step"] = self.create_publisher(PolicyStep, "policy_step", policy_step_qos())
+            self._policy_step_history = False
+
+    def live_state_replaced(self) -> None:
+        """The live state no longer continues the steps published so far (rollback, reset, a restoring
+        import): start policy_step's history afresh. Called from a service worker thread; returns once the
+        executor has replaced the writer (or after POLICY_STEP_RENEW_WAIT_S)."""
+        with self._policy_step_lock:
+            if not self._policy_step_history:  # nothing to forget (rollbacks back to back cost nothing here)
+                return
+        executor = self.executor
+        if executor is None:
+            self._renew_policy_step_writer("policy_step" in self._topic_pubs)
+            return
+        renewed = threading.Event()
+
+        def renew() -> None:
+            try:
+                if "policy_step" in self._topic_pubs:  # still active
+                    self._renew_policy_step_writer()
+            finally:
+                renewed.set()
+
+        try:
+            executor.create_task(renew)
+        except Exception:  # noqa: BLE001 - the executor is shutting down: the writer goes with the node
+            return
+        if not renewed.wait(POLICY_STEP_RENEW_WAIT_S):
+            self.get_logger().warning("policy_step history not renewed in time: a late subscriber may still get "
+                                      "steps from before the rollback or reset")
+
     def on_cleanup(self, state: State | None) -> TransitionCallbackReturn:
         destroy = getattr(self, "destroy_lifecycle_publisher", self.destroy_publisher)
         for pub in self._topic_pubs.values():
@@ -251,24 +283,31 @@ class FlashRTNode(LifecycleNode):
     def on_observation(self, msg) -> None:
         # [replan] while a replan runs, the latest observation is held and the replan thread steps it
         # between two batched steps (ReplanServer.hold / LiveGate)
-        if self._replan_server is not None and self._replan_server.hold(msg):
+        server = self._replan_server
+        if server is None:
+            self.step_from_message(msg)
             return
-        self.step_from_message(msg)
+        if server.hold(msg):
+            return
+        try:  # a replan that starts now waits for this step before it takes the runtime lock
+            self.step_from_message(msg)
+        finally:
+            server.gate.stepped()
 
     def step_from_message(self, msg) -> None:
         session, reader = self.session, self._reader
         if session is None or reader is None:
             return
         try:
-            learning = not reader.joint_names
             obs = reader(msg)
+        except JointNamesMismatch as e:  # another publisher, or a wrong joint_names: an error on /diagnostics
+            self.stats.joint_name_mismatch(str(e))
+            self.get_logger().error(f"observation rejected: {e}", throttle_duration_sec=1.0)
+            return
         except ValueError as e:  # counted; the state is untouched
-            self.stats.rejected += 1
+            self.stats.count("rejected")
             self.get_logger().warning(f"observation rejected: {e}", throttle_duration_sec=1.0)
             return
-        if learning and reader.learned:
-            self.get_logger().info(f"joint order taken from the first JointState and enforced from now on: "
-                                   f"{reader.joint_names} (set joint_names to fix it in advance)")
         header = getattr(msg, "header", None)
         stamp = header.stamp if header is not None else self.get_clock().now().to_msg()
         self.last_stamp_ns = stamp_to_ns(stamp)
@@ -276,26 +315,36 @@ class FlashRTNode(LifecycleNode):
         def publish_action(action: np.ndarray) -> None:
             self._topic_pubs["action"].publish(Float64MultiArray(data=action.astype(np.float64).tolist()))
 
+        # the step and its policy_step as one: a rollback comes before both or after both, so a renewed
+        # history never starts with a step of the timeline that was left
+        with session.lock:
+            self._step_and_publish(session, obs, stamp, header, publish_action)
+
+    def _step_and_publish(self, session, obs, stamp, header, publish_action) -> None:
         try:
             res = session.step(obs, self.last_stamp_ns, on_action=publish_action)
         except CapsuleError as e:  # the step ran and the action went out; only the capsule is missing
-            self.stats.capsule_errors += 1
+            self.stats.count("capsule_errors")
             self.get_logger().error(f"no capsule for this step: {e}", throttle_duration_sec=1.0)
             return
         except ValueError as e:  # refused before it ran: the state is untouched
-            self.stats.rejected += 1
+            self.stats.count("rejected")
             self.get_logger().warning(f"observation rejected: {e}", throttle_duration_sec=1.0)
             return
-        self.stats.steps += 1
-        self.stats.add_latency(res.latency_ms)
-        if res.latency_ms > self.get_parameter("step_deadline_ms").value:
-            self.stats.step_deadline_misses += 1
+        missed = res.latency_ms > self.get_parameter("step_deadline_ms").value
+        self.stats.add_step(res.latency_ms, missed)
+        if missed:
             self.get_logger().warning(f"step took {res.latency_ms:.2f} ms", throttle_duration_sec=1.0)
-        self._topic_pubs["policy_step"].publish(PolicyStep(
+        msg = PolicyStep(
             header=Header(stamp=stamp, frame_id=header.frame_id if header is not None else ""),
             step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(),
             action_chunk=res.chunk.ravel().tolist(), chunk_len=session.cfg.chunk_len,
-            step_latency_ms=res.latency_ms))
+            step_latency_ms=res.latency_ms)
+        with self._policy_step_lock:
+            writer = self._topic_pubs.get("policy_step")
+            if writer is not None:  # None: deactivated meanwhile
+                writer.publish(msg)
+                self._policy_step_history = True
 
     # ---- diagnostics ----------------------------------------------------------------------
     def _store_usage(self, session):

@@ -86,8 +86,9 @@ NODE_PARAMS = {
     "observation_type": ("joint_state", "joint_state (sensor_msgs/JointState) | float32_array "
                          "(std_msgs/Float32MultiArray)",
                          lambda n, v: _string(n, v, ("joint_state", "float32_array")), False),
-    "joint_names": (None, "order in which JointState positions, then velocities, fill the observation. "
-                    "Unset: the names of the first accepted message, enforced from then on", _joint_names, False),
+    "joint_names": (None, "order in which JointState positions, then velocities, fill the observation, "
+                    "taken by name; a message lacking one of them is refused (an ERROR on /diagnostics). "
+                    "Unset: message order, names unchecked", _joint_names, False),
     "observation_reliable": (False, "reliable QoS on 'observation' (lossless replay); false = sensor-data "
                              "(best effort). Depth 4 either way, as during a replan: the 4 newest wait, the "
                              "oldest is dropped first",

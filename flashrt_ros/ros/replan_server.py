@@ -51,37 +51,51 @@ class LiveGate:
     """While a replan runs, observations wait here (the newest HELD_MAX, oldest dropped first) and the
     replan thread steps them in order between two batched steps. Otherwise the executor steps directly.
 
-    `busy` stays set until the queue is empty, and only `finish` clears it under the lock, so a held
-    observation is never lost and never overtaken by a newer one stepped directly."""
+    One condition decides both who steps and who may take the runtime lock: `hold` either holds the
+    message or marks a direct step in progress (ended by `stepped`), and `start` closes the gate and
+    then waits for that direct step to end before the replan takes the lock. So the executor never
+    passes the gate and then waits behind a whole replan. `busy` stays set until the queue is empty, and
+    only `finish` clears it, so a held observation is never lost and never overtaken by a newer one."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
         self._busy = False
+        self._stepping = False  # the executor passed the gate and is stepping directly
         self._msgs: collections.deque = collections.deque(maxlen=HELD_MAX)
 
     def hold(self, msg) -> tuple[bool, bool]:
-        """(held, dropped): held = a replan runs and will step it; dropped = the oldest held one gave way."""
-        with self._lock:
+        """(held, dropped): held = a replan runs and will step it; dropped = the oldest held one gave way.
+        Not held: the caller steps it now and must call `stepped` afterwards."""
+        with self._cond:
             if not self._busy:
+                self._stepping = True
                 return False, False
             dropped = len(self._msgs) == self._msgs.maxlen
             self._msgs.append(msg)
             return True, dropped
 
+    def stepped(self) -> None:
+        """The direct step that `hold` let through is over: a waiting replan may take the lock."""
+        with self._cond:
+            self._stepping = False
+            self._cond.notify_all()
+
     def start(self) -> None:
-        with self._lock:
+        """Hold every observation from now on, then wait (at most one live step) for a direct step."""
+        with self._cond:
             self._busy = True
+            self._cond.wait_for(lambda: not self._stepping)
 
     def take(self) -> list:
-        with self._lock:
+        with self._cond:
             msgs = list(self._msgs)
             self._msgs.clear()
             return msgs
 
     def finish(self, step) -> None:
-        """Step what is still held, then let the executor step directly again."""
+        """Step what is still held, oldest first, then let the executor step directly again."""
         while True:
-            with self._lock:
+            with self._cond:
                 if not self._msgs:
                     self._busy = False
                     return
@@ -125,7 +139,7 @@ class ReplanServer:
     def hold(self, msg) -> bool:
         """Called by the node for every observation: True when a running replan will step it."""
         held, _ = self.gate.hold(msg)
-        self.node.stats.held += int(held)
+        self.node.stats.count("held", int(held))
         return held
 
     def destroy(self, reason: str = "the node is deactivating") -> None:
@@ -171,7 +185,7 @@ class ReplanServer:
         with self._state:
             busy = self._current is not None and not self._closing
         if busy:
-            self.node.stats.replans_rejected += 1
+            self.node.stats.count("replans_rejected")
             self.node.get_logger().warning("replan goal rejected: busy, another replan is running",
                                            throttle_duration_sec=1.0)
             # Back-pressure: clients retrying at once would make answering "busy" the node's main work
@@ -193,9 +207,9 @@ class ReplanServer:
             if not reason:
                 self._current = goal_handle
                 self._idle.clear()
-                self.gate.start()
+                self.gate.start()  # waits for a live step in progress, if any (one step at most)
         if reason:
-            self.node.stats.replans_rejected += 1
+            self.node.stats.count("replans_rejected")
             self.node.get_logger().warning(f"replan goal rejected: {reason}", throttle_duration_sec=1.0)
             self._results[bytes(goal_handle.goal_id.uuid)] = Replan.Result(
                 success=False, rejected=True, message=f"rejected: {reason}",
@@ -304,8 +318,8 @@ class ReplanServer:
             message = f"stopped: {why_stopped[0]}; {res.message}"
             self.node.get_logger().warning(f"replan {message}")
         elif not res.cancelled:
-            self.node.stats.replans += 1
-            self.node.stats.replan_deadline_misses += int(not res.deadline_met)
+            self.node.stats.count("replans")
+            self.node.stats.count("replan_deadline_misses", int(not res.deadline_met))
         return Replan.Result(success=not res.cancelled, message=message, actions=res.actions.ravel().tolist(),
                              steps_done=res.steps_done, branch_capsule_ids=res.branch_capsule_ids,
                              elapsed_ms=res.elapsed_ms, deadline_met=res.deadline_met,

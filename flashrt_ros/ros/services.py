@@ -31,7 +31,7 @@ from flashrt_interfaces.srv import (
 
 from ..runtime.errors import CapsuleError
 from .capsule_dir import CapsuleDir
-from .convert import capsule_info_to_msg
+from .convert import capsule_info_to_msg, request_refusal
 
 EXPECTED = (CapsuleError, ValueError, OSError)
 WORKERS = 1  # calls run in the order they arrived, as they would on the executor thread
@@ -100,6 +100,10 @@ class CapsuleServices:
     # ---- the bridge: executor coroutine <-> worker thread ---------------------------------
     def _off_executor(self, name: str, work):
         async def callback(request, response):
+            refusal = request_refusal(request)  # a huge label or file name: answered here, never queued
+            if refusal:
+                self._fail(response, name, ValueError(refusal))
+                return response
             try:
                 done = Future(executor=self.node.executor)
                 done.add_done_callback(lambda _: None)  # scheduling it wakes the executor
@@ -121,7 +125,7 @@ class CapsuleServices:
             work(request, response)
             done.set_result(None)
         except BaseException as e:  # noqa: BLE001 - every error is answered, none escapes
-            done.set_result(e)
+            done.set_result(e.with_traceback(None))  # its frames would keep the request alive (a cycle)
 
     def _fail(self, response, what: str, err: BaseException) -> None:
         if hasattr(response, "success"):
@@ -142,6 +146,7 @@ class CapsuleServices:
         t0 = time.perf_counter()
         info = self.session.rollback(request.capsule_id or None, int(request.steps_back))
         response.elapsed_ms = (time.perf_counter() - t0) * 1e3
+        self.node.live_state_replaced()  # policy_step's history is of the timeline left behind
         response.success, response.message = True, f"capsule {info.id} (step {info.step}) is live"
         response.capsule = info_msg(info)
 
@@ -175,10 +180,13 @@ class CapsuleServices:
 
     def import_capsule(self, request, response):
         info = self.session.import_capsule(self.capsule_dir.path_for(request.file_name), restore=request.restore)
+        if request.restore:
+            self.node.live_state_replaced()
         response.success = True
         response.message = f"imported as capsule {info.id}" + (" (live)" if request.restore else "")
         response.capsule = info_msg(info)
 
     def reset(self, request, response):
         self.session.reset()
+        self.node.live_state_replaced()
         response.success, response.message = True, "policy state reset to zeros; capsules kept"

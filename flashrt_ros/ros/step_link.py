@@ -5,8 +5,10 @@ Why transient-local: DDS matches endpoints in each direction on its own. A clien
 publisher matched to the node and its policy_step reader matched to the node's writer while the node's writer
 has not matched the reader yet. A volatile writer then drops the first answer, and the client waits forever.
 A transient-local writer (the last POLICY_STEP_DEPTH steps) sends it when the match completes. Volatile
-subscribers (a controller, ``ros2 topic echo``) are unaffected and never see an old step. The 'action' topic
-stays volatile: a late controller must never get a stale action.
+subscribers (a controller, ``ros2 topic echo``) are unaffected and never see an old step. The history forgets the
+steps of a timeline that was left: the node replaces the writer on a rollback, a reset, a restoring import and while
+inactive (FlashRTNode._renew_policy_step_writer). The 'action' topic stays volatile: a late controller must never
+get a stale action.
 """
 from __future__ import annotations
 
