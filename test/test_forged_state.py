@@ -78,16 +78,21 @@ def _kv_accounting(s):
     return s.kv.tables.copy(), s.kv.refs.copy(), np.where(held, s.kv.fill, -1), sorted(s.kv.free)
 
 
-@pytest.mark.parametrize("steps", [30, KV_PAGE - 1, KV_PAGE, 200],
-                         ids=["mid_page", "last_slot", "page_boundary", "after_a_rollback"])
+@pytest.mark.parametrize("steps", [30, KV_PAGE - 1, KV_PAGE, 3 * KV_PAGE, 200],
+                         ids=["mid_page", "last_slot", "page_boundary", "ring_wrap_frees_a_page", "after_a_rollback"])
 def test_a_step_whose_action_would_be_non_finite_is_refused_with_the_state_byte_identical(tmp_path, steps):
-    s = Session(small_config(kv_window=150))
+    ring_wrap = steps == 3 * KV_PAGE
+    # ring_wrap: no capsules, so the live row alone holds the old page at this ring slot, and the step lets it go
+    s = Session(small_config(kv_window=150, capsule_every_n_steps=1000 if ring_wrap else 1))
     obs = observation_trace(steps + 5)
     for o in obs[:steps]:
         s.step(o)
     if steps == 200:  # the live page is shared with newer capsules: the step would copy it first
         s.rollback(steps_back=7)
-    s.import_capsule(_poisoned_file(s, tmp_path), restore=True)
+    if ring_wrap:
+        s.arena["conv_state.0"][0] = 3e38  # poisoned in place: an import would bring a table without that page
+    else:
+        s.import_capsule(_poisoned_file(s, tmp_path), restore=True)
     published = []
     before = (s.live_row().tobytes(), _kv_accounting(s))
     assert_refused_unchanged(s, lambda: s.step(obs[steps], on_action=published.append), NonFiniteAction,
@@ -98,8 +103,8 @@ def test_a_step_whose_action_would_be_non_finite_is_refused_with_the_state_byte_
     for a, b in zip(after[1][:3], before[1][:3]):
         assert np.array_equal(a, b)
     assert after[1][3] == before[1][3]
-    # the state stays usable: a good capsule brings the robot back, and stepping goes on
-    s.rollback(s.list_capsules()[0].id)
+    # the state stays usable: a good capsule (or a reset) brings the robot back, and stepping goes on
+    s.rollback(s.list_capsules()[0].id) if s.list_capsules() else s.reset()
     assert np.isfinite(s.step(obs[steps]).action).all()
 
 
