@@ -192,7 +192,7 @@ MUTATIONS = [
              "            if False:\n",
              ["test/test_forged_state.py"],
              "a forged state makes the step publish NaN or inf to the robot"),
-    Mutation("refused_step_loses_the_page_it_let_go", RT + "session.py",
+    Mutation("refused_step_loses_the_page_it_let_go", RT + "step_undo.py",
              "                    kv.free.remove(page)\n",
              "                    pass\n",
              ["test/test_forged_state.py::test_a_step_whose_action_would_be_non_finite_is_refused_with_the_state_byte_identical"],

@@ -11,9 +11,12 @@ from capsule_craft import craft, read_capsule
 
 from conftest import assert_refused_unchanged, observation_trace, small_config
 from flashrt_ros.runtime import CorruptCapsule, PolicyConfig, Session
+from flashrt_ros.runtime.backend import cuda_probe
 from flashrt_ros.runtime.capsule_file import load_hmac_key
 from flashrt_ros.runtime.errors import NonFiniteAction, UnauthenticatedCapsule
 from flashrt_ros.runtime.kernels import KV_PAGE
+
+BACKENDS = ["numpy"] + (["cuda"] if cuda_probe() is None else [])  # the refusal runs on CUDA where there is one
 
 
 def _set(name, value, index=0):
@@ -78,12 +81,13 @@ def _kv_accounting(s):
     return s.kv.tables.copy(), s.kv.refs.copy(), np.where(held, s.kv.fill, -1), sorted(s.kv.free)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("steps", [30, KV_PAGE - 1, KV_PAGE, 3 * KV_PAGE, 200],
                          ids=["mid_page", "last_slot", "page_boundary", "ring_wrap_frees_a_page", "after_a_rollback"])
-def test_a_step_whose_action_would_be_non_finite_is_refused_with_the_state_byte_identical(tmp_path, steps):
+def test_a_step_whose_action_would_be_non_finite_is_refused_with_the_state_byte_identical(tmp_path, steps, backend):
     ring_wrap = steps == 3 * KV_PAGE
     # ring_wrap: no capsules, so the live row alone holds the old page at this ring slot, and the step lets it go
-    s = Session(small_config(kv_window=150, capsule_every_n_steps=1000 if ring_wrap else 1))
+    s = Session(small_config(kv_window=150, capsule_every_n_steps=1000 if ring_wrap else 1), backend)
     obs = observation_trace(steps + 5)
     for o in obs[:steps]:
         s.step(o)
@@ -94,11 +98,11 @@ def test_a_step_whose_action_would_be_non_finite_is_refused_with_the_state_byte_
     else:
         s.import_capsule(_poisoned_file(s, tmp_path), restore=True)
     published = []
-    before = (s.live_row().tobytes(), _kv_accounting(s))
+    before = (s.backend.to_host(s.live_row()).tobytes(), _kv_accounting(s))
     assert_refused_unchanged(s, lambda: s.step(obs[steps], on_action=published.append), NonFiniteAction,
                              "non-finite action.*nothing was published")
     assert published == []
-    after = (s.live_row().tobytes(), _kv_accounting(s))
+    after = (s.backend.to_host(s.live_row()).tobytes(), _kv_accounting(s))
     assert after[0] == before[0]
     for a, b in zip(after[1][:3], before[1][:3]):
         assert np.array_equal(a, b)

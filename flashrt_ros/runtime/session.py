@@ -21,12 +21,12 @@ from .config import PolicyConfig
 from .errors import NonFiniteAction
 from .history import ObsHistory
 from .inputs import as_observations, check_label
-from .kernels import KV_PAGE
 from .kv_log import KvLog
 from .policy import HybridPolicy
 from .replan import ReplanResult
 from .sizing import StoreSizes
 from .state_bounds import RecordBounds, StateBounds
+from .step_undo import StepUndo
 from .weights import fingerprint, load_weights, save_weights, seeded_weights
 
 
@@ -130,14 +130,14 @@ class Session:
         o = as_observations(obs, (self.cfg.obs_dim,))
         with self.lock:
             t0 = time.perf_counter()
-            undo = self._undo_point()
+            undo = StepUndo.before_step(self)
             self.kv.prepare_append(0, self._step)  # position == steps taken (meta invariant)
             self.backend.from_host(self.arena["obs"][0], o)
             self._live.replay()
             action = self.backend.to_host(self.arena["action"][0])
             chunk = self.backend.to_host(self.arena["chunk"][0]).reshape(self.cfg.chunk_len, self.cfg.action_dim)
             if not (np.isfinite(action).all() and np.isfinite(chunk).all()):
-                self._undo_step(*undo)
+                undo.apply(self)
                 raise NonFiniteAction(
                     f"step {self._step + 1} refused: the policy produced a non-finite action "
                     f"({action.tolist()}); nothing was published and the state is as before this step. The "
@@ -153,30 +153,6 @@ class Session:
                 if self._step % self.cfg.capsule_every_n_steps == 0:
                     cid = self._snapshot_live(stamp_ns, "", False).id
             return StepResult(action, chunk, cid, self._step, (time.perf_counter() - t0) * 1e3)
-
-    def _undo_point(self) -> tuple[int, int, int]:
-        """What a refused step must put back: the live small row (copied aside, a few KiB) and the page
-        slot the step appends to, with its page and fill."""
-        self.backend.copy(self._undo_row, self.arena.state[0])
-        j = (self._step // KV_PAGE) % self.kv.P
-        page = int(self.kv.tables[0, j])
-        return j, page, int(self.kv.fill[page]) if page >= 0 else 0
-
-    def _undo_step(self, j: int, page: int, fill: int) -> None:
-        """Undo one step's prepare_append and replay (nothing else allocated in between)."""
-        kv = self.kv
-        new = int(kv.tables[0, j])
-        if new != page:  # the step moved to a fresh page and let go of the old one: take it back
-            if page >= 0:
-                if kv.refs[page] == 0:
-                    kv.free.remove(page)
-                kv.refs[page] += 1
-            kv.tables[0, j] = page
-            kv.decref(np.array([new], np.int64))
-        elif page >= 0:
-            kv.fill[page] = fill  # the slot appended in place is free again
-        self.backend.copy(self.arena.state[0], self._undo_row)  # small state, the device page table included
-        self.backend.sync()
 
     def _snapshot_live(self, stamp_ns: int, label: str, pin: bool) -> CapsuleInfo:
         info = self.store.snapshot(0, step=self._step, parent_id=self._live_id, stamp_ns=stamp_ns,
