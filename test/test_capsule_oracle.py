@@ -1,10 +1,12 @@
 """The log-structured store against a full-copy oracle (DESIGN.md contract 4).
 
-Random sequences of step runs, snapshot, rollback, replan, commit, fork, drop, pin, unpin and
-export/import run on a store small enough that both its records and its KV log pages wrap. After every
-operation, each restorable capsule must materialise (small state + window gathered from the log) to
-exactly the bytes a full-copy store took at snapshot time, every pinned capsule must still be there,
-and an evicted capsule must be refused cleanly with the live state untouched.
+Random (derandomized: reproducible) sequences of step runs, snapshot, rollback, replan, commit, fork, drop,
+pin, unpin and export/import run on a store whose 40-record ring is full before the first operation and
+whose 16 KV log pages wrap. After every operation, each restorable capsule must materialise (small state +
+window gathered from the log) to exactly the bytes a full-copy store took at snapshot time, every pinned
+capsule must still be there, an evicted capsule must be refused cleanly with the live state untouched, and
+evictions must follow the model: what-ifs first, then the timeline, oldest first in each, pins never, and
+never the source of the operation (a fork's, a replan's). A refused replan changes nothing.
 """
 import numpy as np
 import pytest
