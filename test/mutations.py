@@ -228,4 +228,9 @@ MUTATIONS = [
              "period = (self.settings.fsync_every_ms / 1e3) if",
              ["test/test_persist_attack.py::test_a_huge_but_finite_fsync_period_keeps_the_writer_alive"],
              "an fsync period past threading.TIMEOUT_MAX kills the writer in its first idle wait"),
+    Mutation("client_sends_a_name_the_wire_cuts", "flashrt_ros/ros/client.py",
+             "        check_file_name(file_name)\n        return self.call(\"export_capsule\"",
+             "        return self.call(\"export_capsule\"",
+             ["test/test_ros_forged_state.py::test_forged_files_are_refused_and_a_non_finite_action_is_never_published"],
+             "a NUL in a file name is cut by the ROS wire and the export reports success under the short name"),
 ]
