@@ -108,3 +108,28 @@ def test_a_failed_export_leaves_no_temporary_file(stepped, tmp_path):
     with pytest.raises(OSError):
         stepped.export_capsule(0, target)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_with_a_nul_is_refused_on_export_and_import_and_nothing_is_written(stepped, tmp_path):
+    for fn in (lambda: stepped.export_capsule(0, tmp_path / "short\x00long.safetensors"),
+               lambda: stepped.import_capsule(tmp_path / "short\x00long.safetensors")):
+        assert_refused_unchanged(stepped, fn, ValueError, "NUL character")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_temporaries_of_dead_exports_are_swept_and_those_of_live_processes_kept(tmp_path):
+    import subprocess
+    import sys
+
+    from flashrt_ros.runtime.capsule_file import sweep_stale_temporaries
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".grasp.safetensors.{dead.pid}.tmp"
+    mine = tmp_path / f".other.safetensors.{os.getppid()}.tmp"  # a live process (the test runner's parent)
+    keep = [tmp_path / "grasp.safetensors", tmp_path / ".hidden.tmp", tmp_path / f".x.{dead.pid}.tmp.bak"]
+    for p in [stale, mine, *keep]:
+        p.write_bytes(b"x")
+    os.symlink(tmp_path / "grasp.safetensors", tmp_path / f".link.{dead.pid}.tmp")  # not a regular file
+    assert sweep_stale_temporaries(tmp_path) == [stale]
+    assert not stale.exists() and mine.exists() and all(p.exists() for p in keep)

@@ -182,20 +182,44 @@ def test_a_persist_dir_that_is_a_file_fails_before_touching_the_live_state(tmp_p
 
 
 # ---- disable_persistence against a running replan -----------------------------------------------
+class WatchedLock:
+    """The session's RLock, telling when a thread finds it held by another and waits for it."""
+
+    def __init__(self, inner):
+        self.inner, self.contended = inner, threading.Event()
+
+    def acquire(self, blocking=True, timeout=-1):
+        if self.inner.acquire(blocking=False):
+            return True
+        self.contended.set()
+        return self.inner.acquire(blocking, timeout)
+
+    def release(self):
+        self.inner.release()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 def test_disable_persistence_waits_for_a_running_replan_whose_commit_is_then_persisted(tmp_path):
     s = persisting(tmp_path, 20)
+    s.lock = WatchedLock(s.lock)
     disabler = threading.Thread(target=s.disable_persistence)
     seen = []
 
     def on_step(done):
         if done == 1:
             disabler.start()
-            time.sleep(0.3)  # the disabler had every chance to run
+            # the disabler has reached the session lock and waits there: it ran up to its critical section
+            seen.append(s.lock.contended.wait(30))
             seen.append(disabler.is_alive())
 
     res = s.replan(None, OBS[None, 20:24], commit_branch=0, on_step=on_step)
     disabler.join(10)
-    assert seen == [True], "disable_persistence ran in the middle of a replan, without the session lock"
+    assert seen == [True, True], "disable_persistence ran in the middle of a replan, without the session lock"
     r = Session(cfg())
     report = r.enable_persistence(settings(tmp_path), resume=True)
     r.disable_persistence()
@@ -343,7 +367,10 @@ def test_an_infinite_persist_setting_is_refused_naming_its_parameter(tmp_path, f
 def test_a_huge_but_finite_fsync_period_keeps_the_writer_alive(tmp_path):
     s = Session(cfg())
     s.enable_persistence(settings(tmp_path, fsync_every_ms=1e16))  # past threading.TIMEOUT_MAX in seconds
-    time.sleep(0.2)
+    writer, waiting = s.persistence.log._thread, s.persistence.log._queue.not_empty._waiters
+    while writer.is_alive() and not waiting:  # until the writer is in its idle wait (or died entering it)
+        time.sleep(0.001)
+    assert writer.is_alive()
     s.step(OBS[0])
     assert s.persistence.flush(5) and s.persistence.stats().records_written == 1
     s.disable_persistence()

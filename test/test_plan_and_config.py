@@ -119,15 +119,30 @@ def test_fingerprint_changes_with_weights_and_config_but_not_capsule_settings():
     assert Session(small_config(capsule_capacity=10)).fingerprint == base
 
 
-@pytest.mark.skipif(__import__("flashrt_ros.runtime.backend", fromlist=["x"]).cuda_probe() is None,
-                    reason="this machine has a CUDA device: the fallback path does not apply")
-def test_backend_auto_falls_back_to_numpy_and_cuda_fails_loudly_without_a_device():
-    from flashrt_ros.runtime.backend import BackendUnavailable, select
-    assert select("auto").name == "numpy"
-    with pytest.raises(BackendUnavailable, match="backend 'cuda' requested but unavailable"):
-        Session(small_config(), "cuda")
+def test_backend_auto_takes_cuda_when_usable_and_an_unknown_backend_is_refused():
+    from flashrt_ros.runtime.backend import cuda_probe, select
+    assert select("auto").name == ("cuda" if cuda_probe() is None else "numpy")
     with pytest.raises(ValueError, match="backend: expected auto, numpy or cuda"):
         select("tpu")
+
+
+def test_backend_auto_falls_back_to_numpy_and_cuda_fails_loudly_without_a_device(tmp_path):
+    """On every machine, a GPU one too: a process where CuPy cannot be imported, as on a robot without it."""
+    import os
+    import subprocess
+    import sys
+
+    from ros_harness import env_without_module
+    code = ("from flashrt_ros.runtime import Session\n"
+            "from flashrt_ros.runtime.backend import BackendUnavailable, select\n"
+            "from conftest import small_config\n"
+            "assert select('auto').name == 'numpy'\n"
+            "try:\n    Session(small_config(), 'cuda')\nexcept BackendUnavailable as e:\n    print(e)\n")
+    env = env_without_module(dict(os.environ, PYTHONPATH=f"{ROOT / 'test'}{os.pathsep}{ROOT}"), tmp_path / "shim",
+                             "cupy")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.startswith("backend 'cuda' requested but unavailable: cupy is not importable")
 
 
 def test_config_is_frozen_so_an_invalid_value_cannot_sneak_in_after_validation():

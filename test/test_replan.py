@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import small_config
+from conftest import observation_trace, small_config
 from flashrt_ros.runtime import Session
 
 
@@ -22,6 +22,28 @@ def test_replan_branches_equal_rollback_and_live_stepping_bytewise(branches, tra
     for b in range(branches):
         s.rollback(cid)
         assert run(s, obs[b]).tobytes() == res.actions[b].tobytes(), f"branch {b}"
+
+
+@pytest.mark.parametrize("start, horizon, kv_window", [
+    (120, 16, 48),  # crosses the page boundary at 128 inside the replan (a branch copies its partial page)
+    (250, 12, 48),  # crosses 256: the page-table ring (2 slots at a 48 window) wraps back to slot 0
+    (100, 70, 48),  # longer than the window: it wraps and a page crossing falls mid-replan
+    (300, 100, 150),  # a 3-slot ring whose window spans three pages, crossing 384
+], ids=["page_boundary", "ring_wrap", "window_wrap", "three_pages"])
+def test_a_replan_crossing_pages_and_wrapping_the_window_equals_live_stepping_bytewise(start, horizon, kv_window):
+    s = Session(small_config(kv_window=kv_window))
+    trace = observation_trace(start + horizon, seed=5)
+    run(s, trace[:start])
+    cid = s.pin(s.live_capsule_id).id  # kept while the branches are stepped again below
+    rng = np.random.default_rng(start)
+    obs = (trace[start:][None] + 0.3 * rng.standard_normal((3, horizon, 14))).astype(np.float32)
+    res = s.replan(cid, obs, deadline_ms=1e6)
+    assert res.steps_done == horizon
+    ends = [s.capsule_host(c).tobytes() for c in res.branch_capsule_ids]  # stepping below may evict them
+    for b in range(3):
+        s.rollback(cid)
+        assert run(s, obs[b]).tobytes() == res.actions[b].tobytes(), f"branch {b}"
+        assert s.state_host().tobytes() == ends[b], f"branch {b}'s end state"
 
 
 def test_replan_without_commit_leaves_live_state_byte_identical(session, trace):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from flashrt_ros.runtime import StoreUsage
-from flashrt_ros.runtime.backend import NumpyBackend, cuda_probe, select
+from flashrt_ros.runtime.backend import cuda_probe, select
 
 
 def _stats(steps: int, rate_hz: float):
@@ -22,21 +22,21 @@ def _values(msg):
     return status, {kv.key: kv.value for kv in status.values}
 
 
-def test_hardware_id_on_numpy_is_the_cpu_model():
+BACKENDS = ["numpy"] + (["cuda"] if cuda_probe() is None else [])  # on a GPU machine both run, none is skipped
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hardware_id_names_the_device_the_policy_runs_on(backend):
     from flashrt_ros.ros.diagnostics import cpu_model, device_name
-    name = device_name(NumpyBackend())
+    name = device_name(select(backend))
+    if backend == "cuda":  # the GPU's name and compute capability
+        assert re.fullmatch(r".+ \(sm_\d+\)", name)
+        return
     assert name == cpu_model() and name not in ("", "numpy")
     info = Path("/proc/cpuinfo")
     models = re.findall(r"^model name\s*:\s*(.+)$", info.read_text(), re.M) if info.exists() else []
     if models:
         assert name == models[0].strip()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(cuda_probe() is not None, reason=f"no CUDA device: {cuda_probe()}")
-def test_hardware_id_on_cuda_is_the_gpu_name_and_compute_capability():
-    from flashrt_ros.ros.diagnostics import device_name
-    assert re.fullmatch(r".+ \(sm_\d+\)", device_name(select("cuda")))
 
 
 def test_status_is_named_without_the_leading_slash_and_reports_rollback_depth_in_seconds():

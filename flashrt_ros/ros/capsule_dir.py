@@ -11,6 +11,7 @@ import os
 import stat
 from pathlib import Path
 
+from ..runtime.capsule_file import sweep_stale_temporaries
 from .convert import check_file_name
 
 
@@ -39,6 +40,13 @@ class CapsuleDir:
             raise CapsuleDirError(f"capsule_dir {self.root} is owned by uid {st.st_uid}, not by this node's "
                                   f"user ({os.geteuid()}): refused")
         return self.root
+
+    def sweep_stale_temporaries(self) -> list[Path]:
+        """Remove what exports killed mid-write left (``.<name>.<pid>.tmp`` of dead processes)."""
+        try:
+            return sweep_stale_temporaries(self._checked_root(create=False))
+        except CapsuleDirError:
+            return []  # none yet, or not ours: nothing of ours to sweep
 
     def path_for(self, file_name: str, create: bool = False) -> Path:
         """The file's path inside the directory; CapsuleDirError (a ValueError) if it would be anywhere

@@ -40,6 +40,8 @@ from std_srvs.srv import Trigger
 from flashrt_interfaces.action import Replan
 from flashrt_interfaces.srv import DropCapsule, ExportCapsule, ImportCapsule, ListCapsules, Rollback, Snapshot
 
+from .convert import check_file_name
+
 SERVICES = {"snapshot": Snapshot, "rollback": Rollback, "list_capsules": ListCapsules,
             "drop_capsule": DropCapsule, "export_capsule": ExportCapsule, "import_capsule": ImportCapsule,
             "reset": Trigger}
@@ -250,10 +252,13 @@ class FlashRTClient:
 
     def export_capsule(self, file_name: str, capsule_id: int | None = None,
                        timeout_s: float = 10.0) -> ExportCapsule.Response:
-        """capsule_id None: the live capsule. file_name is relative to the node's capsule_dir."""
+        """capsule_id None: the live capsule. file_name is relative to the node's capsule_dir. ValueError for
+        a name the node would refuse, and for a NUL, which the wire would silently cut the name at."""
+        check_file_name(file_name)
         return self.call("export_capsule", timeout_s, capsule_id=_none_id(capsule_id), file_name=file_name)
 
     def import_capsule(self, file_name: str, restore: bool = False, timeout_s: float = 10.0) -> ImportCapsule.Response:
+        check_file_name(file_name)  # as export_capsule
         return self.call("import_capsule", timeout_s, file_name=file_name, restore=restore)
 
     def reset(self, timeout_s: float = 5.0) -> Trigger.Response:

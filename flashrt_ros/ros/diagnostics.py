@@ -69,6 +69,7 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
         "joint_name_mismatches": stats.joint_name_mismatches,
         "held_observations": stats.held,
         "capsule_errors": stats.capsule_errors,
+        "steps_refused": stats.steps_refused,
         "replans": stats.replans,
         "replans_rejected": stats.replans_rejected,
         "replan_deadline_misses": stats.replan_deadline_misses,
@@ -99,12 +100,15 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
         values["last_joint_name_error"] = stats.last_joint_name_error
     mismatches = stats.joint_name_mismatches
     level, message = DiagnosticStatus.OK, "ok"
+    refused = stats.step_refused_why or stats.steps_refused > stats.steps_refused_reported
     if lifecycle_state != "active":
         level, message = DiagnosticStatus.WARN, f"{lifecycle_state}: not stepping"
     elif mismatches > stats.joint_name_mismatches_reported:  # ERROR while they keep coming
         level, message = DiagnosticStatus.ERROR, (
             f"{mismatches - stats.joint_name_mismatches_reported} JointState(s) refused: their names do not "
             f"match joint_names ({stats.last_joint_name_error})")
+    elif refused:  # ERROR until reported and a step succeeded again
+        level, message = DiagnosticStatus.ERROR, f"steps refused ({stats.steps_refused}): {stats.step_refused_why}"
     elif p99 > step_deadline_ms:
         level, message = DiagnosticStatus.WARN, f"step p99 {p99:.2f} ms > step_deadline_ms {step_deadline_ms}"
     elif stats.capsule_errors:
@@ -113,6 +117,7 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
         level, message = DiagnosticStatus.WARN, (f"persist: {persist.records_dropped} records dropped, the disk is "
                                                  f"behind or failing ({persist.last_error or 'queue full'})")
     stats.joint_name_mismatches_reported = mismatches
+    stats.steps_refused_reported = stats.steps_refused
     if persist is not None:
         stats.persist_drops_reported = persist.records_dropped  # WARN while drops keep coming, OK once they stop
     status = DiagnosticStatus(level=level, name=f"{name.lstrip('/')}: runtime", message=message,

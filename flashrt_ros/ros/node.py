@@ -32,7 +32,8 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray, Header
 
 from flashrt_interfaces.msg import PolicyStep
 
-from ..runtime.errors import CapsuleError, FingerprintMismatch
+from ..runtime.capsule_file import load_hmac_key
+from ..runtime.errors import CapsuleError, FingerprintMismatch, NonFiniteAction
 from ..runtime.persist import PersistSettings
 from ..runtime.persist_format import LogCorrupt
 from ..runtime.persistence import move_aside
@@ -120,11 +121,16 @@ class FlashRTNode(LifecycleNode):
             reader = ObservationReader(own["observation_type"], cfg.obs_dim, own["joint_names"])
             t0 = time.perf_counter()
             session = Session(cfg, own["backend"])
+            if own["capsule_hmac_key_file"]:
+                session.capsule_hmac_key = load_hmac_key(own["capsule_hmac_key_file"])
             self.resume_summary = self._start_persistence(session, own)
         except Exception as e:  # noqa: BLE001 - any configuration error fails the transition, clearly
             self.get_logger().error(f"configure failed: {' '.join(str(e).split())}")
             return TransitionCallbackReturn.FAILURE
         self.session, self._own, self._capsule_dir, self._reader = session, own, capsule_dir, reader
+        for stale in capsule_dir.sweep_stale_temporaries():
+            self.get_logger().warning(f"removed {stale.name} from capsule_dir: the temporary of an export whose "
+                                      "process died mid-write")
         self.hardware_id = device_name(session.backend)
         usage = session.store_usage()
         self.get_logger().info(
@@ -323,6 +329,10 @@ class FlashRTNode(LifecycleNode):
     def _step_and_publish(self, session, obs, stamp, header, publish_action) -> None:
         try:
             res = session.step(obs, self.last_stamp_ns, on_action=publish_action)
+        except NonFiniteAction as e:  # nothing went out; the state is as before this step
+            self.stats.step_refused(str(e))
+            self.get_logger().error(str(e), throttle_duration_sec=1.0)
+            return
         except CapsuleError as e:  # the step ran and the action went out; only the capsule is missing
             self.stats.count("capsule_errors")
             self.get_logger().error(f"no capsule for this step: {e}", throttle_duration_sec=1.0)

@@ -27,6 +27,9 @@ class NodeStats:
     replans_rejected: int = 0
     replan_deadline_misses: int = 0
     persist_drops_reported: int = 0  # persist drops seen by the last /diagnostics
+    steps_refused: int = 0  # non-finite actions: not published, state kept (Session.step)
+    steps_refused_reported: int = 0  # seen by the last /diagnostics
+    step_refused_why: str = ""  # the last refusal; "" once a step succeeds again
     latencies_ms: list = field(default_factory=list)
     step_times: deque = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -39,6 +42,7 @@ class NodeStats:
     def add_step(self, latency_ms: float, missed_deadline: bool) -> None:
         with self._lock:
             self.steps += 1
+            self.step_refused_why = ""
             self.step_deadline_misses += int(missed_deadline)
             self.latencies_ms.append(latency_ms)
             self.step_times.append(time.monotonic())
@@ -50,6 +54,11 @@ class NodeStats:
             self.rejected += 1
             self.joint_name_mismatches += 1
             self.last_joint_name_error = reason
+
+    def step_refused(self, reason: str) -> None:
+        with self._lock:
+            self.steps_refused += 1
+            self.step_refused_why = reason
 
     def recent(self) -> tuple[list, list]:
         """Copies of the latency window and the step times, taken together."""

@@ -103,6 +103,10 @@ NODE_PARAMS = {
     "capsule_dir": (default_capsule_dir(), "directory of export_capsule / import_capsule files (created "
                     "with mode 0700; refused if another user owns it). Default $ROS_HOME/flashrt_capsules, "
                     "ROS_HOME defaulting to ~/.ros", _capsule_dir, False),
+    "capsule_hmac_key_file": ("", "path of a key file (at least 16 bytes, mode 0600, e.g. openssl rand -hex 32): "
+                              "exports carry an HMAC-SHA256 of this key and imports without it, or with another, "
+                              "are refused. The key itself is never a parameter value. Empty = no HMAC",
+                              lambda n, v: _string(n, v), False),
     "diagnostics_period_s": (1.0, "period of /diagnostics (published in every lifecycle state)",
                              _positive_number, False),
     "autostart": (True, "configure and activate on start-up, without a lifecycle manager", _bool, False),

@@ -4,13 +4,19 @@ One tensor per state buffer (the KV window gathered into ``[kv_window, d_model]`
 position % kv_window), plus string metadata: the format version, the CapsuleInfo as JSON, the
 fingerprint, and a sha256 over the metadata *and* the tensor bytes. Reading validates the size,
 the header, the fingerprint, the checksum, every info field and the ``meta`` invariants, and checks
-the state for finiteness, before anything is handed to the store.
+the state against what the model can produce (finite, and state_bounds.py), before anything is handed
+to the store.
+
+Anyone can recompute a sha256. With a key (the node's ``capsule_hmac_key_file``) a file also carries an
+HMAC-SHA256 of its checksum, and a reader holding the key refuses a file without it or with a wrong one.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import re
 import stat
 import struct
 from dataclasses import dataclass
@@ -18,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CorruptCapsule, FingerprintMismatch
+from .errors import CorruptCapsule, FingerprintMismatch, UnauthenticatedCapsule
 from .kernels import META_KV_LEN, META_LEN, META_POS, META_RNG, META_STEP
 
 FORMAT = "flashrt-capsule/2"
@@ -26,6 +32,9 @@ OLD_FORMATS = {"flashrt-capsule/1": "written by flashrt_ros 0.1 (full-row store,
 MAX_HEADER_BYTES = 1 << 20  # the JSON header of a capsule is a few KiB
 MAX_LABEL_CHARS = 256
 INT64_MAX = 2**63 - 1
+MIN_KEY_BYTES = 16
+MAC_DOMAIN = b"flashrt-capsule-hmac\0"  # the MAC of a capsule's checksum is never valid for anything else
+TEMP_NAME = re.compile(r"^\.(.+)\.(\d+)\.tmp$")  # write_capsule_file's temporary: .<name>.<pid>.tmp
 
 
 @dataclass(frozen=True)
@@ -50,17 +59,90 @@ def _digest(meta_fields: dict[str, str] | None, tensors: dict[str, np.ndarray]) 
     return h.hexdigest()
 
 
-def write_capsule_file(payload: CapsulePayload, path: str | Path) -> str:
+def _mac(key: bytes, digest: str) -> str:
+    """HMAC-SHA256 of the file's sha256 (which covers the metadata and every tensor byte)."""
+    return hmac.new(key, MAC_DOMAIN + digest.encode(), hashlib.sha256).hexdigest()
+
+
+def load_hmac_key(path: str | Path) -> bytes:
+    """The key in ``path`` (capsule_hmac_key_file): a regular file only its owner can read or write, at
+    least 16 bytes (surrounding whitespace ignored, so ``openssl rand -hex 32 > key`` works)."""
+    path = Path(path).expanduser()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise ValueError(f"capsule_hmac_key_file {path}: cannot open ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"capsule_hmac_key_file {path}: not a regular file")
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise ValueError(f"capsule_hmac_key_file {path}: must be owned by this user and readable by nobody "
+                             f"else (mode {stat.S_IMODE(st.st_mode):o}; chmod 600 it)")
+        key = os.read(fd, 4096).strip()
+    finally:
+        os.close(fd)
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"capsule_hmac_key_file {path}: {len(key)} bytes of key, at least {MIN_KEY_BYTES} are "
+                         "needed (e.g. openssl rand -hex 32)")
+    return key
+
+
+def check_capsule_path(path: str | Path) -> Path:
+    """A path a capsule file can be written under as given: no NUL (the OS would cut the name there)."""
+    text = os.fspath(path)
+    if "\x00" in text:
+        raise ValueError(f"capsule file name {text!r} contains a NUL character: refused (the name would be cut "
+                         "short there)")
+    return Path(text)
+
+
+def sweep_stale_temporaries(directory: str | Path) -> list[Path]:
+    """Remove the temporaries of exports whose process is gone (a kill mid-write leaves
+    ``.<name>.<pid>.tmp``); those of live processes stay. Returns what was removed."""
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = TEMP_NAME.match(entry.name)
+        if m is None or not entry.is_file(follow_symlinks=False):
+            continue
+        pid = int(m.group(2))
+        if pid != os.getpid() and _alive(pid):
+            continue  # another process may be writing it now
+        try:
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # another user's process
+    except (ProcessLookupError, OverflowError):
+        return False  # gone, or a number no pid can be
+    return True
+
+
+def write_capsule_file(payload: CapsulePayload, path: str | Path, hmac_key: bytes | None = None) -> str:
     """Crash-safe write: a temporary name, fsync, rename, fsync of the directory. A failure leaves
     neither a partial file under ``path`` nor the temporary. Returns the state's sha256 (state_digest);
-    the file's own checksum covers the metadata as well."""
+    the file's own checksum covers the metadata as well. ``hmac_key``: also write an HMAC of that checksum."""
     from safetensors.numpy import save  # optional dependency: imported where it is needed
 
-    path = Path(path)
+    path = check_capsule_path(path)
     meta = {"format": FORMAT, "info": json.dumps(payload.info, sort_keys=True),
             "fingerprint": str(payload.info["fingerprint"]), "state_sha256": state_digest(payload.tensors)}
     digest = _digest(meta, payload.tensors)
-    blob = save({k: np.ascontiguousarray(v) for k, v in payload.tensors.items()}, metadata={**meta, "sha256": digest})
+    mac = {"hmac_sha256": _mac(hmac_key, digest)} if hmac_key else {}
+    blob = save({k: np.ascontiguousarray(v) for k, v in payload.tensors.items()},
+                metadata={**meta, "sha256": digest, **mac})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -154,13 +236,15 @@ def check_meta(meta: np.ndarray, step: int, kv_window: int) -> None:
         raise ValueError("meta's reserved fields must be zero")
 
 
-def read_capsule_file(path: str | Path, specs, fingerprint: str, kv_window: int) -> CapsulePayload:
+def read_capsule_file(path: str | Path, specs, fingerprint: str, kv_window: int, bounds=None,
+                      hmac_key: bytes | None = None) -> CapsulePayload:
     """Validate a capsule file completely; touches nothing. ``specs``: the state BufferSpecs of the
-    materialised row, in table order."""
+    materialised row, in table order. ``bounds``: a state_bounds.StateBounds the state must keep.
+    ``hmac_key``: the file must carry the HMAC of this key."""
     from safetensors import SafetensorError
     from safetensors.numpy import load
 
-    path = Path(path)
+    path = check_capsule_path(path)
     data_bytes = sum(s.nbytes for s in specs)
     raw = _read_bounded(path, 8 + MAX_HEADER_BYTES + data_bytes)
     try:
@@ -177,6 +261,9 @@ def read_capsule_file(path: str | Path, specs, fingerprint: str, kv_window: int)
     if meta.get("fingerprint") != fingerprint:
         raise FingerprintMismatch(f"{path}: fingerprint {str(meta.get('fingerprint'))[:12]} does not match "
                                   f"this policy's {fingerprint[:12]} (other config, weights or plan)")
+    if hmac_key and not isinstance(meta.get("hmac_sha256"), str):
+        raise UnauthenticatedCapsule(f"{path}: no HMAC, and this node imports only files signed with its "
+                                     "capsule_hmac_key_file: export it from a node with the same key")
     try:
         tensors = load(raw)
     except (SafetensorError, ValueError, RuntimeError) as e:
@@ -191,6 +278,9 @@ def read_capsule_file(path: str | Path, specs, fingerprint: str, kv_window: int)
     fields = {k: meta.get(k) for k in ("format", "info", "fingerprint", "state_sha256")}
     if meta.get("sha256") != _digest(fields, tensors):
         raise CorruptCapsule(f"{path}: checksum mismatch: the state or the metadata were altered")
+    if hmac_key and not hmac.compare_digest(meta["hmac_sha256"].encode(), _mac(hmac_key, meta["sha256"]).encode()):
+        raise UnauthenticatedCapsule(f"{path}: HMAC mismatch: signed with another key, or forged; refused "
+                                     "(export it from a node with the same capsule_hmac_key_file)")
     try:
         info = validate_info(json.loads(meta["info"]))
         check_meta(tensors["meta"], info["step"], kv_window)
@@ -200,4 +290,9 @@ def read_capsule_file(path: str | Path, specs, fingerprint: str, kv_window: int)
         t = tensors[s.name]
         if t.dtype.kind == "f" and not np.isfinite(t).all():
             raise CorruptCapsule(f"{path}: {s.name} holds non-finite values")
+    if bounds is not None:
+        try:
+            bounds.check(tensors)
+        except ValueError as e:
+            raise CorruptCapsule(f"{path}: {e}: refused (forged or from another policy)") from None
     return CapsulePayload(tensors, info)

@@ -16,7 +16,8 @@ import yaml
 # Parameters of the ROS node that are not PolicyConfig fields: a params file may hold them. The node
 # declares these; kept here so the ROS-free tools accept the same files.
 NODE_PARAMETERS = frozenset({
-    "backend", "observation_type", "observation_reliable", "joint_names", "capsule_dir", "diagnostics_period_s",
+    "backend", "observation_type", "observation_reliable", "joint_names", "capsule_dir", "capsule_hmac_key_file",
+    "diagnostics_period_s",
     "step_deadline_ms", "replan_deadline_ms", "replan_max_deadline_ms", "autostart", "use_sim_time",
     "persist_dir", "resume", "resume_fresh_on_mismatch", "persist_fsync_ms", "persist_fsync_records",
     "persist_segment_mb", "persist_budget_mb", "persist_queue_mb",

@@ -19,6 +19,7 @@ from .errors import FingerprintMismatch
 from .persist import CapsuleLog, DirLock, PersistDirInUse, PersistSettings, PersistStats
 from .persist_format import DELTA, RESYNC, LogCorrupt, LogLayout, iter_segment_paths
 from .resume import ResumeReport, meta_reader, read_log, rebuild
+from .state_bounds import check_log_records
 
 
 def layout_of(session) -> LogLayout:
@@ -91,8 +92,10 @@ def read_for_resume(session, directory: Path):
     """The log in ``directory`` checked against this session (LogContents). Raises FingerprintMismatch
     for a log another config, weights or plan wrote, LogCorrupt for damage a cut cannot fix."""
     try:
-        return read_log(directory, layout_of(session), meta_reader(session.arena), keep=session.store.capacity,
-                        truncate=True)
+        contents = read_log(directory, layout_of(session), meta_reader(session.arena), keep=session.store.capacity,
+                            truncate=True)
+        check_log_records(session, contents.records + contents.pins)  # a forged record has a valid crc32
+        return contents
     except LogCorrupt as e:
         if e.why.startswith(("fingerprint", "segment layout")):
             raise FingerprintMismatch(f"persist_dir {directory}: {e}") from None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import NonFiniteAction
 from .inputs import as_observations
 from .kernels import KV_PAGE
 
@@ -88,6 +89,10 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
                 if cancel is not None and cancel():
                     message, cancelled = f"cancelled after {done}/{h} steps; nothing committed", True
                     break
+            if commit_branch is not None and not cancelled and not np.isfinite(actions[commit_branch, :done]).all():
+                raise NonFiniteAction(f"replan refused: branch {commit_branch} produced a non-finite action, so it "
+                                      "is not committed and the live state is untouched (its source state cannot "
+                                      "come from a run of this policy: a forged or damaged capsule?)")
             ids = [session.store.snapshot(1 + r, step=base_step + done, parent_id=parent,
                                        label=f"replan branch {r}").id for r in range(b)]
             for r, cid in enumerate(ids):

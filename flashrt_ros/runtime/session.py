@@ -16,13 +16,17 @@ import numpy as np
 from .backend import NumpyBackend, select
 from .buffers import Arena
 from .capsule import CapsuleInfo, CapsuleInUse, CapsuleStore, StoreUsage, UnknownCapsule, write_capsule_file
+from .capsule_file import read_capsule_file
 from .config import PolicyConfig
+from .errors import NonFiniteAction
 from .history import ObsHistory
 from .inputs import as_observations, check_label
 from .kv_log import KvLog
 from .policy import HybridPolicy
 from .replan import ReplanResult
 from .sizing import StoreSizes
+from .state_bounds import RecordBounds, StateBounds
+from .step_undo import StepUndo
 from .weights import fingerprint, load_weights, save_weights, seeded_weights
 
 
@@ -70,6 +74,10 @@ class Session:
         self.history = ObsHistory(cfg.history_limit)
         self.store.on_release = self.history.forget  # an evicted capsule's observations go with it, O(1)
         self.persistence = None  # a persistence.Persistence once enable_persistence ran
+        self.state_bounds = StateBounds.of_policy(cfg, weights, self.arena.state_specs())  # for outside states
+        self.record_bounds = RecordBounds(self.state_bounds, self.arena)
+        self.capsule_hmac_key: bytes | None = None  # set: exports carry an HMAC, imports must (capsule_file.py)
+        self._undo_row = self.backend.zeros((self.arena.row_nbytes,), np.uint8)  # the live row before a step
         self.reset()
 
     # ---- state ----------------------------------------------------------------------------
@@ -117,14 +125,24 @@ class Session:
     # ---- step -----------------------------------------------------------------------------
     def step(self, obs, stamp_ns: int = 0, on_action: Callable[[np.ndarray], None] | None = None) -> StepResult:
         """One policy step. ``on_action`` gets the action as soon as it exists, before the capsule copy,
-        so a robot can actuate first."""
+        so a robot can actuate first. A step whose action (or chunk) comes out non-finite is refused:
+        NonFiniteAction, nothing published, the live state as before the step."""
         o = as_observations(obs, (self.cfg.obs_dim,))
         with self.lock:
             t0 = time.perf_counter()
+            undo = StepUndo.before_step(self)
             self.kv.prepare_append(0, self._step)  # position == steps taken (meta invariant)
             self.backend.from_host(self.arena["obs"][0], o)
             self._live.replay()
             action = self.backend.to_host(self.arena["action"][0])
+            chunk = self.backend.to_host(self.arena["chunk"][0]).reshape(self.cfg.chunk_len, self.cfg.action_dim)
+            if not (np.isfinite(action).all() and np.isfinite(chunk).all()):
+                undo.apply(self)
+                raise NonFiniteAction(
+                    f"step {self._step + 1} refused: the policy produced a non-finite action "
+                    f"({action.tolist()}); nothing was published and the state is as before this step. The "
+                    "live state cannot come from a run of this policy (a forged or damaged capsule?): roll "
+                    "back to a capsule you trust, or reset")
             self._step += 1  # the step ran: its bookkeeping and capsule follow whatever on_action does
             self.history.push(o, self._step)
             cid = 0
@@ -134,7 +152,6 @@ class Session:
             finally:
                 if self._step % self.cfg.capsule_every_n_steps == 0:
                     cid = self._snapshot_live(stamp_ns, "", False).id
-            chunk = self.backend.to_host(self.arena["chunk"][0]).reshape(self.cfg.chunk_len, self.cfg.action_dim)
             return StepResult(action, chunk, cid, self._step, (time.perf_counter() - t0) * 1e3)
 
     def _snapshot_live(self, stamp_ns: int, label: str, pin: bool) -> CapsuleInfo:
@@ -308,11 +325,13 @@ class Session:
         under the lock; the file is written after the lock is released (steps go on meanwhile)."""
         with self.lock:
             payload = self.store.export_payload(capsule_id or self._live_id)
-        return write_capsule_file(payload, path)
+        return write_capsule_file(payload, path, self.capsule_hmac_key)
 
     def import_capsule(self, path: str | Path, restore: bool = False) -> CapsuleInfo:
-        """Validate a capsule file completely (without the lock), then add it; optionally make it live."""
-        checked = self.store.read_file(path)
+        """Validate a capsule file completely (without the lock): checksum, HMAC when a key is set, meta
+        invariants and the state bounds of this policy (state_bounds.py); then add it; optionally make it live."""
+        checked = read_capsule_file(path, self.store.window_specs, self.fingerprint, self.cfg.kv_window,
+                                    self.state_bounds, self.capsule_hmac_key)
         with self.lock:
             info = self.store.add_imported(checked)
             self._mark_history(info.id, None)  # its observations are not known here
