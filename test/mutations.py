@@ -162,4 +162,10 @@ MUTATIONS = [
              "                pass\n",
              ["test/test_persist_attack.py::test_a_rollback_followed_by_a_crash_resumes_the_rolled_back_state"],
              "a rollback writes no marker: a crash before the next step resumes past the rollback"),
+    # issue 15 (h15tools)
+    Mutation("replay_diff_ignores_step_numbers", "flashrt_ros/tools/replay.py",
+             "        same_step = a.step == b.step  # equal actions at shifted steps are a different run\n",
+             "        same_step = True\n",
+             ["test/test_replay.py::test_diff_finds_equal_actions_at_shifted_step_numbers_different"],
+             "flashrt-replay diff calls two runs identical when their actions match at shifted step numbers"),
 ]

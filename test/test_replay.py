@@ -113,6 +113,20 @@ def test_diff_reports_a_shorter_run_at_the_first_missing_step(offline_run, tmp_p
         assert report["differing_steps"] == 0 and report["first_diverging_index"] == 999
 
 
+def test_diff_finds_equal_actions_at_shifted_step_numbers_different(offline_run, tmp_path):
+    _, out = offline_run
+    steps = read_policy_steps(out, typestore())
+    shifted = [StepRecord(m.header.stamp.sec * 10**9 + m.header.stamp.nanosec, m.step + 1, m.capsule_id,
+                          np.array(m.action, np.float32), np.array(m.action_chunk, np.float32), m.chunk_len,
+                          m.step_latency_ms, m.header.frame_id) for m in steps]
+    write_outputs(tmp_path / "shifted", "mcap", shifted, typestore())
+    _, res = replay("diff", out, tmp_path / "shifted", expect=1)
+    report = json.loads(res.stdout)
+    assert not report["identical"] and report["max_abs_action_diff"] == 0.0
+    assert report["differing_steps"] == report["step_number_mismatches"] == 1000
+    assert report["first_diverging_index"] == 0 and report["first_diverging_step"] == 1
+    assert "1000 in step number" in res.stderr
+
 
 def test_a_rollback_check_fails_when_the_re_fed_actions_differ_by_one_bit():
     from flashrt_ros.tools.replay_stream import RollbackChecks

@@ -222,7 +222,7 @@ def diff_main(argv) -> int:
     def keep(i: int, m) -> None:
         if traces is not None and m is not None:
             traces[i].add(m.step, m.header.stamp.sec * 10**9 + m.header.stamp.nanosec, m.step_latency_ms, m.action)
-    n_a = n_b = compared = differing = 0
+    n_a = n_b = compared = differing = step_mismatches = 0
     first = first_step = None
     max_abs = 0.0
     while True:  # streams both bags: memory does not grow with their length
@@ -236,8 +236,10 @@ def diff_main(argv) -> int:
                 keep(0 if a is not None else 1, rest)
             break
         xa, xb = np.asarray(a.action, np.float32), np.asarray(b.action, np.float32)
-        if xa.tobytes() != xb.tobytes() or a.step != b.step:
+        same_step = a.step == b.step  # equal actions at shifted steps are a different run
+        if xa.tobytes() != xb.tobytes() or not same_step:
             differing += 1
+            step_mismatches += not same_step
             if first is None:
                 first, first_step = compared, int(a.step)
             max_abs = max(max_abs, float(np.abs(xa.astype(np.float64) - xb).max())) if xa.shape == xb.shape \
@@ -245,14 +247,15 @@ def diff_main(argv) -> int:
         compared += 1
     identical = first is None and n_a == n_b
     report = {"identical": identical, "a_steps": n_a, "b_steps": n_b, "compared": compared,
-              "differing_steps": differing, "max_abs_action_diff": max_abs,
+              "differing_steps": differing, "step_number_mismatches": step_mismatches, "max_abs_action_diff": max_abs,
               "first_diverging_index": compared if first is None and n_a != n_b else first,
               "first_diverging_step": first_step}
     print(json.dumps(report, indent=2))
     print("identical" if identical else
           f"DIFFERENT: first divergence at index {report['first_diverging_index']}"
           f"{'' if first is None else f' (step {first_step})'}, max |action diff| {max_abs:.6g}, "
-          f"{differing} of {compared} compared steps differ, {n_a} vs {n_b} steps", file=sys.stderr)
+          f"{differing} of {compared} compared steps differ ({step_mismatches} in step number), {n_a} vs {n_b} steps",
+          file=sys.stderr)
     if traces is not None:
         from .plots_runs import replay_diff
         replay_diff(report, traces[0].to_dict(), traces[1].to_dict(), args.plot)
