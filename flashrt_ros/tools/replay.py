@@ -17,11 +17,14 @@ exit codes:
   4    internal error: a bug in flashrt-replay (one line on stderr; please report it)
   5    live mode: the node could not be started, died, or stopped answering
   130  interrupted by SIGINT, 143 by SIGTERM (a live node is stopped too)
+  141  stdout or stderr was closed by its reader (`| head -1`): stops quietly, as a process killed by
+       SIGPIPE would; an unfinished --out bag is removed
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -44,6 +47,7 @@ from .common import progress
 from .replay_stream import Interrupted, NodeFailed, ObservationStream, ReplayConfig, RollbackChecks, StepSink
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_STEPS, EXIT_INTERNAL, EXIT_NODE_FAILED = 0, 1, 2, 3, 4, 5
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE  # what the shell shows for `cmd | head -1` when cmd dies of SIGPIPE
 PROGRESS_EVERY = 2000
 
 
@@ -153,12 +157,12 @@ def _replay(argv) -> int:
     if src.notes:
         summary["metadata_mismatch"] = src.notes
     text = json.dumps(summary, indent=2)
-    print(text)
-    if args.json:
+    if args.json:  # files first: a reader that closes stdout early does not cost them
         Path(args.json).write_text(text + "\n")
     if args.plot and summary["steps"]:
         from .plots_runs import replay_run
         replay_run({**summary, "trace": sink.trace.to_dict()}, args.plot)  # the trace stays out of the JSON
+    print(text)
     if summary["steps"] == 0:
         reasons = summary["rejected"]["reasons"]
         top = next(iter(reasons), "none")
@@ -177,26 +181,51 @@ def _raise_interrupted(signum, _frame):
     raise Interrupted(signum)
 
 
+def _silence_closed_pipes() -> None:
+    """The reader of stdout or stderr is gone: point both at /dev/null, so neither what is still buffered
+    nor a last message fails again at exit (Python's documented answer to EPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):  # not a real file (a test's capture): nothing will reach a pipe
+            pass
+    os.close(devnull)
+
+
+def _say(line: str) -> None:
+    """The outcome's one line on stderr; a closed stderr keeps the outcome's exit code."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        _silence_closed_pipes()
+
+
 def main(argv=None) -> int:
     """Every outcome has its own exit code; a crash never exits with a code that means a result."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = "flashrt-replay diff" if argv[:1] == ["diff"] else "flashrt-replay"
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return diff_main(argv[1:]) if argv[:1] == ["diff"] else _replay(argv)
+        rc = diff_main(argv[1:]) if argv[:1] == ["diff"] else _replay(argv)
+        sys.stdout.flush()  # a closed stdout shows up here, not as a traceback at interpreter exit
+        return rc
+    except BrokenPipeError:  # `flashrt-replay BAG | head -1`: normal Unix use, not a bug
+        _silence_closed_pipes()
+        return EXIT_CLOSED_PIPE
     except BagError as e:
-        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
+        _say(f"{prog}: {_one_line(e)}")
         return EXIT_BAD_INPUT
     except NodeFailed as e:
-        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
+        _say(f"{prog}: {_one_line(e)}")
         return EXIT_NODE_FAILED
     except (Interrupted, KeyboardInterrupt) as e:
         signum = getattr(e, "signum", signal.SIGINT)
-        print(f"{prog}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        _say(f"{prog}: interrupted by {signal.Signals(signum).name}")
         return 128 + signum
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, a code that means "bug"
-        print(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (a bug; please report it with the "
-              "command line)", file=sys.stderr)
+        _say(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (a bug; please report it with the "
+             "command line)")
         return EXIT_INTERNAL
     finally:
         for s, h in old.items():
