@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ros.convert import message_to_obs
+from ..ros.convert import ObservationReader
 from ..runtime.config import PolicyConfig, load_ros_params
 from .bags import JOINT_STATE, BagError, OutputBag, StepRecord, header_frame_id, header_stamp_ns, iter_messages
+from .common import progress
 
 SOURCE_CONFIG = Path(__file__).resolve().parents[2] / "config" / "flashrt.yaml"
 
@@ -100,16 +101,23 @@ class Rejections:
 
 
 class ObservationStream:
-    """The bag's observation messages converted exactly as the node converts them (same function, same
-    joint_names); rejects are counted with their reasons and skipped.
+    """The bag's observation messages converted exactly as the node converts them (the node's own
+    ObservationReader, same joint_names, one reader for the whole stream as the node keeps one), so a
+    joint order that changes mid-bag gives offline and live the same arrays; rejects are counted with
+    their reasons and skipped. Without joint_names, JointStates whose names come in another order than
+    the first one's are counted (joint_order_changes): only joint_names maps every message by name.
     Yields (bag stamp ns, observation stamp ns, frame_id, message, observation)."""
 
     def __init__(self, src, ts, cfg: ReplayConfig):
         self.src, self.ts = src, ts
         self.obs_type = observation_type(src.msgtype)
         self.obs_dim, self.joint_names = cfg.policy.obs_dim, cfg.joint_names
+        self.reader = ObservationReader(self.obs_type, self.obs_dim, self.joint_names)
         self.messages = 0
         self.rejected = Rejections()
+        self.first_names: list[str] | None = None
+        self.order_changes = 0
+        self.first_order_change: int | None = None  # 1-based message number
 
     def __iter__(self):
         for stamp, msg, err in iter_messages(self.src, self.ts):
@@ -123,14 +131,34 @@ class ObservationStream:
 
     def _convert(self, msg, bag_stamp: int):
         try:
-            obs = message_to_obs(msg, self.obs_type, self.obs_dim, self.joint_names)
+            obs = self.reader(msg)
         except ValueError as e:
             return str(e), None, None
+        if self.obs_type == "joint_state" and not self.joint_names:
+            self._note_order(list(msg.name))
         stamp_ns = header_stamp_ns(msg, bag_stamp)
         if stamp_ns < 0:  # rosbag2 times are unsigned: such a stamp cannot be recorded in an output bag
             return (f"header stamp is negative (sec={msg.header.stamp.sec}, nanosec={msg.header.stamp.nanosec}); "
                     "rosbag2 stores unsigned times"), None, None
         return None, obs, stamp_ns
+
+
+    def _note_order(self, names: list[str]) -> None:
+        if self.first_names is None:
+            self.first_names = names
+        elif names != self.first_names:
+            self.order_changes += 1
+            if self.first_order_change is None:
+                self.first_order_change = self.messages
+                progress(f"warning: message {self.messages}: JointState names {names[:8]} differ from the first "
+                         f"message's {self.first_names[:8]}; set joint_names in --config so every message is "
+                         "mapped by name to one order")
+
+    def order_summary(self) -> dict | None:
+        if not self.order_changes:
+            return None
+        return {"count": self.order_changes, "first_at_message": self.first_order_change,
+                "first_names": self.first_names[:64]}
 
 
 # ---- checks and summary -------------------------------------------------------------------------------
@@ -203,4 +231,5 @@ class StepSink:
         return {"messages": stream.messages, "steps": self.steps, "rejected": stream.rejected.summary(),
                 "actions_sha256": self._sha.hexdigest(), "step_latency_ms": self.latency.percentiles(50, 99),
                 "rollback_checks": {"run": checks.run, "passed": checks.passed}, "wall_s": round(wall_s, 3),
-                "steps_per_s": round(self.steps / wall_s, 1) if wall_s > 0 else None}
+                "steps_per_s": round(self.steps / wall_s, 1) if wall_s > 0 else None,
+                **({"joint_order_changes": order} if (order := stream.order_summary()) else {})}
