@@ -50,10 +50,14 @@ def test_rollback_checks_pass_over_a_whole_recorded_run(bags, offline_run):
 
 def test_malformed_messages_are_counted_by_reason_with_their_numbers(bags):
     summary, _ = replay(bags["with_bad_messages"])
-    assert summary["messages"] == 300 and summary["steps"] == 294
-    assert summary["rejected"] == {"count": 6, "reasons": {
-        "JointState gives 5 positions + 5 velocities = 10 values, obs_dim is 14": 3,
-        "non-finite value nan at index 3": 3}}
+    assert summary["messages"] == 300 and summary["steps"] == 294 and summary["rejected"]["count"] == 6
+    reasons = dict(summary["rejected"]["reasons"])
+    assert reasons.pop("non-finite value nan at index 3") == 3
+    # the 5-joint messages: refused by their size, or by their names where the node's converter (shared
+    # with the replay) takes the joint order from the first message
+    assert reasons in ({"JointState gives 5 positions + 5 velocities = 10 values, obs_dim is 14": 3},
+                       {"JointState lacks joints ['joint5', 'joint6'] (has ['joint0', 'joint1', 'joint2', 'joint3', "
+                        "'joint4'])": 3})
 
 
 @pytest.mark.parametrize("name, message", [

@@ -3,6 +3,7 @@ a code that means a result; the default config is found from a colcon install.""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -125,3 +126,29 @@ def test_head_dash_1_on_stdout_and_stderr_together_ends_quietly_with_the_sigpipe
         first = reader.readline()
     assert first.strip(), "the run printed nothing"
     assert proc.wait(timeout=120) == 141
+
+
+EVERY_MESSAGE = ("import sys; from flashrt_ros.tools import replay; replay.PROGRESS_EVERY = 1; "
+                 "sys.exit(replay.main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("after", ["offline: sensor_msgs", "offline: 1 messages", "offline: 300 messages"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_an_offline_replay_exits_with_its_code_and_leaves_no_output(tmp_path, after, signum):
+    bag = write_joint_messages(tmp_path / "in", trace(3000), [T0_NS + i * 10_000_000 for i in range(3000)])
+    proc = subprocess.Popen([sys.executable, "-c", EVERY_MESSAGE, str(bag), "--config",
+                             str(config_with(tmp_path, base=TINY_CONFIG)), "--out", str(tmp_path / "out")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if after in line:
+            proc.send_signal(signum)
+            break
+    seen.append(proc.stderr.read())
+    rc = proc.wait(timeout=120)
+    stderr = "".join(seen)
+    assert rc == 128 + signum, stderr
+    assert f"interrupted by {signal.Signals(signum).name}" in stderr
+    assert "internal error" not in stderr and "Traceback" not in stderr, stderr
+    assert not (tmp_path / "out").exists()

@@ -44,7 +44,15 @@ from .bags import (
     typestore,
 )
 from .common import progress
-from .replay_stream import Interrupted, NodeFailed, ObservationStream, ReplayConfig, RollbackChecks, StepSink
+from .replay_stream import (
+    STOP,
+    Interrupted,
+    NodeFailed,
+    ObservationStream,
+    ReplayConfig,
+    RollbackChecks,
+    StepSink,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_STEPS, EXIT_INTERNAL, EXIT_NODE_FAILED = 0, 1, 2, 3, 4, 5
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE  # what the shell shows for `cmd | head -1` when cmd dies of SIGPIPE
@@ -58,16 +66,18 @@ def run_offline(args, src, ts, cfg: ReplayConfig, sink: StepSink) -> dict:
     stream = ObservationStream(src, ts, cfg)
     checks = RollbackChecks(args.rollback_every, args.rollback_depth)
     t0 = time.perf_counter()
-    for _, stamp_ns, frame_id, _, obs in stream:
-        res = session.step(obs, stamp_ns)
-        sink.add(StepRecord(stamp_ns, res.step, res.capsule_id, res.action, res.chunk.ravel(), cfg.policy.chunk_len,
-                            res.latency_ms, frame_id))
-        checks.push(obs, res.action.copy())
-        if checks.due(sink.steps):
-            session.rollback(steps_back=checks.depth)
-            checks.record([session.step(o).action.copy() for o in checks.recent_inputs])
-        if stream.messages % PROGRESS_EVERY == 0:
-            progress(f"offline: {stream.messages} messages, {sink.steps} steps")
+    with STOP.deferred():  # a signal stops the run between two messages, never inside a bag write
+        for _, stamp_ns, frame_id, _, obs in stream:
+            STOP.check()
+            res = session.step(obs, stamp_ns)
+            sink.add(StepRecord(stamp_ns, res.step, res.capsule_id, res.action, res.chunk.ravel(),
+                                cfg.policy.chunk_len, res.latency_ms, frame_id))
+            checks.push(obs, res.action.copy())
+            if checks.due(sink.steps):
+                session.rollback(steps_back=checks.depth)
+                checks.record([session.step(o).action.copy() for o in checks.recent_inputs])
+            if stream.messages % PROGRESS_EVERY == 0:
+                progress(f"offline: {stream.messages} messages, {sink.steps} steps")
     return sink.summary(stream, checks, time.perf_counter() - t0)
 
 
@@ -134,9 +144,10 @@ def _replay(argv) -> int:
     for note in src.notes:
         progress(f"warning: {note}")
     progress(f"{args.mode}: {src.msgtype} on {src.topic}, config {cfg.path}")
-    out = OutputBag(out_path, args.storage, ts) if out_path else None
-    finished = False
+    out, finished = None, False
     try:
+        with STOP.deferred():  # a signal here must not leave a created bag behind
+            out = OutputBag(out_path, args.storage, ts) if out_path else None
         sink = RecordingSink(out) if args.plot else StepSink(out)
         if args.mode == "offline":
             summary = run_offline(args, src, ts, cfg, sink)
@@ -148,9 +159,12 @@ def _replay(argv) -> int:
         finished = summary["steps"] > 0
     finally:
         if out is not None:
-            out.close()
-            if not finished:  # a bag without a result must not look like one
-                shutil.rmtree(out_path, ignore_errors=True)
+            with STOP.deferred():  # a signal during close must not leave half a bag that looks finished
+                try:
+                    out.close()
+                finally:
+                    if not finished:  # a bag without a result must not look like one
+                        shutil.rmtree(out_path, ignore_errors=True)
     summary.update(mode=args.mode, topic=src.topic, bag=str(args.bag), config=str(cfg.path))
     if out_path:
         summary["out"] = str(out_path)
@@ -177,10 +191,6 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
-def _raise_interrupted(signum, _frame):
-    raise Interrupted(signum)
-
-
 def _silence_closed_pipes() -> None:
     """The reader of stdout or stderr is gone: point both at /dev/null, so neither what is still buffered
     nor a last message fails again at exit (Python's documented answer to EPIPE)."""
@@ -205,7 +215,8 @@ def main(argv=None) -> int:
     """Every outcome has its own exit code; a crash never exits with a code that means a result."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = "flashrt-replay diff" if argv[:1] == ["diff"] else "flashrt-replay"
-    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    STOP.reset()
+    old = {s: signal.signal(s, STOP.handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         rc = diff_main(argv[1:]) if argv[:1] == ["diff"] else _replay(argv)
         sys.stdout.flush()  # a closed stdout shows up here, not as a traceback at interpreter exit

@@ -4,6 +4,7 @@ Nothing here grows with the length of the bag: memory is bounded by the config, 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -31,6 +32,44 @@ class Interrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+class StopSignals:
+    """SIGINT / SIGTERM for flashrt-replay. Outside a deferred() block the handler raises Interrupted at
+    once. Inside one (rclpy, the output bag, the per-message loops) it only records the signal, and the
+    code raises it at its own safe points (check(), and the block's end): an exception raised by a signal
+    handler while rclpy runs Python from C (a callback, a message conversion) becomes rclpy's
+    "RuntimeError: Unable to convert call argument", and one raised half-way through a bag write leaves
+    a broken bag."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._depth = 0
+
+    def handler(self, signum, _frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if not self._depth:
+            raise Interrupted(signum)
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        self.check()  # reached only when the block ended normally: a signal it held is raised now
+
+    def reset(self) -> None:
+        self.signum, self._depth = None, 0
+
+
+STOP = StopSignals()
 
 
 # ---- config -------------------------------------------------------------------------------------------
