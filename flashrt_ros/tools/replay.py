@@ -12,7 +12,8 @@ else the source tree's config/flashrt.yaml.
 exit codes:
   0    ok: every rollback check passed / the two bags are identical
   1    rollback checks failed / the bags differ
-  2    bad input: unreadable, empty or foreign bag, bad config or arguments, --out exists (one line says why)
+  2    bad input: unreadable, empty or foreign bag, MCAP chunks over --max-decompressed-mb, bad config or
+       arguments, --out exists (one line says why)
   3    no step: every observation message was rejected (the summary lists the reasons)
   4    internal error: a bug in flashrt-replay (one line on stderr; please report it)
   5    live mode: the node could not be started, died, or stopped answering
@@ -44,6 +45,7 @@ from .bags import (
     typestore,
 )
 from .common import progress
+from .mcap_limits import DEFAULT_MAX_DECOMPRESSED_MB
 from .replay_stream import (
     STOP,
     Interrupted,
@@ -96,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="live: longest wait between two messages, in seconds of bag time (default 1.0)")
     ap.add_argument("--config", help="params file (default: the installed or source config/flashrt.yaml)")
     ap.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
+    ap.add_argument("--max-decompressed-mb", type=float, default=DEFAULT_MAX_DECOMPRESSED_MB, metavar="MB",
+                    help="most MCAP chunk data decompressed at once (default %(default)g); a file that needs more "
+                    "is refused as bad input")
     ap.add_argument("--json", help="write the summary here too")
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the actions and step latency over bag time "
                     "(needs matplotlib)")
@@ -133,6 +138,8 @@ def _replay(argv) -> int:
         ap.error("--rollback-every must be >= 0 and 1 <= --rollback-depth <= --rollback-every")
     if not (args.rate >= 0 and args.max_gap >= 0) or not np.isfinite([args.rate, args.max_gap]).all():
         ap.error("--rate and --max-gap must be finite and >= 0")
+    if not (0 < args.max_decompressed_mb < 2**20):
+        ap.error("--max-decompressed-mb must be > 0 and below 1 TiB")
     out_path = check_new_output(args.out) if args.out else None  # before any work: never after a long replay
     _check_plot(args.plot)
     if args.json and not Path(args.json).resolve().parent.is_dir():
@@ -140,7 +147,7 @@ def _replay(argv) -> int:
     ts = typestore()
     cfg = ReplayConfig(args.config)
     args.config = str(cfg.path)  # live mode starts the node with this same file
-    src = open_observations(args.bag, args.topic)
+    src = open_observations(args.bag, args.topic, args.max_decompressed_mb)
     for note in src.notes:
         progress(f"warning: {note}")
     progress(f"{args.mode}: {src.msgtype} on {src.topic}, config {cfg.path}")
