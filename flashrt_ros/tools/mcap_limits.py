@@ -88,7 +88,7 @@ def _walk(f, start: int, end: int, op_wanted: int):
         if op == op_wanted == OP_CHUNK and length >= 24:
             yield pos, struct.unpack("<QQQ", f.read(24))[2]
         elif op == op_wanted == OP_CHUNK_INDEX:
-            fields = _chunk_index(f.read(length))
+            fields = _chunk_index(f, length)
             if fields is not None:
                 yield pos, fields
         elif op in (OP_DATA_END, OP_FOOTER) and op_wanted == OP_CHUNK:
@@ -96,15 +96,19 @@ def _walk(f, start: int, end: int, op_wanted: int):
         pos += 9 + length
 
 
-def _chunk_index(body: bytes) -> tuple[int, int, int] | None:
+def _chunk_index(f, length: int) -> tuple[int, int, int] | None:
+    """(start, end, uncompressed size) of the ChunkIndex record whose body starts at f's position; its
+    variable-length fields are skipped, not read. None when the record is too short (rosbags reports it)."""
+    body = f.tell()
     try:
-        start, end = struct.unpack_from("<QQ", body, 0)
-        at = 32
-        at += 4 + struct.unpack_from("<I", body, at)[0] + 8  # message_index_offsets, message_index_length
-        at += 4 + struct.unpack_from("<I", body, at)[0] + 8  # compression, compressed_size
-        return start, end, struct.unpack_from("<Q", body, at)[0]
-    except struct.error:  # a short record: rosbags reports it
+        start, end, _, _, n_offsets = struct.unpack("<QQQQI", f.read(36))
+        f.seek(n_offsets + 8, 1)  # message_index_offsets, message_index_length
+        (n_compression,) = struct.unpack("<I", f.read(4))
+        f.seek(n_compression + 8, 1)  # compression, compressed_size
+        (uncompressed,) = struct.unpack("<Q", f.read(8))
+    except struct.error:
         return None
+    return (start, end, uncompressed) if f.tell() <= body + length else None
 
 
 # ---- bounded decompression while rosbags reads --------------------------------------------------------

@@ -5,7 +5,7 @@
                    [--json PATH] [--plot FILE.png]
     flashrt-replay diff A B [--plot FILE.png]
 
-Offline and live runs convert messages with the node's own function and the config's joint_names, so
+Offline and live runs convert messages with the node's own converter and the config's joint_names, so
 both see the same arrays. Without --config, the installed config (ament share of flashrt_ros) is used,
 else the source tree's config/flashrt.yaml.
 
