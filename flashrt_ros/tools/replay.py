@@ -2,7 +2,7 @@
 
     flashrt-replay BAG [--topic T] [--mode offline|live] [--out OUT_BAG] [--storage mcap|sqlite3]
                    [--rollback-every N --rollback-depth D] [--rate R] [--max-gap S] [--config PARAMS]
-                   [--json PATH] [--plot FILE.png]
+                   [--max-decompressed-mb MB] [--json PATH] [--plot FILE.png]
     flashrt-replay diff A B [--plot FILE.png]
 
 Offline and live runs convert messages with the node's own converter and the config's joint_names, so
