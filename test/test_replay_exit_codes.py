@@ -1,7 +1,9 @@
 """flashrt-replay's exit codes: each outcome its own code, documented in --help; a crash never exits with
 a code that means a result; the default config is found from a colcon install."""
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -22,7 +24,7 @@ def test_help_documents_every_exit_code_and_max_gap():
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0
     for line in ("0    ok", "1    rollback checks failed", "2    bad input", "3    no step", "4    internal error",
-                 "5    live mode", "130  interrupted", "--max-gap"):
+                 "5    live mode", "130  interrupted", "141  stdout or stderr was closed", "--max-gap"):
         assert line in res.stdout, line
 
 
@@ -88,3 +90,65 @@ def test_without_any_default_config_the_error_says_to_pass_one(small, tmp_path):
     env, _ = _colcon_like_install(tmp_path, with_share_config=False)
     _, res = replay(bag, env=env, cwd=tmp_path, expect=2)
     assert "no default config" in res.stderr and "pass --config" in res.stderr
+
+
+def _replay_into(write_fd: int, *args, stderr=subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "flashrt_ros.tools.replay", *map(str, args)], cwd=ROOT,
+                            stdout=write_fd, stderr=stderr, text=True)
+
+
+@pytest.mark.parametrize("command", ["replay", "diff"])
+def test_a_stdout_closed_by_its_reader_ends_quietly_with_the_sigpipe_code(small, tmp_path, command):
+    bag, cfg = small
+    if command == "diff":
+        replay(bag, "--config", cfg, "--out", tmp_path / "run")
+        args = ("diff", tmp_path / "run", tmp_path / "run")
+    else:
+        args = (bag, "--config", cfg, "--json", tmp_path / "s.json")
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # the reader is gone before anything is written: every write to stdout fails
+    proc = _replay_into(write_fd, *args)
+    os.close(write_fd)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 141, stderr
+    assert "internal error" not in stderr and "Traceback" not in stderr and "Exception ignored" not in stderr
+    if command == "replay":  # the summary file does not depend on stdout
+        assert json.loads((tmp_path / "s.json").read_text())["steps"] == 30
+
+
+def test_head_dash_1_on_stdout_and_stderr_together_ends_quietly_with_the_sigpipe_code(small, tmp_path):
+    """`flashrt-replay BAG --out OUT 2>&1 | head -1`: the reader takes the first line and leaves."""
+    bag, cfg = small
+    read_fd, write_fd = os.pipe()
+    proc = _replay_into(write_fd, bag, "--config", cfg, "--out", tmp_path / "out", stderr=write_fd)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as reader:
+        first = reader.readline()
+    assert first.strip(), "the run printed nothing"
+    assert proc.wait(timeout=120) == 141
+
+
+EVERY_MESSAGE = ("import sys; from flashrt_ros.tools import replay; replay.PROGRESS_EVERY = 1; "
+                 "sys.exit(replay.main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("after", ["offline: sensor_msgs", "offline: 1 messages", "offline: 300 messages"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_an_offline_replay_exits_with_its_code_and_leaves_no_output(tmp_path, after, signum):
+    bag = write_joint_messages(tmp_path / "in", trace(3000), [T0_NS + i * 10_000_000 for i in range(3000)])
+    proc = subprocess.Popen([sys.executable, "-c", EVERY_MESSAGE, str(bag), "--config",
+                             str(config_with(tmp_path, base=TINY_CONFIG)), "--out", str(tmp_path / "out")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if after in line:
+            proc.send_signal(signum)
+            break
+    seen.append(proc.stderr.read())
+    rc = proc.wait(timeout=120)
+    stderr = "".join(seen)
+    assert rc == 128 + signum, stderr
+    assert f"interrupted by {signal.Signals(signum).name}" in stderr
+    assert "internal error" not in stderr and "Traceback" not in stderr, stderr
+    assert not (tmp_path / "out").exists()

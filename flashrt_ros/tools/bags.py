@@ -29,6 +29,24 @@ class BagError(Exception):
     """A bag that cannot be replayed or written; the message says why."""
 
 
+class ChunkLimit(BagError):
+    """An MCAP chunk, or chunks overlapping in time, over the decompression limit (mcap_limits)."""
+
+
+def _check_decompression(files: list[Path], max_decompressed_mb: float | None) -> None:
+    """Before rosbags opens anything: MCAP chunks within the limit, and rosbags' decompressors bounded."""
+    from .mcap_limits import DEFAULT_MAX_DECOMPRESSED_MB, check_mcap, set_limit
+
+    limit = int((max_decompressed_mb or DEFAULT_MAX_DECOMPRESSED_MB) * 2**20)
+    set_limit(limit)
+    for f in files:
+        if f.suffix == ".mcap":
+            try:
+                check_mcap(f, limit)
+            except OSError as e:
+                raise BagError(f"{f}: cannot read bag ({type(e).__name__}: {e})") from None
+
+
 def typestore():
     """Humble's message types plus flashrt_interfaces (from its .msg files)."""
     from rosbags.typesys import Stores, get_types_from_msg, get_typestore
@@ -107,6 +125,8 @@ def _storage_topics(files: list[Path]) -> dict[str, str]:
                 for c in reader.connections:
                     if topics.setdefault(c.topic, c.msgtype) != c.msgtype:
                         raise BagError(f"{f}: topic {c.topic} has two types, {topics[c.topic]} and {c.msgtype}")
+        except ChunkLimit as e:  # from a bounded decompressor inside rosbags
+            raise BagError(f"{f}: {e}") from None
         except BagError:
             raise
         except Exception as e:  # noqa: BLE001 - rosbags raises many kinds for damaged files
@@ -114,12 +134,15 @@ def _storage_topics(files: list[Path]) -> dict[str, str]:
     return topics
 
 
-def open_observations(path: str | Path, topic: str | None = None) -> ObservationSource:
-    """Pick the observation topic (the only observation-typed one, unless named), from the storage."""
+def open_observations(path: str | Path, topic: str | None = None,
+                      max_decompressed_mb: float | None = None) -> ObservationSource:
+    """Pick the observation topic (the only observation-typed one, unless named), from the storage.
+    MCAP chunks may hold at most max_decompressed_mb (default 256) decompressed at once."""
     path = Path(path)
     if not path.exists():
         raise BagError(f"{path}: no such bag")
     files, meta_types = _storage_files(path)
+    _check_decompression(files, max_decompressed_mb)
     topics = _storage_topics(files)
     notes = [f"metadata.yaml says {t} is {mt}, the storage says {topics.get(t, 'nothing')}: using the storage"
              for t, mt in sorted(meta_types.items()) if topics.get(t) != mt]
@@ -154,6 +177,8 @@ def iter_messages(src: ObservationSource, ts) -> Iterator[tuple[int, object | No
                         yield stamp, None, f"undecodable {conn.msgtype} ({type(e).__name__})"
                         continue
                     yield stamp, msg, None
+        except ChunkLimit as e:  # from a bounded decompressor inside rosbags
+            raise BagError(f"{f}: {e}") from None
         except Exception as e:  # noqa: BLE001
             raise BagError(f"{f}: bag is damaged ({type(e).__name__}: {e})") from None
 
@@ -258,6 +283,7 @@ def iter_policy_steps(path: str | Path, ts) -> Iterator:
     if not path.exists():
         raise BagError(f"{path}: no such bag")
     files, _ = _storage_files(path)
+    _check_decompression(files, None)
     topics = _storage_topics(files)
     steps = [t for t, mt in topics.items() if mt == POLICY_STEP]
     if not steps:
@@ -270,6 +296,8 @@ def iter_policy_steps(path: str | Path, ts) -> Iterator:
                 conns = [c for c in reader.connections if c.msgtype == POLICY_STEP]
                 for _, _, raw in reader.messages(connections=conns):
                     yield ts.deserialize_cdr(raw, POLICY_STEP)
+        except ChunkLimit as e:
+            raise BagError(f"{f}: {e}") from None
         except Exception as e:  # noqa: BLE001
             raise BagError(f"{f}: cannot read bag ({type(e).__name__}: {e})") from None
 

@@ -2,26 +2,30 @@
 
     flashrt-replay BAG [--topic T] [--mode offline|live] [--out OUT_BAG] [--storage mcap|sqlite3]
                    [--rollback-every N --rollback-depth D] [--rate R] [--max-gap S] [--config PARAMS]
-                   [--json PATH] [--plot FILE.png]
+                   [--max-decompressed-mb MB] [--json PATH] [--plot FILE.png]
     flashrt-replay diff A B [--plot FILE.png]
 
-Offline and live runs convert messages with the node's own function and the config's joint_names, so
+Offline and live runs convert messages with the node's own converter and the config's joint_names, so
 both see the same arrays. Without --config, the installed config (ament share of flashrt_ros) is used,
 else the source tree's config/flashrt.yaml.
 
 exit codes:
   0    ok: every rollback check passed / the two bags are identical
   1    rollback checks failed / the bags differ
-  2    bad input: unreadable, empty or foreign bag, bad config or arguments, --out exists (one line says why)
+  2    bad input: unreadable, empty or foreign bag, MCAP chunks over --max-decompressed-mb, bad config or
+       arguments, --out exists (one line says why)
   3    no step: every observation message was rejected (the summary lists the reasons)
   4    internal error: a bug in flashrt-replay (one line on stderr; please report it)
   5    live mode: the node could not be started, died, or stopped answering
   130  interrupted by SIGINT, 143 by SIGTERM (a live node is stopped too)
+  141  stdout or stderr was closed by its reader (`| head -1`): stops quietly, as a process killed by
+       SIGPIPE would; an unfinished --out bag is removed
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -41,9 +45,19 @@ from .bags import (
     typestore,
 )
 from .common import progress
-from .replay_stream import Interrupted, NodeFailed, ObservationStream, ReplayConfig, RollbackChecks, StepSink
+from .mcap_limits import DEFAULT_MAX_DECOMPRESSED_MB
+from .replay_stream import (
+    STOP,
+    Interrupted,
+    NodeFailed,
+    ObservationStream,
+    ReplayConfig,
+    RollbackChecks,
+    StepSink,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_STEPS, EXIT_INTERNAL, EXIT_NODE_FAILED = 0, 1, 2, 3, 4, 5
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE  # what the shell shows for `cmd | head -1` when cmd dies of SIGPIPE
 PROGRESS_EVERY = 2000
 
 
@@ -54,16 +68,18 @@ def run_offline(args, src, ts, cfg: ReplayConfig, sink: StepSink) -> dict:
     stream = ObservationStream(src, ts, cfg)
     checks = RollbackChecks(args.rollback_every, args.rollback_depth)
     t0 = time.perf_counter()
-    for _, stamp_ns, frame_id, _, obs in stream:
-        res = session.step(obs, stamp_ns)
-        sink.add(StepRecord(stamp_ns, res.step, res.capsule_id, res.action, res.chunk.ravel(), cfg.policy.chunk_len,
-                            res.latency_ms, frame_id))
-        checks.push(obs, res.action.copy())
-        if checks.due(sink.steps):
-            session.rollback(steps_back=checks.depth)
-            checks.record([session.step(o).action.copy() for o in checks.recent_inputs])
-        if stream.messages % PROGRESS_EVERY == 0:
-            progress(f"offline: {stream.messages} messages, {sink.steps} steps")
+    with STOP.deferred():  # a signal stops the run between two messages, never inside a bag write
+        for _, stamp_ns, frame_id, _, obs in stream:
+            STOP.check()
+            res = session.step(obs, stamp_ns)
+            sink.add(StepRecord(stamp_ns, res.step, res.capsule_id, res.action, res.chunk.ravel(),
+                                cfg.policy.chunk_len, res.latency_ms, frame_id))
+            checks.push(obs, res.action.copy())
+            if checks.due(sink.steps):
+                session.rollback(steps_back=checks.depth)
+                checks.record([session.step(o).action.copy() for o in checks.recent_inputs])
+            if stream.messages % PROGRESS_EVERY == 0:
+                progress(f"offline: {stream.messages} messages, {sink.steps} steps")
     return sink.summary(stream, checks, time.perf_counter() - t0)
 
 
@@ -82,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="live: longest wait between two messages, in seconds of bag time (default 1.0)")
     ap.add_argument("--config", help="params file (default: the installed or source config/flashrt.yaml)")
     ap.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
+    ap.add_argument("--max-decompressed-mb", type=float, default=DEFAULT_MAX_DECOMPRESSED_MB, metavar="MB",
+                    help="most MCAP chunk data decompressed at once (default %(default)g); a file that needs more "
+                    "is refused as bad input")
     ap.add_argument("--json", help="write the summary here too")
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the actions and step latency over bag time "
                     "(needs matplotlib)")
@@ -119,6 +138,8 @@ def _replay(argv) -> int:
         ap.error("--rollback-every must be >= 0 and 1 <= --rollback-depth <= --rollback-every")
     if not (args.rate >= 0 and args.max_gap >= 0) or not np.isfinite([args.rate, args.max_gap]).all():
         ap.error("--rate and --max-gap must be finite and >= 0")
+    if not (0 < args.max_decompressed_mb < 2**20):
+        ap.error("--max-decompressed-mb must be > 0 and below 1 TiB")
     out_path = check_new_output(args.out) if args.out else None  # before any work: never after a long replay
     _check_plot(args.plot)
     if args.json and not Path(args.json).resolve().parent.is_dir():
@@ -126,13 +147,14 @@ def _replay(argv) -> int:
     ts = typestore()
     cfg = ReplayConfig(args.config)
     args.config = str(cfg.path)  # live mode starts the node with this same file
-    src = open_observations(args.bag, args.topic)
+    src = open_observations(args.bag, args.topic, args.max_decompressed_mb)
     for note in src.notes:
         progress(f"warning: {note}")
     progress(f"{args.mode}: {src.msgtype} on {src.topic}, config {cfg.path}")
-    out = OutputBag(out_path, args.storage, ts) if out_path else None
-    finished = False
+    out, finished = None, False
     try:
+        with STOP.deferred():  # a signal here must not leave a created bag behind
+            out = OutputBag(out_path, args.storage, ts) if out_path else None
         sink = RecordingSink(out) if args.plot else StepSink(out)
         if args.mode == "offline":
             summary = run_offline(args, src, ts, cfg, sink)
@@ -144,21 +166,24 @@ def _replay(argv) -> int:
         finished = summary["steps"] > 0
     finally:
         if out is not None:
-            out.close()
-            if not finished:  # a bag without a result must not look like one
-                shutil.rmtree(out_path, ignore_errors=True)
+            with STOP.deferred():  # a signal during close must not leave half a bag that looks finished
+                try:
+                    out.close()
+                finally:
+                    if not finished:  # a bag without a result must not look like one
+                        shutil.rmtree(out_path, ignore_errors=True)
     summary.update(mode=args.mode, topic=src.topic, bag=str(args.bag), config=str(cfg.path))
     if out_path:
         summary["out"] = str(out_path)
     if src.notes:
         summary["metadata_mismatch"] = src.notes
     text = json.dumps(summary, indent=2)
-    print(text)
-    if args.json:
+    if args.json:  # files first: a reader that closes stdout early does not cost them
         Path(args.json).write_text(text + "\n")
     if args.plot and summary["steps"]:
         from .plots_runs import replay_run
         replay_run({**summary, "trace": sink.trace.to_dict()}, args.plot)  # the trace stays out of the JSON
+    print(text)
     if summary["steps"] == 0:
         reasons = summary["rejected"]["reasons"]
         top = next(iter(reasons), "none")
@@ -173,30 +198,52 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
-def _raise_interrupted(signum, _frame):
-    raise Interrupted(signum)
+def _silence_closed_pipes() -> None:
+    """The reader of stdout or stderr is gone: point both at /dev/null, so neither what is still buffered
+    nor a last message fails again at exit (Python's documented answer to EPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):  # not a real file (a test's capture): nothing will reach a pipe
+            pass
+    os.close(devnull)
+
+
+def _say(line: str) -> None:
+    """The outcome's one line on stderr; a closed stderr keeps the outcome's exit code."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        _silence_closed_pipes()
 
 
 def main(argv=None) -> int:
     """Every outcome has its own exit code; a crash never exits with a code that means a result."""
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = "flashrt-replay diff" if argv[:1] == ["diff"] else "flashrt-replay"
-    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    STOP.reset()
+    old = {s: signal.signal(s, STOP.handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return diff_main(argv[1:]) if argv[:1] == ["diff"] else _replay(argv)
+        rc = diff_main(argv[1:]) if argv[:1] == ["diff"] else _replay(argv)
+        sys.stdout.flush()  # a closed stdout shows up here, not as a traceback at interpreter exit
+        return rc
+    except BrokenPipeError:  # `flashrt-replay BAG | head -1`: normal Unix use, not a bug
+        _silence_closed_pipes()
+        return EXIT_CLOSED_PIPE
     except BagError as e:
-        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
+        _say(f"{prog}: {_one_line(e)}")
         return EXIT_BAD_INPUT
     except NodeFailed as e:
-        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
+        _say(f"{prog}: {_one_line(e)}")
         return EXIT_NODE_FAILED
     except (Interrupted, KeyboardInterrupt) as e:
         signum = getattr(e, "signum", signal.SIGINT)
-        print(f"{prog}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        _say(f"{prog}: interrupted by {signal.Signals(signum).name}")
         return 128 + signum
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, a code that means "bug"
-        print(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (a bug; please report it with the "
-              "command line)", file=sys.stderr)
+        _say(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (a bug; please report it with the "
+             "command line)")
         return EXIT_INTERNAL
     finally:
         for s, h in old.items():
@@ -222,7 +269,7 @@ def diff_main(argv) -> int:
     def keep(i: int, m) -> None:
         if traces is not None and m is not None:
             traces[i].add(m.step, m.header.stamp.sec * 10**9 + m.header.stamp.nanosec, m.step_latency_ms, m.action)
-    n_a = n_b = compared = differing = 0
+    n_a = n_b = compared = differing = step_mismatches = 0
     first = first_step = None
     max_abs = 0.0
     while True:  # streams both bags: memory does not grow with their length
@@ -236,8 +283,10 @@ def diff_main(argv) -> int:
                 keep(0 if a is not None else 1, rest)
             break
         xa, xb = np.asarray(a.action, np.float32), np.asarray(b.action, np.float32)
-        if xa.tobytes() != xb.tobytes() or a.step != b.step:
+        same_step = a.step == b.step  # equal actions at shifted steps are a different run
+        if xa.tobytes() != xb.tobytes() or not same_step:
             differing += 1
+            step_mismatches += not same_step
             if first is None:
                 first, first_step = compared, int(a.step)
             max_abs = max(max_abs, float(np.abs(xa.astype(np.float64) - xb).max())) if xa.shape == xb.shape \
@@ -245,14 +294,15 @@ def diff_main(argv) -> int:
         compared += 1
     identical = first is None and n_a == n_b
     report = {"identical": identical, "a_steps": n_a, "b_steps": n_b, "compared": compared,
-              "differing_steps": differing, "max_abs_action_diff": max_abs,
+              "differing_steps": differing, "step_number_mismatches": step_mismatches, "max_abs_action_diff": max_abs,
               "first_diverging_index": compared if first is None and n_a != n_b else first,
               "first_diverging_step": first_step}
     print(json.dumps(report, indent=2))
     print("identical" if identical else
           f"DIFFERENT: first divergence at index {report['first_diverging_index']}"
           f"{'' if first is None else f' (step {first_step})'}, max |action diff| {max_abs:.6g}, "
-          f"{differing} of {compared} compared steps differ, {n_a} vs {n_b} steps", file=sys.stderr)
+          f"{differing} of {compared} compared steps differ ({step_mismatches} in step number), {n_a} vs {n_b} steps",
+          file=sys.stderr)
     if traces is not None:
         from .plots_runs import replay_diff
         replay_diff(report, traces[0].to_dict(), traces[1].to_dict(), args.plot)

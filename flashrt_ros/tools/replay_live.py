@@ -22,10 +22,13 @@ import numpy as np
 from .bags import JOINT_STATE, StepRecord
 from .common import progress
 from .demo_mission import ros_env
-from .replay_stream import NodeFailed, ObservationStream, RollbackChecks, observation_type
+from .replay_stream import STOP, NodeFailed, ObservationStream, RollbackChecks, observation_type
 
 ANSWER_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 60.0
+READY_SLICE_S = 1.0  # how long a SIGTERM can wait while the node starts
+PACE_SLICE_S = 0.02  # how long a SIGTERM can wait while pacing
+PROGRESS_EVERY = 500
 PR_SET_PDEATHSIG = 1
 
 
@@ -71,9 +74,10 @@ class Pacer:
             self.bag_elapsed_ns += min(max(bag_stamp_ns - self.prev, 0), self.max_gap_ns)
         self.prev = bag_stamp_ns
         if self.rate > 0:
-            delay = self.t0 + self.bag_elapsed_ns / 1e9 / self.rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+            due = self.t0 + self.bag_elapsed_ns / 1e9 / self.rate
+            while (delay := due - time.perf_counter()) > 0:
+                time.sleep(min(delay, PACE_SLICE_S))
+                STOP.check()
 
 
 def _init_rclpy():
@@ -89,6 +93,13 @@ def _init_rclpy():
 
 
 def run_live(args, src, ts, cfg, sink) -> dict:
+    """All of it with signals deferred (STOP): SIGINT / SIGTERM end it at the next safe point, the node
+    is stopped, and the signal is raised after that."""
+    with STOP.deferred():
+        return _run_live(args, src, ts, cfg, sink)
+
+
+def _run_live(args, src, ts, cfg, sink) -> dict:
     env = ros_env()
     os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOG_DIR")})
     obs_type = observation_type(src.msgtype)  # what the node subscribes to
@@ -131,10 +142,11 @@ def _stream(args, src, ts, cfg, sink, node, proc) -> dict:
     qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
     step_sub = node.create_subscription(PolicyStep, "policy_step", got.append, policy_step_qos(1000))
     pub = node.create_publisher(JointState if src.msgtype == JOINT_STATE else Float32MultiArray, "observation", qos)
+    _wait_ready(client, proc)
     try:
-        client.wait_until_ready(READY_TIMEOUT_S)
-        wait_linked(node, pub, step_sub, READY_TIMEOUT_S, alive=lambda: proc.poll() is None)
-    except Exception as e:  # noqa: BLE001 - the client's timeout type is its own
+        wait_linked(node, pub, step_sub, READY_TIMEOUT_S, alive=lambda: proc.poll() is None and STOP.signum is None)
+    except Exception as e:  # noqa: BLE001 - TimeoutError, or RuntimeError once alive() is false
+        STOP.check()
         state = "exited" if proc.poll() is not None else f"was not ready within {READY_TIMEOUT_S} s"
         raise NodeFailed(f"live: the node {state} ({e})") from None
     progress("live: node ready, streaming")
@@ -145,6 +157,7 @@ def _stream(args, src, ts, cfg, sink, node, proc) -> dict:
         deadline = time.monotonic() + ANSWER_TIMEOUT_S
         while not got:
             rclpy.spin_once(node, timeout_sec=0.01)
+            STOP.check()  # here, in plain Python: never from inside rclpy
             if proc.poll() is not None:
                 raise NodeFailed(f"live: the node exited with {proc.returncode} during the replay")
             if time.monotonic() > deadline:
@@ -165,9 +178,29 @@ def _stream(args, src, ts, cfg, sink, node, proc) -> dict:
         checks.push(ros_msg, action)
         if checks.due(sink.steps):
             r = client.rollback(steps_back=checks.depth)
+            STOP.check()
             checks.record([np.asarray(send(m).action, np.float32) for m in checks.recent_inputs]
                           if r.success else [])
+        if stream.messages % PROGRESS_EVERY == 0:
+            progress(f"live: {stream.messages} messages, {sink.steps} steps")
     return sink.summary(stream, checks, time.perf_counter() - t0)
+
+
+def _wait_ready(client, proc) -> None:
+    """client.wait_until_ready in slices, so a signal or a node that exits ends the wait early."""
+    from ..ros.client import FlashRTTimeout
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            client.wait_until_ready(READY_SLICE_S)
+            return
+        except FlashRTTimeout as e:
+            STOP.check()
+            if proc.poll() is not None:
+                raise NodeFailed(f"live: the node exited with {proc.returncode} before it was ready ({e})") from None
+            if time.monotonic() > deadline:
+                raise NodeFailed(f"live: the node was not ready within {READY_TIMEOUT_S} s ({e})") from None
 
 
 def _stop(proc, log_path: Path) -> None:

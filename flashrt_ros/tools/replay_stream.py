@@ -4,6 +4,7 @@ Nothing here grows with the length of the bag: memory is bounded by the config, 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -13,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ros.convert import message_to_obs
+from ..ros.convert import ObservationReader
 from ..runtime.config import PolicyConfig, load_ros_params
 from .bags import JOINT_STATE, BagError, OutputBag, StepRecord, header_frame_id, header_stamp_ns, iter_messages
+from .common import progress
 
 SOURCE_CONFIG = Path(__file__).resolve().parents[2] / "config" / "flashrt.yaml"
 
@@ -30,6 +32,44 @@ class Interrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+class StopSignals:
+    """SIGINT / SIGTERM for flashrt-replay. Outside a deferred() block the handler raises Interrupted at
+    once. Inside one (rclpy, the output bag, the per-message loops) it only records the signal, and the
+    code raises it at its own safe points (check(), and the block's end): an exception raised by a signal
+    handler while rclpy runs Python from C (a callback, a message conversion) becomes rclpy's
+    "RuntimeError: Unable to convert call argument", and one raised half-way through a bag write leaves
+    a broken bag."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._depth = 0
+
+    def handler(self, signum, _frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if not self._depth:
+            raise Interrupted(signum)
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        self.check()  # reached only when the block ended normally: a signal it held is raised now
+
+    def reset(self) -> None:
+        self.signum, self._depth = None, 0
+
+
+STOP = StopSignals()
 
 
 # ---- config -------------------------------------------------------------------------------------------
@@ -100,16 +140,23 @@ class Rejections:
 
 
 class ObservationStream:
-    """The bag's observation messages converted exactly as the node converts them (same function, same
-    joint_names); rejects are counted with their reasons and skipped.
+    """The bag's observation messages converted exactly as the node converts them (the node's own
+    ObservationReader, same joint_names, one reader for the whole stream as the node keeps one), so a
+    joint order that changes mid-bag gives offline and live the same arrays; rejects are counted with
+    their reasons and skipped. Without joint_names, JointStates whose names come in another order than
+    the first one's are counted (joint_order_changes): only joint_names maps every message by name.
     Yields (bag stamp ns, observation stamp ns, frame_id, message, observation)."""
 
     def __init__(self, src, ts, cfg: ReplayConfig):
         self.src, self.ts = src, ts
         self.obs_type = observation_type(src.msgtype)
         self.obs_dim, self.joint_names = cfg.policy.obs_dim, cfg.joint_names
+        self.reader = ObservationReader(self.obs_type, self.obs_dim, self.joint_names)
         self.messages = 0
         self.rejected = Rejections()
+        self.first_names: list[str] | None = None
+        self.order_changes = 0
+        self.first_order_change: int | None = None  # 1-based message number
 
     def __iter__(self):
         for stamp, msg, err in iter_messages(self.src, self.ts):
@@ -123,14 +170,34 @@ class ObservationStream:
 
     def _convert(self, msg, bag_stamp: int):
         try:
-            obs = message_to_obs(msg, self.obs_type, self.obs_dim, self.joint_names)
+            obs = self.reader(msg)
         except ValueError as e:
             return str(e), None, None
+        if self.obs_type == "joint_state" and not self.joint_names:
+            self._note_order(list(msg.name))
         stamp_ns = header_stamp_ns(msg, bag_stamp)
         if stamp_ns < 0:  # rosbag2 times are unsigned: such a stamp cannot be recorded in an output bag
             return (f"header stamp is negative (sec={msg.header.stamp.sec}, nanosec={msg.header.stamp.nanosec}); "
                     "rosbag2 stores unsigned times"), None, None
         return None, obs, stamp_ns
+
+
+    def _note_order(self, names: list[str]) -> None:
+        if self.first_names is None:
+            self.first_names = names
+        elif names != self.first_names:
+            self.order_changes += 1
+            if self.first_order_change is None:
+                self.first_order_change = self.messages
+                progress(f"warning: message {self.messages}: JointState names {names[:8]} differ from the first "
+                         f"message's {self.first_names[:8]}; set joint_names in --config so every message is "
+                         "mapped by name to one order")
+
+    def order_summary(self) -> dict | None:
+        if not self.order_changes:
+            return None
+        return {"count": self.order_changes, "first_at_message": self.first_order_change,
+                "first_names": self.first_names[:64]}
 
 
 # ---- checks and summary -------------------------------------------------------------------------------
@@ -203,4 +270,5 @@ class StepSink:
         return {"messages": stream.messages, "steps": self.steps, "rejected": stream.rejected.summary(),
                 "actions_sha256": self._sha.hexdigest(), "step_latency_ms": self.latency.percentiles(50, 99),
                 "rollback_checks": {"run": checks.run, "passed": checks.passed}, "wall_s": round(wall_s, 3),
-                "steps_per_s": round(self.steps / wall_s, 1) if wall_s > 0 else None}
+                "steps_per_s": round(self.steps / wall_s, 1) if wall_s > 0 else None,
+                **({"joint_order_changes": order} if (order := stream.order_summary()) else {})}

@@ -1,0 +1,160 @@
+"""Bounds on what an MCAP file can make flashrt-replay decompress.
+
+rosbags decompresses each chunk whole, and while it merges chunks in time order it holds every chunk
+whose time range overlaps the one being read. A few KiB of zstd can declare, or really hold, gigabytes.
+So, before rosbags reads a file, check_mcap() walks its record headers (the data section and the
+summary, without decompressing): each chunk must declare at most the limit uncompressed, and chunks that
+overlap in time at most the limit together. While rosbags reads, bounded decompressors stand in for its
+own: a chunk never decompresses to more than it declares, nor past the limit.
+"""
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from .bags import ChunkLimit
+
+DEFAULT_MAX_DECOMPRESSED_MB = 256.0
+MAGIC = b"\x89MCAP0\r\n"
+OP_FOOTER, OP_CHUNK, OP_CHUNK_INDEX, OP_DATA_END = 0x02, 0x06, 0x08, 0x0F
+FOOTER_LEN = 1 + 8 + 20 + len(MAGIC)
+
+_limit_bytes = int(DEFAULT_MAX_DECOMPRESSED_MB * 2**20)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _advice() -> str:
+    return (f"more than --max-decompressed-mb {_limit_bytes / 2**20:g} allows (a damaged or hostile file, or "
+            "raise the limit for a bag you trust)")
+
+
+def check_mcap(path: Path, limit_bytes: int) -> None:
+    """Refuse the file (ChunkLimit) when a chunk declares more than limit_bytes uncompressed, or chunks
+    overlapping in time do together. Walks record headers only; a record it cannot follow ends the walk
+    (rosbags then reports the damage, and the bounded decompressors still hold)."""
+    set_limit(limit_bytes)
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size < 2 * len(MAGIC) + FOOTER_LEN:
+            return
+        f.seek(size - FOOTER_LEN)
+        footer = f.read(FOOTER_LEN)
+        summary_start = struct.unpack_from("<Q", footer, 9)[0] if footer[0] == OP_FOOTER else 0
+        data_end = summary_start if len(MAGIC) < summary_start < size else size - FOOTER_LEN
+        for offset, declared in _walk(f, len(MAGIC), data_end, OP_CHUNK):
+            _check_one(path, offset, declared)
+        if summary_start and data_end == summary_start:
+            spans = []
+            for offset, (start, end, declared) in _walk(f, summary_start, size - FOOTER_LEN, OP_CHUNK_INDEX):
+                _check_one(path, offset, declared)
+                spans.append((start, end, declared))
+            _check_overlap(path, spans)
+
+
+def _check_one(path: Path, offset: int, declared: int) -> None:
+    if declared > _limit_bytes:
+        raise ChunkLimit(f"{path}: the MCAP chunk at byte {offset} declares {_mib(declared)} uncompressed, "
+                         f"{_advice()}")
+
+
+def _check_overlap(path: Path, spans: list[tuple[int, int, int]]) -> None:
+    """Chunks whose [start, end] bag-time ranges overlap are held together (the next one is opened at its
+    start time, before the last message of the previous one, at the same time, is read)."""
+    events = sorted([(s, 0, n) for s, _, n in spans] + [(e, 1, -n) for _, e, n in spans])
+    held = count = most = most_count = 0
+    at = None
+    for t, _, n in events:
+        held += n
+        count += 1 if n > 0 else -1
+        if held > most:
+            most, most_count, at = held, count, t
+    if most > _limit_bytes:
+        raise ChunkLimit(f"{path}: {most_count} chunks overlapping in time (at bag time {at} ns) hold "
+                         f"{_mib(most)} uncompressed together, {_advice()}")
+
+
+def _walk(f, start: int, end: int, op_wanted: int):
+    """(offset, fields) of each record with opcode op_wanted between start and end: the declared
+    uncompressed size of a Chunk; (start, end, uncompressed size) of a ChunkIndex."""
+    pos = start
+    while pos + 9 <= end:
+        f.seek(pos)
+        op, length = struct.unpack("<BQ", f.read(9))
+        if length > end - pos - 9:
+            return
+        if op == op_wanted == OP_CHUNK and length >= 24:
+            yield pos, struct.unpack("<QQQ", f.read(24))[2]
+        elif op == op_wanted == OP_CHUNK_INDEX:
+            fields = _chunk_index(f, length)
+            if fields is not None:
+                yield pos, fields
+        elif op in (OP_DATA_END, OP_FOOTER) and op_wanted == OP_CHUNK:
+            return
+        pos += 9 + length
+
+
+def _chunk_index(f, length: int) -> tuple[int, int, int] | None:
+    """(start, end, uncompressed size) of the ChunkIndex record whose body starts at f's position; its
+    variable-length fields are skipped, not read. None when the record is too short (rosbags reports it)."""
+    body = f.tell()
+    try:
+        start, end, _, _, n_offsets = struct.unpack("<QQQQI", f.read(36))
+        f.seek(n_offsets + 8, 1)  # message_index_offsets, message_index_length
+        (n_compression,) = struct.unpack("<I", f.read(4))
+        f.seek(n_compression + 8, 1)  # compression, compressed_size
+        (uncompressed,) = struct.unpack("<Q", f.read(8))
+    except struct.error:
+        return None
+    return (start, end, uncompressed) if f.tell() <= body + length else None
+
+
+# ---- bounded decompression while rosbags reads --------------------------------------------------------
+def set_limit(limit_bytes: int) -> None:
+    global _limit_bytes
+    _limit_bytes = int(limit_bytes)
+    _install()
+
+
+def _bounded(new_decompressor, data: bytes, size: int) -> bytes:
+    """Decompress every frame of `data`, stopping with ChunkLimit one byte past `size` (the chunk's
+    declared uncompressed size) or past the limit."""
+    if size > _limit_bytes:
+        raise ChunkLimit(f"an MCAP chunk declares {_mib(size)} uncompressed, {_advice()}")
+    out = bytearray()
+    rest = data
+    while rest:
+        d = new_decompressor()
+        out += d.decompress(rest, max_length=size + 1 - len(out))
+        if len(out) > size:
+            raise ChunkLimit(f"an MCAP chunk decompresses to more than the {size} bytes it declares (a damaged or "
+                             "hostile file)")
+        if not d.eof:  # truncated: rosbags compares the size and reports it
+            break
+        rest = d.unused_data
+    return bytes(out)
+
+
+def _zstd(data: bytes, size: int) -> bytes:
+    try:
+        from compression import zstd  # Python 3.14
+    except ImportError:
+        from backports import zstd
+    return _bounded(zstd.ZstdDecompressor, data, size)
+
+
+def _lz4(data: bytes, size: int) -> bytes:
+    from lz4.frame import LZ4FrameDecompressor
+    return _bounded(LZ4FrameDecompressor, data, size)
+
+
+def _install() -> None:
+    """rosbags' table of chunk decompressors, called as fn(data, declared size): ours take their place."""
+    from rosbags.rosbag2 import storage_mcap
+
+    table = getattr(storage_mcap, "DECOMPRESSORS", None)
+    if not isinstance(table, dict):  # another rosbags layout: check_mcap's declared-size limits still hold
+        return
+    table.update(zstd=_zstd, lz4=_lz4)
