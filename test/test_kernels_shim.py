@@ -47,7 +47,7 @@ def case(name, rng, B, n):
                     x=rows(rng, B, (n,), fill=np.nan)), {}
     if name == "linear":
         m = n + 5
-        return dict(x=rows(rng, B, (n,)), w=(f((n, m)) / np.sqrt(n)).astype(np.float32), b=f(m).astype(np.float32),
+        return dict(x=rows(rng, B, (n,)), w=(f((n, m)) / np.sqrt(n)).astype(np.float32), bias=f(m).astype(np.float32),
                     y=rows(rng, B, (m,), fill=np.nan), tmp=rows(rng, B, (m,))), dict(act=(n + B) % 4)
     if name == "add":
         return dict(x=rows(rng, B, (n,)), y=rows(rng, B, (n,))), {}
@@ -57,7 +57,7 @@ def case(name, rng, B, n):
     if name == "causal_conv":
         k = 4
         return dict(x=rows(rng, B, (n,)), conv_state=rows(rng, B, (k - 1, n)), w=f((k, n)).astype(np.float32),
-                    b=f(n).astype(np.float32), out=rows(rng, B, (n,), fill=np.nan), tmp=rows(rng, B, (n,))), {}
+                    bias=f(n).astype(np.float32), out=rows(rng, B, (n,), fill=np.nan), tmp=rows(rng, B, (n,))), {}
     if name == "gru_cell":
         H = n
         s = 1 / np.sqrt(H)
@@ -159,7 +159,7 @@ def test_cuda_kernel_on_cpu_matches_numpy_twin(name, B, n):
 
 
 def test_shim_rejects_wrong_scalar_sizes_like_a_strict_cupy():
-    la = LAUNCHERS["add"](np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32))
+    [la] = LAUNCHERS["add"](np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32))
     fn = module(la.source).get_function(la.function)
     bad = la.args[:-1] + (np.int64(3),)
     with pytest.raises(TypeError, match="parameter is 4 B"):
@@ -170,7 +170,7 @@ def test_shim_rejects_wrong_scalar_sizes_like_a_strict_cupy():
 
 def test_shim_reports_partial_warp_shuffles(tmp_path):
     # rmsnorm reduces with full-mask shuffles: a 20-thread block is undefined on a GPU
-    la = LAUNCHERS["rmsnorm"](np.ones((1, 8), np.float32), np.ones(8, np.float32), np.ones((1, 8), np.float32),
+    [la] = LAUNCHERS["rmsnorm"](np.ones((1, 8), np.float32), np.ones(8, np.float32), np.ones((1, 8), np.float32),
                               np.zeros((1, 1, 1), np.float32))
     with pytest.raises(ShimError, match="absent"):
         module(la.source).get_function(la.function)(la.grid, (20, 1, 1), la.args)
@@ -219,7 +219,7 @@ def test_gru_scan_launcher_refuses_what_the_kernel_cannot_hold():
     from flashrt_ros.runtime.launch import gru_scan as launch_gru_scan
 
     H = 513
-    with pytest.raises(ValueError, match="H must be 1..512"):
+    with pytest.raises(ValueError, match=r"1 <= H <= GRU_SCAN_MAX_H \(GRU_SCAN_MAX_H=512, H=513\)"):
         launch_gru_scan(np.zeros((2, 3 * H), np.float32), np.zeros((H, 3 * H), np.float32),
                         np.zeros(3 * H, np.float32), np.zeros((2, H), np.float32))
 
@@ -244,15 +244,15 @@ def test_hostile_meta_and_page_table_never_index_outside_a_buffer(pos, kv_len, p
     table = np.full((B, P), page, np.int64)
     mtp = rows(rng, B, (5, 5 * 3))
     bufs = dict(qkv=rows(rng, B, (3 * d,)), k_log=k_log, v_log=v_log, meta=meta, kv_pages=table)
-    launches = [LAUNCHERS["kv_write"](**bufs)]
+    launches = list(LAUNCHERS["kv_write"](**bufs))
     launches += LAUNCHERS["attn_decode"](
         **bufs, out=rows(rng, B, (d,)), scores=np.zeros((B, H, P, 1, K.KV_PAGE), np.float32),
         chunk_m=np.zeros((B, H, P, 1, 1), np.float32), chunk_l=np.zeros((B, H, P, 1, 1), np.float32),
         chunk_acc=np.zeros((B, H, P, hd), np.float32), attn_max=np.zeros((B, H, 1, 1), np.float32),
         attn_den=np.zeros((B, H, 1, 1), np.float32), part=rows(rng, B, (H, P, hd + 2)),
         ones=np.ones((K.KV_PAGE, 1), np.float32), n_heads=H, kv_window=W)
-    launches.append(LAUNCHERS["temporal_ensemble"](rows(rng, B, (5 * 3,)), mtp, meta, rows(rng, B, (3,)),
-                                                   rows(rng, B, (3,))))
+    launches += LAUNCHERS["temporal_ensemble"](rows(rng, B, (5 * 3,)), mtp, meta, rows(rng, B, (3,)),
+                                               rows(rng, B, (3,)))
     for la in launches:
         module(la.source).get_function(la.function)(la.grid, la.block, la.args)
     assert np.isnan(log_base[:, :guard]).all() and np.isnan(log_base[:, -guard:]).all(), "wrote outside the log"

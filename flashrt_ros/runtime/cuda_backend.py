@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .kernel_spec import cuda_defines
 from .launch import gru_scan as launch_gru_scan
 from .launch import kernel_dir, launches_for
 
@@ -116,7 +117,8 @@ class CupyBackend:
         mod = self._modules.get(source)
         if mod is None:
             code = (self._kdir / source).read_text()
-            mod = self._modules[source] = self.xp.RawModule(code=code, options=("-std=c++17", f"-I{self._kdir}"))
+            mod = self._modules[source] = self.xp.RawModule(code=code, options=("-std=c++17", f"-I{self._kdir}",
+                                                                                  *cuda_defines()))
         return mod.get_function(name)
 
     def bind(self, plan, arena, start: int, count: int) -> CudaGraphReplay:

@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
+from .kernel_spec import GRU_SCAN_MAX_H
 from .kernels import META_KV_LEN, META_POS, META_RNG, META_STEP, RMS_EPS
-from .launch import GRU_SCAN_MAX_H
 
 QUERY_CHUNK = 256
 
