@@ -201,7 +201,7 @@ def test_launchers_reject_mismatched_shapes():
 def test_gru_scan_kernel_matches_the_stepwise_scan(n, H):
     from flashrt_ros.runtime.backend import NumpyBackend
     from flashrt_ros.runtime.launch import gru_scan as launch_gru_scan
-    from flashrt_ros.runtime.prefill import gru_scan
+    from flashrt_ros.runtime.sequence import gru_scan
 
     rng = np.random.default_rng(n * H)
     gi = rng.standard_normal((n, 3 * H)).astype(np.float32)

@@ -7,7 +7,8 @@ import pytest
 from conftest import assert_states_close, observation_trace, small_config
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.backend import NumpyBackend
-from flashrt_ros.runtime.prefill import QUERY_CHUNK, _attention, gru_scan
+from flashrt_ros.runtime.sequence import QUERY_CHUNK, gru_scan
+from flashrt_ros.runtime.sequence import windowed_attention as _attention
 
 
 def dense_attention(q, k, v, n_heads, window):
@@ -75,3 +76,23 @@ def test_cold_prefill_matches_stepping_across_chunks_and_window_wraps(kw, n):
     s.cold_prefill()
     # GEMM vs GEMV order and tanh- vs exp-sigmoid only: a few ulps of O(1) values
     assert_states_close(s.state_tensors(), stepped, atol=2e-5)
+
+
+def test_step_plan_and_prefill_walk_the_one_network_description(monkeypatch):
+    """model.py is the only description: the plan's ops and prefill's sequence forms come from the same
+    (op, layer) walk, in the same order."""
+    from flashrt_ros.runtime import model
+
+    stepped, sequenced = [], []
+    for op in model.INPUTS + model.BLOCK + model.OUTPUTS:
+        cls = type(op)
+        step, sequence = cls.step, cls.sequence
+        monkeypatch.setattr(cls, "step", lambda self, plan, cfg, layer, f=step: (
+            stepped.append((type(self).__name__, layer)), f(self, plan, cfg, layer))[1])
+        monkeypatch.setattr(cls, "sequence", lambda self, seq, x, layer, f=sequence: (
+            sequenced.append((type(self).__name__, layer)), f(self, seq, x, layer))[1])
+    s = Session(small_config(n_layers=3))
+    assert stepped == list((type(op).__name__, layer) for op, layer in model.walk(s.cfg))
+    s.prefill_from(observation_trace(20))
+    assert sequenced == stepped
+    assert {"Gru", "Attention", "CausalConv", "Mlp"} <= {name for name, _ in stepped}

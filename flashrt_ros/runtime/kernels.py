@@ -330,12 +330,19 @@ def rng_noise_ref(action, meta, seed, std):
     action += np.float32(std) * z
 
 
+def advance_meta(meta, n: int, kv_window: int) -> None:
+    """meta[B, META_LEN] after n more steps: step, position and rng_counter += n, kv_len = min(kv_len + n, W).
+    The one definition: the step twin takes n = 1, cold prefill n = the history (kernels/head.cu is the CUDA
+    twin of n = 1)."""
+    meta[:, META_STEP] += n
+    meta[:, META_POS] += n
+    kv = meta[:, META_KV_LEN]
+    kv += n
+    np.minimum(kv, kv_window, out=kv)
+    meta[:, META_RNG] += n
+
+
 @kernel
 def meta_advance_ref(meta, kv_window):
     """Last op of a step: step += 1, position += 1, kv_len = min(kv_len + 1, W), rng_counter += 1."""
-    meta[:, META_STEP] += 1
-    meta[:, META_POS] += 1
-    kv = meta[:, META_KV_LEN]
-    kv += 1
-    np.minimum(kv, kv_window, out=kv)
-    meta[:, META_RNG] += 1
+    advance_meta(meta, 1, kv_window)
