@@ -24,6 +24,8 @@ NODE_PARAMETERS = frozenset({
 
 
 def _f(default, help: str, **kw):
+    """kw: min (a lower bound); fingerprint=False for a field that does not change what a state row means
+    (capsule bookkeeping, where the weights come from): capsules stay valid across it."""
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -43,14 +45,17 @@ class PolicyConfig:
     action_noise_std: float = _f(0.0, "exploration noise std; 0 = deterministic policy", min=0.0)
     seed: int = _f(0, "seed for random weights and the counter-based noise RNG", min=0)
     capsule_capacity: int = _f(0, "capsule records to keep; 0 = as many as capsule_budget_mb holds (minutes at "
-                                  "100 Hz: a capsule is its small state plus a shared KV log entry)", min=0)
+                                  "100 Hz: a capsule is its small state plus a shared KV log entry)", min=0,
+                               fingerprint=False)
     capsule_budget_mb: float = _f(512.0, "memory for capsule records and the KV log they share; sets the rollback "
-                                   "depth", min=0.0)
-    capsule_every_n_steps: int = _f(1, "take a capsule after every N-th step (1 = every step)", min=1)
-    max_branches: int = _f(8, "rows of the batched replan plan: branches per Replan goal", min=1)
+                                   "depth", min=0.0, fingerprint=False)
+    capsule_every_n_steps: int = _f(1, "take a capsule after every N-th step (1 = every step)", min=1,
+                                    fingerprint=False)
+    max_branches: int = _f(8, "rows of the batched replan plan: branches per Replan goal", min=1,
+                           fingerprint=False)
     history_limit: int = _f(100_000, "observations kept for the cold-recompute baselines (~17 min at 100 Hz); "
-                               "older ones are dropped", min=1)
-    weights_path: str = _f("", "safetensors weights; empty = seeded random weights")
+                               "older ones are dropped", min=1, fingerprint=False)
+    weights_path: str = _f("", "safetensors weights; empty = seeded random weights", fingerprint=False)
 
     def __post_init__(self) -> None:
         self.validate()

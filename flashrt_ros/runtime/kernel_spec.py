@@ -12,6 +12,7 @@ contiguous; any other buffer goes whole and must be C-contiguous.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +69,7 @@ class CudaFn:
     name: str
     args: tuple[str, ...]  # buffer, <buffer>_rs, constant or symbol; "sym:i64" gives a symbol a C type
     read_only: frozenset[str]  # buffers the op writes that this function only reads ("part<")
+    geometry: Callable  # symbols -> (grid, block); may add symbols the kernel takes (gru_scan's S)
 
 
 @dataclass(frozen=True)
@@ -187,54 +189,93 @@ def _parse_bufs(text: str) -> tuple[Buf, ...]:
 SPECS: dict[str, KernelSpec] = {}
 
 
-def spec(name: str, bufs: str, *cuda: tuple[str, str, str], consts: str = "", derive: str = "",
+def spec(name: str, bufs: str, *cuda: tuple[str, str, str, Callable], consts: str = "", derive: str = "",
          require: tuple[str, ...] = ()) -> None:
     fns = []
-    for source, fn, args in cuda:
+    for source, fn, args, geometry in cuda:
         toks = args.split()
         fns.append(CudaFn(source, fn, tuple(t.rstrip("<") for t in toks),
-                          frozenset(t[:-1] for t in toks if t.endswith("<"))))
+                          frozenset(t[:-1] for t in toks if t.endswith("<")), geometry))
     SPECS[name] = KernelSpec(
         name, _parse_bufs(bufs), tuple(tuple(c.split(":")) for c in consts.split()),
         tuple(tuple(d.split("=", 1)) for d in derive.split()), tuple(require), tuple(fns))
 
 
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def flat(n: int, threads: int = 128) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """One thread per item."""
+    return (max(1, _cdiv(n, threads)), 1, 1), (threads, 1, 1)
+
+
+def items(expr: str, threads: int = 128) -> Callable:
+    """Geometry: one thread per item, expr items (a warp per item: expr * 32)."""
+    return lambda s: flat(eval(expr, {}, s), threads)  # noqa: S307 - expressions of this table only
+
+
+def blocks(grid: str, threads: str | int) -> Callable:
+    """Geometry: grid = (expr, ...) blocks of `threads` threads."""
+    def geometry(s):
+        g = tuple(eval(grid, {}, s)) if "," in grid else (eval(grid, {}, s),)  # noqa: S307
+        t = threads if isinstance(threads, int) else eval(threads, {"max": max, "cdiv": _cdiv}, s)  # noqa: S307
+        return g + (1,) * (3 - len(g)), (t, 1, 1)
+    return geometry
+
+
+def _gru_scan_geometry(s: dict):
+    """S lanes per hidden unit: the largest power of two <= 32 with H * S <= GRU_SCAN_MAX_H threads."""
+    S = 1
+    while S < 32 and 2 * S * s["H"] <= GRU_SCAN_MAX_H:
+        S *= 2
+    s["S"] = S
+    return (1, 1, 1), (_cdiv(s["H"] * S, 32) * 32, 1, 1)
+
+
 # Access after "]": r (default), :w written, :rw read and written. In a CUDA argument list "buf<" marks a
-# buffer the op writes but that function only reads.
+# buffer the op writes but that function only reads. Each CUDA function ends with its launch geometry.
 spec("obs_norm", "obs:f32[B,n] mean:f32[n] inv_std:f32[n] x:f32[B,n]:w",
-     ("dense.cu", "obs_norm_f32", "obs obs_rs mean inv_std x x_rs B n"))
+     ("dense.cu", "obs_norm_f32", "obs obs_rs mean inv_std x x_rs B n", items("B * n")))
 spec("linear", "x:f32[B,n_in] w:f32[n_in,n_out] bias:f32[n_out] y:f32[B,n_out]:w tmp:f32[B,n_out]:w",
-     ("dense.cu", "linear_f32", "x x_rs w bias y y_rs B n_in n_out act"), consts="act:i32")
-spec("add", "x:f32[B,n]:rw y:f32[B,n]", ("dense.cu", "add_f32", "x x_rs y y_rs B n"))
+     ("dense.cu", "linear_f32", "x x_rs w bias y y_rs B n_in n_out act", items("B * n_out * 32")),  # warp/output
+     consts="act:i32")
+spec("add", "x:f32[B,n]:rw y:f32[B,n]", ("dense.cu", "add_f32", "x x_rs y y_rs B n", items("B * n")))
 spec("rmsnorm", "x:f32[B,n] g:f32[n] y:f32[B,n]:w ms:f32[B,1,1]:w",
-     ("dense.cu", "rmsnorm_f32", "x x_rs g y y_rs B n"))
+     ("dense.cu", "rmsnorm_f32", "x x_rs g y y_rs B n", blocks("B", 32)))
 spec("causal_conv", "x:f32[B,d]:rw conv_state:f32[B,k-1,d]:rw w:f32[k,d] bias:f32[d] out:f32[B,d]:w tmp:f32[B,d]:w",
-     ("recurrent.cu", "causal_conv_f32", "x x_rs conv_state conv_state_rs w bias out out_rs B d k"),
+     ("recurrent.cu", "causal_conv_f32", "x x_rs conv_state conv_state_rs w bias out out_rs B d k", items("B * d")),
      require=("k >= 2",))
 spec("gru_cell", "x:f32[B,n_in] h:f32[B,H] w_ih:f32[n_in,3*H] w_hh:f32[H,3*H] b_ih:f32[3*H] b_hh:f32[3*H] "
      "gi:f32[B,3*H]:w gh:f32[B,3*H]:w h_new:f32[B,H]:w",
-     ("recurrent.cu", "gru_cell_f32", "x x_rs h h_rs w_ih w_hh b_ih b_hh h_new h_new_rs B n_in H"))
+     ("recurrent.cu", "gru_cell_f32", "x x_rs h h_rs w_ih w_hh b_ih b_hh h_new h_new_rs B n_in H",
+      items("B * H * 32")))  # a warp per hidden unit
 spec("gru_commit", "h:f32[B,H]:w h_new:f32[B,H] x:f32[B,H]:rw",
-     ("recurrent.cu", "gru_commit_f32", "h h_rs h_new h_new_rs x x_rs B H"))
+     ("recurrent.cu", "gru_commit_f32", "h h_rs h_new h_new_rs x x_rs B H", items("B * H")))
 # the whole-sequence GRU of cold prefill (no plan op): one persistent block, S lanes per hidden unit
 spec("gru_scan", "gi:f32[n,3*H] w_hh:f32[H,3*H] b_hh:f32[3*H] hs:f32[n,H]:w",
-     ("recurrent.cu", "gru_scan_f32", "gi w_hh b_hh hs n H S"), require=("1 <= H <= GRU_SCAN_MAX_H",))
+     ("recurrent.cu", "gru_scan_f32", "gi w_hh b_hh hs n H S", _gru_scan_geometry),
+     require=("1 <= H <= GRU_SCAN_MAX_H",))
 _LOG = ("qkv:f32[B,3*d] k_log:f32[n_pages,KV_PAGE,d]{a} v_log:f32[n_pages,KV_PAGE,d]{a} meta:i64[B,META_LEN] "
         "kv_pages:i64[B,P]")
 spec("kv_write", _LOG.format(a=":w"),
-     ("attention.cu", "kv_write_f32", "qkv qkv_rs k_log v_log n_pages:i64 meta meta_rs kv_pages kv_pages_rs P B d"))
+     ("attention.cu", "kv_write_f32", "qkv qkv_rs k_log v_log n_pages:i64 meta meta_rs kv_pages kv_pages_rs P B d",
+      items("B * d")))
 spec("attn_decode", _LOG.format(a="") + " out:f32[B,d]:w scores:f32[B,n_heads,P,1,KV_PAGE]:w "
      "chunk_m:f32[B,n_heads,P,1,1]:w chunk_l:f32[B,n_heads,P,1,1]:w chunk_acc:f32[B,n_heads,P,hd]:w "
      "attn_max:f32[B,n_heads,1,1]:w attn_den:f32[B,n_heads,1,1]:w part:f32[B,n_heads,P,hd+2]:w ones:f32[KV_PAGE,1]",
      ("attention.cu", "attn_partial_f32", "qkv qkv_rs k_log v_log n_pages:i64 meta meta_rs kv_pages kv_pages_rs "
-      "scores scores_rs part part_rs B kv_window d n_heads"),
-     ("attention.cu", "attn_combine_f32", "part< part_rs out out_rs B d n_heads P"),
+      "scores scores_rs part part_rs B kv_window d n_heads", blocks("B * n_heads, P", ATTN_THREADS)),
+     ("attention.cu", "attn_combine_f32", "part< part_rs out out_rs B d n_heads P",
+      blocks("B * n_heads", "max(32, cdiv(hd, 32) * 32)")),
      consts="n_heads:i32 kv_window:i32", derive="hd=d//n_heads",
      require=("d % n_heads == 0", "hd <= ATTN_MAX_HD", "P * KV_PAGE >= kv_window + KV_PAGE"))
 spec("temporal_ensemble", "chunk:f32[B,K*A] mtp_state:f32[B,K,K*A]:rw meta:i64[B,META_LEN] action:f32[B,A]:w "
      "tmp:f32[B,A]:w",
-     ("head.cu", "temporal_ensemble_f32", "chunk chunk_rs mtp_state mtp_state_rs meta meta_rs action action_rs B K A"))
+     ("head.cu", "temporal_ensemble_f32", "chunk chunk_rs mtp_state mtp_state_rs meta meta_rs action action_rs B K A",
+      blocks("B", 64)))
 spec("rng_noise", "action:f32[B,A]:rw meta:i64[B,META_LEN]",
-     ("head.cu", "rng_noise_f32", "action action_rs meta meta_rs B A seed std"), consts="seed:u32 std:f32")
-spec("meta_advance", "meta:i64[B,META_LEN]:rw", ("head.cu", "meta_advance_i64", "meta meta_rs B kv_window"),
-     consts="kv_window:i32")
+     ("head.cu", "rng_noise_f32", "action action_rs meta meta_rs B A seed std", items("B * A", 64)),
+     consts="seed:u32 std:f32")
+spec("meta_advance", "meta:i64[B,META_LEN]:rw",
+     ("head.cu", "meta_advance_i64", "meta meta_rs B kv_window", items("B", 32)), consts="kv_window:i32")

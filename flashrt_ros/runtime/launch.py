@@ -2,15 +2,14 @@
 
 Shared by the CUDA backend (CuPy arrays) and the CPU shim used in tests (NumPy arrays), so the
 tests exercise exactly the launches a GPU gets. Argument lists, dtypes and size checks come from the
-kernel specs (kernel_spec.py): CUDA kernels trust what they are given. Only the launch geometry is
-written here, per CUDA function.
+kernel specs (kernel_spec.py), geometry included: CUDA kernels trust what they are given.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from .kernel_spec import ATTN_THREADS, GRU_SCAN_MAX_H, SPECS
+from .kernel_spec import SPECS
 
 
 @dataclass(frozen=True)
@@ -22,42 +21,6 @@ class Launch:
     args: tuple  # arrays and NumPy scalars
 
 
-def _cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
-def _flat(n: int, threads: int = 128) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    return (max(1, _cdiv(n, threads)), 1, 1), (threads, 1, 1)
-
-
-def _gru_scan_geometry(s: dict):
-    """S lanes per hidden unit: the largest power of two <= 32 with H * S <= GRU_SCAN_MAX_H threads."""
-    S = 1
-    while S < 32 and 2 * S * s["H"] <= GRU_SCAN_MAX_H:
-        S *= 2
-    s["S"] = S
-    return (1, 1, 1), (_cdiv(s["H"] * S, 32) * 32, 1, 1)
-
-
-# CUDA function -> (grid, block) from the op's symbols (it may add symbols the kernel takes, like S)
-GEOMETRY = {
-    "obs_norm_f32": lambda s: _flat(s["B"] * s["n"]),
-    "linear_f32": lambda s: _flat(s["B"] * s["n_out"] * 32),  # a warp per output
-    "add_f32": lambda s: _flat(s["B"] * s["n"]),
-    "rmsnorm_f32": lambda s: ((s["B"], 1, 1), (32, 1, 1)),
-    "causal_conv_f32": lambda s: _flat(s["B"] * s["d"]),
-    "gru_cell_f32": lambda s: _flat(s["B"] * s["H"] * 32),  # a warp per hidden unit
-    "gru_commit_f32": lambda s: _flat(s["B"] * s["H"]),
-    "gru_scan_f32": _gru_scan_geometry,
-    "kv_write_f32": lambda s: _flat(s["B"] * s["d"]),
-    "attn_partial_f32": lambda s: ((s["B"] * s["n_heads"], s["P"], 1), (ATTN_THREADS, 1, 1)),
-    "attn_combine_f32": lambda s: ((s["B"] * s["n_heads"], 1, 1), (max(32, _cdiv(s["hd"], 32) * 32), 1, 1)),
-    "temporal_ensemble_f32": lambda s: ((s["B"], 1, 1), (64, 1, 1)),
-    "rng_noise_f32": lambda s: _flat(s["B"] * s["A"], 64),
-    "meta_advance_i64": lambda s: _flat(s["B"], 32),
-}
-
-
 def launches(kernel: str, *arrays, **consts) -> tuple[Launch, ...]:
     """The CUDA launches of one op over its arrays (in spec order), checked against the spec."""
     spec = SPECS[kernel]
@@ -65,7 +28,7 @@ def launches(kernel: str, *arrays, **consts) -> tuple[Launch, ...]:
     named = dict(zip(spec.params, arrays))
     out = []
     for fn in spec.cuda:
-        grid, block = GEOMETRY[fn.name](sym)
+        grid, block = fn.geometry(sym)
         out.append(Launch(fn.source, fn.name, grid, block, spec.cuda_args(fn, named, sym)))
     return tuple(out)
 
