@@ -178,7 +178,7 @@ def test_shim_reports_partial_warp_shuffles(tmp_path):
 
 def test_every_kernel_name_has_a_launcher_and_a_cuda_function():
     names = {n for src in kernel_dir().glob("*.cu") for n in CpuRawModule(src).names}
-    assert set(K.REGISTRY) == set(LAUNCHERS)
+    assert set(K.REGISTRY) <= set(LAUNCHERS)
     rng = np.random.default_rng(0)
     for name in K.REGISTRY:
         bufs, consts = case(name, rng, 2, 8)

@@ -84,8 +84,7 @@ def test_step_plan_and_prefill_walk_the_one_network_description(monkeypatch):
     from flashrt_ros.runtime import model
 
     stepped, sequenced = [], []
-    for op in model.INPUTS + model.BLOCK + model.OUTPUTS:
-        cls = type(op)
+    for cls in {type(op) for op, _ in model.walk(small_config())}:
         step, sequence = cls.step, cls.sequence
         monkeypatch.setattr(cls, "step", lambda self, plan, cfg, layer, f=step: (
             stepped.append((type(self).__name__, layer)), f(self, plan, cfg, layer))[1])

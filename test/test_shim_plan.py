@@ -26,6 +26,18 @@ def test_shim_plan_matches_numpy_over_200_steps(runs):
     assert_states_close(shim.state_tensors(), ref.state_tensors(), atol=2e-5)  # KV window gathered from the log
 
 
+def test_shim_prefill_runs_the_sequence_kernels_and_matches_numpy_prefill(runs):
+    """Cold prefill through the shim launches the mixer's sequence kernel (gru_scan_f32) as CUDA would."""
+    shim, ref, _, _, _ = runs
+    shim_state, ref_state = {}, {}
+    for s, out in ((shim, shim_state), (ref, ref_state)):
+        cid = s.pin(s.live_capsule_id).id
+        s.cold_prefill()
+        out.update(s.state_tensors())
+        s.rollback(cid)
+    assert_states_close(shim_state, ref_state, atol=2e-5)
+
+
 def test_shim_restore_is_byte_exact_against_itself(runs):
     shim, _, obs, _, _ = runs
     cid = shim.pin(shim.live_capsule_id).id

@@ -48,7 +48,7 @@ def _launcher(kernel: str):
     return launch
 
 
-LAUNCHERS = {name: _launcher(name) for name in SPECS if name != "gru_scan"}
+LAUNCHERS = {name: _launcher(name) for name in SPECS}
 
 
 def gru_scan(gi, w_hh, b_hh, hs) -> Launch:

@@ -40,6 +40,9 @@ class Op:
     def shared_weights(self, cfg) -> list[tuple[str, tuple[int, ...]]]:  # once for all layers
         return []
 
+    def scratch(self, cfg) -> list[tuple[str, tuple[int, ...]]]:  # per-row float32 work buffers of its own
+        return []
+
 
 # ---- input ---------------------------------------------------------------------------------------
 class Input(Op):
@@ -234,9 +237,14 @@ class MetaAdvance(Op):
         return x
 
 
+MIXERS = {"gru": Gru()}  # the recurrent slot of a block (config: mixer)
 INPUTS = (Input(),)
-BLOCK = (CausalConv(), Gru(), Attention(), Mlp())
 OUTPUTS = (ChunkHead(), Noise(), MetaAdvance())
+
+
+def block(cfg) -> tuple[Op, ...]:
+    """The ops of one layer."""
+    return CausalConv(), MIXERS[cfg.mixer], Attention(), Mlp()
 
 
 def walk(cfg):
@@ -244,7 +252,7 @@ def walk(cfg):
     for op in INPUTS:
         yield op, None
     for layer in range(cfg.n_layers):
-        for op in BLOCK:
+        for op in block(cfg):
             yield op, layer
     for op in OUTPUTS:
         yield op, None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .buffers import SMALL_ROLES, BufferSpec
 from .config import PolicyConfig
 from .kernels import KV_PAGE, window_pages
-from .model import BLOCK, INPUTS, MLP_RATIO, OUTPUTS, walk
+from .model import INPUTS, MLP_RATIO, OUTPUTS, block, walk
 from .plan import GraphPlan
 
 F32 = "float32"
@@ -23,7 +23,7 @@ class HybridPolicy:
     # ---- buffer table ---------------------------------------------------------------------
     def _layer_state(self, layer: int) -> list[BufferSpec]:
         """A layer's small state in role order (recurrent before conv), whatever the op order."""
-        specs = [s for op in BLOCK for s in op.state(self.cfg, layer)]
+        specs = [s for op in block(self.cfg) for s in op.state(self.cfg, layer)]
         return sorted(specs, key=lambda s: SMALL_ROLES.index(s.role))
 
     def state_specs(self) -> list[BufferSpec]:
@@ -40,7 +40,7 @@ class HybridPolicy:
         [kv_window, d] (slot = position % kv_window) beside the small state, page table excluded."""
         specs = []
         for layer in range(self.cfg.n_layers):
-            specs += [s for op in BLOCK for s in op.window(self.cfg, layer)] + self._layer_state(layer)
+            specs += [s for op in block(self.cfg) for s in op.window(self.cfg, layer)] + self._layer_state(layer)
         return specs + [s for op in INPUTS + OUTPUTS for s in op.state(self.cfg, None) if s.name != "kv_pages"]
 
     def work_specs(self) -> list[BufferSpec]:
@@ -62,6 +62,9 @@ class HybridPolicy:
             ("chunk_acc", (H, P, hd)), ("attn_max", (H, 1, 1)), ("attn_den", (H, 1, 1)),
             ("attn_part", (H, P, hd + 2)),  # CUDA split-K partials: (acc..., m, l) per chunk
         ]
+        names = {n for n, _ in scratch}
+        for op, _ in walk(c):  # an op's own work buffers, after the shared ones
+            scratch += [(n, s) for n, s in op.scratch(c) if n not in names and not names.add(n)]
         return io + [BufferSpec(n, s, F32, "scratch") for n, s in scratch]
 
     def weight_specs(self) -> list[BufferSpec]:

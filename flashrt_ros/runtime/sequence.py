@@ -73,12 +73,15 @@ def windowed_attention(xp, q, k, v, n_heads: int, window: int, first: int = 0):
 
 
 def gru_scan(backend, gi, w_hh, b_hh):
-    """hs[n, H]: the GRU recurrence over precomputed input gates; a fused kernel where the backend has one
-    (and H fits its block), else this loop on the backend's array module."""
+    """hs[n, H]: the GRU recurrence over precomputed input gates gi[n, 3H] (b_ih included), h0 = 0; the fused
+    kernel (gru_scan_f32: one persistent block) where the backend launches kernels and H fits its block, else
+    this loop on the backend's array module."""
     n, H = gi.shape[0], gi.shape[1] // 3
-    if hasattr(backend, "gru_scan") and H <= GRU_SCAN_MAX_H:
-        return backend.gru_scan(gi, w_hh, b_hh)
     xp = backend.xp
+    if hasattr(backend, "launch") and H <= GRU_SCAN_MAX_H:
+        hs = xp.empty((n, H), xp.float32)
+        backend.launch("gru_scan", *(xp.ascontiguousarray(a, dtype=xp.float32) for a in (gi, w_hh, b_hh)), hs)
+        return hs
     f32 = xp.float32
     # rows [h_{t-1}, 1]: one GEMV per step also adds b_hh. The r, z columns are halved (exact in
     # binary floating point) for sigmoid(a) = (1 + tanh(a / 2)) / 2.
