@@ -162,4 +162,15 @@ MUTATIONS = [
              "                pass\n",
              ["test/test_persist_attack.py::test_a_rollback_followed_by_a_crash_resumes_the_rolled_back_state"],
              "a rollback writes no marker: a crash before the next step resumes past the rollback"),
+    # issue 16 (h16model)
+    Mutation("ssm_step_kernel_never_writes_its_state", "kernels/ssm.cu",
+             "    hc[s] = hs;\n",
+             "",
+             ["test/test_kernels_shim.py::test_cuda_kernel_on_cpu_matches_numpy_twin"],
+             "the SSM's CUDA step computes the new state for its output but never stores it"),
+    Mutation("ssm_prefill_leaves_its_state_unset", RT + "model.py",
+             "        seq.live(f\"ssm_state.{layer}\")[...] = h\n",
+             "",
+             ["test/test_prefill.py"],
+             "cold prefill runs the SSM scan but leaves ssm_state at zero"),
 ]

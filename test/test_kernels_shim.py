@@ -17,7 +17,8 @@ from flashrt_ros.runtime.launch import LAUNCHERS, kernel_dir
 TOL = dict(rtol=2e-5, atol=2e-5)
 ONLY_NUMPY_SCRATCH = {"tmp", "gi", "gh", "ms", "scores", "chunk_m", "chunk_l", "chunk_acc", "attn_max", "attn_den",
                       "part", "out"}  # written by one side alone
-COMPARE = {"causal_conv": ("x", "conv_state", "out")}  # kernels whose `out` both sides write
+COMPARE = {"causal_conv": ("x", "conv_state", "out"),  # kernels whose `out` both sides write
+           "ssm_step": ("x", "h")}  # the rest is the twin's scratch
 
 
 def rows(rng, B, shape, gap=3, dtype=np.float32, fill=None):
@@ -65,6 +66,12 @@ def case(name, rng, B, n):
                     w_hh=(f((H, 3 * H)) * s).astype(np.float32), b_ih=f(3 * H).astype(np.float32),
                     b_hh=f(3 * H).astype(np.float32), gi=rows(rng, B, (3 * H,)), gh=rows(rng, B, (3 * H,)),
                     h_new=rows(rng, B, (H,), fill=np.nan)), {}
+    if name == "ssm_step":
+        N = 1 + n % 8  # 8, 2, 1 states per channel
+        return dict(x=rows(rng, B, (n,)), xn=rows(rng, B, (n,)), h=rows(rng, B, (n, N)),
+                    proj=rows(rng, B, (n + 2 * N,)), a_log=f((n, N)).astype(np.float32),
+                    d_skip=f(n).astype(np.float32), dt=rows(rng, B, (n,)), u=rows(rng, B, (n,)),
+                    decay=rows(rng, B, (n, N)), dbx=rows(rng, B, (n, N)), y=rows(rng, B, (n,))), {}
     if name == "gru_commit":
         return dict(h=rows(rng, B, (n,)), h_new=rows(rng, B, (n,)), x=rows(rng, B, (n,))), {}
     H = 2 if n % 2 == 0 else 1
@@ -213,6 +220,31 @@ def test_gru_scan_kernel_matches_the_stepwise_scan(n, H):
     assert la.block[0] % 32 == 0 and la.block[0] <= 512
     module(la.source).get_function(la.function)(la.grid, la.block, la.args)
     np.testing.assert_allclose(got, want, **TOL)
+
+
+@pytest.mark.parametrize("n, d, N", [(1, 8, 1), (37, 33, 8), (200, 64, 16)])
+def test_ssm_scan_kernel_matches_its_twin_and_stepping(n, d, N):
+    """The SSM's sequence kernel against its NumPy twin, and the twin against n steps of the step twin."""
+    rng = np.random.default_rng(n * d)
+    proj = rng.standard_normal((n, d + 2 * N)).astype(np.float32)
+    xn = rng.standard_normal((n, d)).astype(np.float32)
+    a_log = rng.standard_normal((d, N)).astype(np.float32)
+    d_skip = rng.standard_normal(d).astype(np.float32)
+    h_twin, y_twin = np.zeros((d, N), np.float32), np.zeros((n, d), np.float32)
+    K.ssm_scan_ref(proj, xn, a_log, d_skip, h_twin, y_twin)
+    h_cu, y_cu = np.full((d, N), np.nan, np.float32), np.full((n, d), np.nan, np.float32)
+    for la in LAUNCHERS["ssm_scan"](proj, xn, a_log, d_skip, h_cu, y_cu):
+        module(la.source).get_function(la.function)(la.grid, la.block, la.args)
+    np.testing.assert_allclose(h_cu, h_twin, **TOL)
+    np.testing.assert_allclose(y_cu, y_twin, **TOL)
+    h, x = np.zeros((1, d, N), np.float32), np.zeros((1, d), np.float32)
+    scratch = [np.zeros((1, d), np.float32), np.zeros((1, d), np.float32), np.zeros((1, d, N), np.float32),
+               np.zeros((1, d, N), np.float32), np.zeros((1, d), np.float32)]
+    for t in range(n):
+        x[...] = 0.0
+        K.ssm_step_ref(x, xn[t:t + 1], h, proj[t:t + 1], a_log, d_skip, *scratch)
+        np.testing.assert_allclose(x[0], y_twin[t], **TOL)
+    np.testing.assert_allclose(h[0], h_twin, **TOL)
 
 
 def test_gru_scan_launcher_refuses_what_the_kernel_cannot_hold():

@@ -42,7 +42,8 @@ class PolicyConfig:
     n_heads: int = _f(4, "attention heads; must divide d_model", min=1)
     conv_kernel: int = _f(4, "taps of the short causal conv; conv_state keeps conv_kernel-1 inputs", min=2)
     kv_window: int = _f(1024, "attention window in steps (10 s at 100 Hz); KV slots are reused modulo it", min=1)
-    mixer: str = _f("gru", "recurrent mixer of each block: gru (a GRU cell)", choices=("gru",),
+    mixer: str = _f("gru", "recurrent mixer of each block: gru (a GRU cell) or ssm (a diagonal selective "
+                           "state-space model, Mamba-style)", choices=("gru", "ssm"),
                     fingerprint=False)  # the plan and the state layout, both fingerprinted, differ per mixer
     chunk_len: int = _f(8, "actions predicted per step (action chunk / multi-token prediction)", min=1)
     action_noise_std: float = _f(0.0, "exploration noise std; 0 = deterministic policy", min=0.0)

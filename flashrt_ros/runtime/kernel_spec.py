@@ -24,14 +24,15 @@ KV_PAGE = 128  # log entries per page = keys per attention chunk = CUDA split
 ATTN_THREADS = 128  # threads per attention block
 ATTN_MAX_HD = 64
 GRU_SCAN_MAX_H = 512  # widest hidden state the one-block GRU scan holds (its shared h and block size)
+SSM_MAX_N = 16  # most states per channel the SSM scan keeps in registers
 ACT_NONE, ACT_SILU, ACT_TANH, ACT_RELU = 0, 1, 2, 3
 RMS_EPS = np.float32(1e-5)
 SCORE_FLOOR = np.float32(-60.0)  # softmax logits below max - 60 weigh < 1e-26: clamp, don't underflow
 ENSEMBLE_DECAY = 0.25  # weight exp(-decay * age): the newest chunk counts most
 
 CUDA_CONSTANTS = ("META_STEP", "META_POS", "META_KV_LEN", "META_RNG", "META_LEN", "KV_PAGE", "ATTN_THREADS",
-                  "ATTN_MAX_HD", "GRU_SCAN_MAX_H", "ACT_NONE", "ACT_SILU", "ACT_TANH", "ACT_RELU", "RMS_EPS",
-                  "SCORE_FLOOR", "ENSEMBLE_DECAY")
+                  "ATTN_MAX_HD", "GRU_SCAN_MAX_H", "SSM_MAX_N", "ACT_NONE", "ACT_SILU", "ACT_TANH", "ACT_RELU",
+                  "RMS_EPS", "SCORE_FLOOR", "ENSEMBLE_DECAY")
 _FLOAT_CONSTANTS = {"RMS_EPS", "SCORE_FLOOR", "ENSEMBLE_DECAY"}
 
 
@@ -256,6 +257,13 @@ spec("gru_commit", "h:f32[B,H]:w h_new:f32[B,H] x:f32[B,H]:rw",
 spec("gru_scan", "gi:f32[n,3*H] w_hh:f32[H,3*H] b_hh:f32[3*H] hs:f32[n,H]:w",
      ("recurrent.cu", "gru_scan_f32", "gi w_hh b_hh hs n H S", _gru_scan_geometry),
      require=("1 <= H <= GRU_SCAN_MAX_H",))
+# the selective SSM mixer: one step (after the linear that makes proj), and the whole sequence for prefill
+spec("ssm_step", "x:f32[B,d]:rw xn:f32[B,d] h:f32[B,d,N]:rw proj:f32[B,d+2*N] a_log:f32[d,N] d_skip:f32[d] "
+     "dt:f32[B,d]:w u:f32[B,d]:w decay:f32[B,d,N]:w dbx:f32[B,d,N]:w y:f32[B,d]:w",
+     ("ssm.cu", "ssm_step_f32", "x x_rs xn xn_rs h h_rs proj proj_rs a_log d_skip B d N", items("B * d")),
+     require=("1 <= N <= SSM_MAX_N",))
+spec("ssm_scan", "proj:f32[n,d+2*N] xn:f32[n,d] a_log:f32[d,N] d_skip:f32[d] h:f32[d,N]:w y:f32[n,d]:w",
+     ("ssm.cu", "ssm_scan_f32", "proj xn a_log d_skip h y n d N", items("d", 32)), require=("1 <= N <= SSM_MAX_N",))
 _LOG = ("qkv:f32[B,3*d] k_log:f32[n_pages,KV_PAGE,d]{a} v_log:f32[n_pages,KV_PAGE,d]{a} meta:i64[B,META_LEN] "
         "kv_pages:i64[B,P]")
 spec("kv_write", _LOG.format(a=":w"),

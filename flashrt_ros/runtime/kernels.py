@@ -185,6 +185,51 @@ def gru_commit_ref(h, h_new, x):
     x += h_new
 
 
+@kernel
+def ssm_step_ref(x, xn, h, proj, a_log, d_skip, dt, u, decay, dbx, y):
+    """Selective SSM step (kernels/ssm.cu): x[B,d] the residual, xn = rmsnorm(x), h[B,d,N], proj[B,d+2N] =
+    [dt_raw | B | C] from xn; dt = softplus, h = exp(-dt exp(a_log)) h + dt xn B, x += sum_s h C + d_skip xn.
+    dt, u, decay, dbx, y are scratch."""
+    d, N = x.shape[1], h.shape[2]
+    np.logaddexp(np.float32(0.0), proj[:, :d], out=dt)  # softplus
+    np.multiply(dt, xn, out=u)
+    decay[...] = a_log
+    np.exp(decay, out=decay)
+    np.multiply(decay, dt[:, :, None], out=decay)
+    np.negative(decay, out=decay)
+    np.exp(decay, out=decay)
+    np.multiply(u[:, :, None], proj[:, None, d:d + N], out=dbx)
+    h *= decay
+    h += dbx
+    np.multiply(h[:, :, 0], proj[:, d + N:d + N + 1], out=y)  # over s in order, as the kernel
+    for s in range(1, N):
+        np.multiply(h[:, :, s], proj[:, d + N + s:d + N + s + 1], out=u)
+        y += u
+    np.multiply(d_skip, xn, out=u)
+    y += u
+    x += y
+
+
+def ssm_scan_ref(proj, xn, a_log, d_skip, h, y):
+    """The sequence form (ssm_scan_f32): h0 = 0, y[n,d] the residual updates, h[d,N] the final state."""
+    n, d = xn.shape
+    N = h.shape[1]
+    a = np.exp(a_log)
+    dt = np.logaddexp(np.float32(0.0), proj[:, :d])
+    u = dt * xn
+    b_in, c_in = proj[:, d:d + N], proj[:, d + N:]
+    decay, hs = np.empty((d, N), np.float32), np.zeros((d, N), np.float32)
+    for t in range(n):
+        np.multiply(a, dt[t, :, None], out=decay)
+        np.negative(decay, out=decay)
+        np.exp(decay, out=decay)
+        hs *= decay
+        hs += u[t, :, None] * b_in[t]
+        np.matmul(hs, c_in[t], out=y[t])
+    y += d_skip * xn
+    h[...] = hs
+
+
 def _window(meta, kv_window: int, n_slots: int) -> tuple[int, int, int]:
     """(pos, first, count) of this step's window: positions first .. pos, count = min(kv_len + 1, W).
     Python ints, so a hostile meta wraps into range instead of indexing outside a buffer."""

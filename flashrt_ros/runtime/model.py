@@ -15,10 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from .buffers import BufferSpec
-from .kernels import ACT_NONE, ACT_SILU, ACT_TANH, KV_PAGE, META_LEN, advance_meta, window_pages
+from .kernels import ACT_NONE, ACT_SILU, ACT_TANH, KV_PAGE, META_LEN, advance_meta, ssm_scan_ref, window_pages
 from .sequence import gru_scan, rmsnorm, silu, windowed_attention
 
 MLP_RATIO = 2
+SSM_STATE = 8  # states per channel of the SSM mixer: ssm_state is [d_model, SSM_STATE]
 F32, I64 = "float32", "int64"
 
 
@@ -114,6 +115,48 @@ class Gru(Op):
         hs = gru_scan(seq.backend, gi, seq.w(p + "gru.w_hh"), seq.w(p + "gru.b_hh"))  # [n, d]
         seq.live(f"recurrent_state.{layer}")[...] = hs[-1]
         return x + hs
+
+
+class Ssm(Op):
+    """x += y, a diagonal selective state-space mixer (Mamba-style): xn = rmsnorm(x), proj = xn W_in + b_in
+    gives the input-dependent step dt (softplus), B and C; h = exp(-dt exp(a_log)) h + dt xn B,
+    y = h C + d_skip xn.
+    ssm_state is h [d, N]. Sequence form: proj by one GEMM, then the scan (kernels/ssm.cu, or its twin)."""
+
+    def state(self, cfg, layer):
+        return [BufferSpec(f"ssm_state.{layer}", (cfg.d_model, SSM_STATE), F32, "recurrent")]
+
+    def weights(self, cfg, layer):
+        p, d, P = f"layers.{layer}.", cfg.d_model, cfg.d_model + 2 * SSM_STATE
+        return [(p + "ssm_norm.g", (d,)), (p + "ssm.in.w", (d, P)), (p + "ssm.in.b", (P,)),
+                (p + "ssm.a_log", (d, SSM_STATE)), (p + "ssm.d", (d,))]
+
+    def scratch(self, cfg):
+        d, P = cfg.d_model, cfg.d_model + 2 * SSM_STATE
+        return [("ssm_proj", (P,)), ("ssm_proj_tmp", (P,)), ("ssm_dt", (d,)), ("ssm_u", (d,)),
+                ("ssm_decay", (d, SSM_STATE)), ("ssm_dbx", (d, SSM_STATE)), ("ssm_y", (d,))]
+
+    def step(self, plan, cfg, layer):
+        p = f"layers.{layer}."
+        plan.add("rmsnorm", "x", p + "ssm_norm.g", "xn", "ms", label=f"L{layer}.ssm_norm")
+        plan.add("linear", "xn", p + "ssm.in.w", p + "ssm.in.b", "ssm_proj", "ssm_proj_tmp", act=ACT_NONE,
+                 label=f"L{layer}.ssm_in")
+        plan.add("ssm_step", "x", "xn", f"ssm_state.{layer}", "ssm_proj", p + "ssm.a_log", p + "ssm.d", "ssm_dt",
+                 "ssm_u", "ssm_decay", "ssm_dbx", "ssm_y", label=f"L{layer}.ssm")
+
+    def sequence(self, seq, x, layer):
+        xp, p, w = seq.xp, f"layers.{layer}.", seq.w
+        xn = xp.ascontiguousarray(rmsnorm(xp, x, w(p + "ssm_norm.g")))
+        proj = xp.ascontiguousarray(xn @ w(p + "ssm.in.w") + w(p + "ssm.in.b"))  # [n, d + 2N]
+        h = xp.empty((seq.cfg.d_model, SSM_STATE), xp.float32)
+        y = xp.empty(x.shape, xp.float32)
+        args = (proj, xn, w(p + "ssm.a_log"), w(p + "ssm.d"), h, y)
+        if hasattr(seq.backend, "launch"):
+            seq.backend.launch("ssm_scan", *args)
+        else:
+            ssm_scan_ref(*args)
+        seq.live(f"ssm_state.{layer}")[...] = h
+        return x + y
 
 
 class Attention(Op):
@@ -237,7 +280,7 @@ class MetaAdvance(Op):
         return x
 
 
-MIXERS = {"gru": Gru()}  # the recurrent slot of a block (config: mixer)
+MIXERS = {"gru": Gru(), "ssm": Ssm()}  # the recurrent slot of a block (config: mixer)
 INPUTS = (Input(),)
 OUTPUTS = (ChunkHead(), Noise(), MetaAdvance())
 
