@@ -1,11 +1,11 @@
 """Every output byte of a fixed run is what it was on c220c38, before the one-model redesign (issue 16):
 actions, chunks, capsules, the exported file, replan (with and without commit) and cold prefill, for the
-default config and two small ones (a wrapping window, exploration noise). test/golden/golden_run.py
+default config and two small ones (a wrapping window, exploration noise). test/golden_run.py
 says how the hashes are made and how to regenerate them for an intended change."""
 import json
 
 import pytest
-from golden.golden_run import GOLDEN, RUNS, golden_run
+from golden_run import GOLDEN, RUNS, golden_run
 
 WANT = json.loads(GOLDEN.read_text())
 

@@ -2,7 +2,7 @@
 
 Computed on c220c38 (before the one-model redesign, issue 16) and checked in as default_config.json;
 any change to an action, a capsule, an exported file or a prefill shows up as a changed hash.
-Regenerate only for an intended change of behaviour:  .venv/bin/python test/golden/golden_run.py --write
+Regenerate only for an intended change of behaviour:  .venv/bin/python test/golden_run.py --write
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
+sys.path.insert(0, str(HERE.parent))
 
 from flashrt_ros.runtime import PolicyConfig, Session  # noqa: E402
 
-GOLDEN = HERE / "default_config.json"
+GOLDEN = HERE / "golden" / "default_config.json"
 
 # name -> (config changes from PolicyConfig(), steps). The default config crosses two KV pages; the small
 # one wraps its window several times; the noisy one runs the counter-based RNG.
