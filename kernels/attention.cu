@@ -6,9 +6,8 @@
 // can give wrong numbers but never a read or write outside a buffer.
 #include "common.cuh"
 
-#define ATTN_THREADS 128   // launch with exactly this many threads per block
-#define ATTN_MAX_HD 64
-#define KV_PAGE 128        // entries per log page = keys per attention split
+// ATTN_THREADS (threads per block, exactly), ATTN_MAX_HD and KV_PAGE (entries per log page = keys per
+// attention split) come from runtime/kernel_spec.py as -D flags.
 
 typedef unsigned long long u64;
 
@@ -19,13 +18,13 @@ __device__ __forceinline__ u64 log_page(const i64* pages, u64 ring, u64 n_pages)
 // k_log[page, pos % KV_PAGE, c] = qkv[b, d + c]; v likewise.     one thread per (b, c); pos from meta
 extern "C" __global__ void kv_write_f32(const float* __restrict__ qkv, i64 qkv_rs, float* __restrict__ k_log,
                                         float* __restrict__ v_log, i64 n_pages, const i64* __restrict__ meta,
-                                        i64 meta_rs, const i64* __restrict__ kv_pages, i64 pages_rs, int P, int B,
-                                        int d) {
+                                        i64 meta_rs, const i64* __restrict__ kv_pages, i64 kv_pages_rs, int P,
+                                        int B, int d) {
   int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * d) return;
   int b = idx / d, c = idx % d;
   const u64 pos = (u64)meta[b * meta_rs + META_POS];
-  const u64 page = log_page(kv_pages + b * pages_rs, (pos / KV_PAGE) % (u64)P, (u64)n_pages);
+  const u64 page = log_page(kv_pages + b * kv_pages_rs, (pos / KV_PAGE) % (u64)P, (u64)n_pages);
   const u64 at = (page * KV_PAGE + pos % KV_PAGE) * (u64)d + c;
   k_log[at] = qkv[b * qkv_rs + d + c];
   v_log[at] = qkv[b * qkv_rs + 2 * d + c];
@@ -64,9 +63,10 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
 extern "C" __global__ void attn_partial_f32(const float* __restrict__ qkv, i64 qkv_rs,
                                             const float* __restrict__ k_log, const float* __restrict__ v_log,
                                             i64 n_pages, const i64* __restrict__ meta, i64 meta_rs,
-                                            const i64* __restrict__ kv_pages, i64 pages_rs,
-                                            float* __restrict__ scores, i64 sc_rs, float* __restrict__ part,
-                                            i64 part_rs, int B, int W, int d, int H) {
+                                            const i64* __restrict__ kv_pages, i64 kv_pages_rs,
+                                            float* __restrict__ scores, i64 scores_rs, float* __restrict__ part,
+                                            i64 part_rs, int B, int kv_window, int d, int n_heads) {
+  const int W = kv_window, H = n_heads;
   __shared__ float red[32];
   __shared__ float grp[ATTN_THREADS];
   const int b = blockIdx.x / H, h = blockIdx.x % H, j = blockIdx.y, P = gridDim.y;
@@ -83,11 +83,11 @@ extern "C" __global__ void attn_partial_f32(const float* __restrict__ qkv, i64 q
     s0 = c == c_lo ? (int)(first % KV_PAGE) : 0;
     s1 = c == c_hi ? (int)(pos % KV_PAGE) + 1 : KV_PAGE;
   }
-  const u64 page = log_page(kv_pages + b * pages_rs, (u64)j, (u64)n_pages);
+  const u64 page = log_page(kv_pages + b * kv_pages_rs, (u64)j, (u64)n_pages);
   const float* q = qkv + b * qkv_rs + h * hd;
   const float* kb = k_log + page * KV_PAGE * (u64)d + h * hd;
   const float* vb = v_log + page * KV_PAGE * (u64)d + h * hd;
-  float* s = scores + b * sc_rs + ((i64)h * P + j) * KV_PAGE;
+  float* s = scores + b * scores_rs + ((i64)h * P + j) * KV_PAGE;
   const float scale = 1.0f / sqrtf((float)hd);
 
   float m = -INFINITY;
@@ -127,7 +127,8 @@ extern "C" __global__ void attn_partial_f32(const float* __restrict__ qkv, i64 q
 
 // out[b, h*hd + i] = sum_s acc_s[i] e^(m_s - M) / sum_s l_s e^(m_s - M).   grid B * H, block >= hd
 extern "C" __global__ void attn_combine_f32(const float* __restrict__ part, i64 part_rs, float* __restrict__ out,
-                                            i64 out_rs, int B, int d, int H, int n_splits) {
+                                            i64 out_rs, int B, int d, int n_heads, int P) {
+  const int H = n_heads, n_splits = P;
   const int b = blockIdx.x / H, h = blockIdx.x % H, i = threadIdx.x, hd = d / H;
   if (i >= hd) return;
   const float* p = part + b * part_rs + (i64)h * n_splits * (hd + 2);

@@ -1,20 +1,19 @@
 // Output-side ops: temporal ensemble over pending action chunks, counter-based noise, meta advance.
 #include "common.cuh"
 
-#define ENSEMBLE_DECAY 0.25f
-
 // Ring-write this step's chunk into mtp_state[b, step % K], then blend the pending predictions for
 // this step: action[b, a] = sum_age w(age) * ring[(step - age) % K][age * A + a] / sum w(age).
 // One block per row (the ring write must be visible to the blend).
 extern "C" __global__ void temporal_ensemble_f32(const float* __restrict__ chunk, i64 chunk_rs,
-                                                 float* __restrict__ mtp, i64 mtp_rs,
+                                                 float* __restrict__ mtp_state, i64 mtp_state_rs,
                                                  const i64* __restrict__ meta, i64 meta_rs,
-                                                 float* __restrict__ action, i64 act_rs, int B, int K, int A) {
+                                                 float* __restrict__ action, i64 action_rs, int B, int K,
+                                                 int A) {
   const int b = blockIdx.x;
   if (b >= B) return;
   // unsigned (as the NumPy twin's step % 2^62): a corrupt negative step can never index before the ring
   const unsigned long long step = (unsigned long long)meta[b * meta_rs + META_STEP] & ((1ull << 62) - 1);
-  float* ring = mtp + b * mtp_rs;
+  float* ring = mtp_state + b * mtp_state_rs;
   const int KA = K * A;
   for (int i = threadIdx.x; i < KA; i += blockDim.x) ring[(step % K) * KA + i] = chunk[b * chunk_rs + i];
   __syncthreads();
@@ -26,7 +25,7 @@ extern "C" __global__ void temporal_ensemble_f32(const float* __restrict__ chunk
       acc += ring[((step - age) % K) * KA + age * A + a] * w;
       wsum += w;
     }
-    action[b * act_rs + a] = acc * (1.0f / wsum);
+    action[b * action_rs + a] = acc * (1.0f / wsum);
   }
 }
 
@@ -47,8 +46,8 @@ __device__ __forceinline__ float rng_uniform(unsigned seed, unsigned long long c
 }
 
 // action[b, a] += std * N(0, 1), Box-Muller, keyed by meta's rng_counter.    one thread per (b, a)
-extern "C" __global__ void rng_noise_f32(float* __restrict__ action, i64 act_rs, const i64* __restrict__ meta,
-                                         i64 meta_rs, int B, int A, unsigned seed, float std_dev) {
+extern "C" __global__ void rng_noise_f32(float* __restrict__ action, i64 action_rs, const i64* __restrict__ meta,
+                                         i64 meta_rs, int B, int A, unsigned seed, float std) {
   int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * A) return;
   int b = idx / A, a = idx % A;
@@ -56,16 +55,16 @@ extern "C" __global__ void rng_noise_f32(float* __restrict__ action, i64 act_rs,
   float u1 = rng_uniform(seed, counter, (unsigned)a, 0u);
   float u2 = rng_uniform(seed, counter, (unsigned)a, 1u);
   float z = sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);
-  action[b * act_rs + a] += std_dev * z;
+  action[b * action_rs + a] += std * z;
 }
 
 // The last op of a step: step += 1, position += 1, kv_len = min(kv_len + 1, W), rng_counter += 1.
-extern "C" __global__ void meta_advance_i64(i64* __restrict__ meta, i64 meta_rs, int B, int W) {
+extern "C" __global__ void meta_advance_i64(i64* __restrict__ meta, i64 meta_rs, int B, int kv_window) {
   int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= B) return;
   i64* m = meta + b * meta_rs;
   m[META_STEP] += 1;
   m[META_POS] += 1;
-  m[META_KV_LEN] = m[META_KV_LEN] + 1 < W ? m[META_KV_LEN] + 1 : W;
+  m[META_KV_LEN] = m[META_KV_LEN] + 1 < kv_window ? m[META_KV_LEN] + 1 : kv_window;
   m[META_RNG] += 1;
 }

@@ -4,19 +4,19 @@
 // Depthwise causal conv over the last k inputs, then x += silu(conv).     one thread per (b, c)
 // conv_state[b]: [k-1, d], oldest first; w: [k, d]; b: [d]. conv_out[b, c] = silu(conv).
 extern "C" __global__ void causal_conv_f32(float* __restrict__ x, i64 x_rs, float* __restrict__ conv_state,
-                                           i64 cs_rs, const float* __restrict__ w, const float* __restrict__ bias,
-                                           float* __restrict__ conv_out, i64 out_rs, int B, int d, int k) {
+                                           i64 conv_state_rs, const float* __restrict__ w, const float* __restrict__ bias,
+                                           float* __restrict__ out, i64 out_rs, int B, int d, int k) {
   int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * d) return;
   int b = idx / d, c = idx % d;
-  float* st = conv_state + b * cs_rs;
+  float* st = conv_state + b * conv_state_rs;
   float xc = x[b * x_rs + c];
   float acc = xc * w[(i64)(k - 1) * d + c] + bias[c];
   for (int j = 0; j < k - 1; ++j) acc += st[(i64)j * d + c] * w[(i64)j * d + c];
   for (int j = 0; j < k - 2; ++j) st[(i64)j * d + c] = st[(i64)(j + 1) * d + c];
   st[(i64)(k - 2) * d + c] = xc;
   const float a = activate(acc, ACT_SILU);
-  conv_out[b * out_rs + c] = a;
+  out[b * out_rs + c] = a;
   x[b * x_rs + c] = xc + a;
 }
 
@@ -26,14 +26,14 @@ extern "C" __global__ void causal_conv_f32(float* __restrict__ x, i64 x_rs, floa
 extern "C" __global__ void gru_cell_f32(const float* __restrict__ x, i64 x_rs, const float* __restrict__ h,
                                         i64 h_rs, const float* __restrict__ w_ih, const float* __restrict__ w_hh,
                                         const float* __restrict__ b_ih, const float* __restrict__ b_hh,
-                                        float* __restrict__ h_new, i64 hn_rs, int B, int I, int H) {
+                                        float* __restrict__ h_new, i64 h_new_rs, int B, int n_in, int H) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (warp >= B * H) return;  // whole warps exit: blockDim is a multiple of 32
   const int b = warp / H, j = warp % H, G = 3 * H;
   const float* xb = x + b * x_rs;
   const float* hb = h + b * h_rs;
   float gi[3] = {0.0f, 0.0f, 0.0f}, gh[3] = {0.0f, 0.0f, 0.0f};
-  for (int i = lane; i < I; i += 32) {
+  for (int i = lane; i < n_in; i += 32) {
     const float xi = xb[i];
     const float* w = w_ih + (i64)i * G + j;
     gi[0] = fmaf(xi, w[0], gi[0]);
@@ -55,17 +55,17 @@ extern "C" __global__ void gru_cell_f32(const float* __restrict__ x, i64 x_rs, c
     const float r = sigmoid_f(gi[0] + gh[0]);
     const float z = sigmoid_f(gi[1] + gh[1]);
     const float n = tanhf(gi[2] + r * gh[2]);
-    h_new[b * hn_rs + j] = n + z * (hb[j] - n);
+    h_new[b * h_new_rs + j] = n + z * (hb[j] - n);
   }
 }
 
 // recurrent_state = h_new; x += h_new   (separate from the cell: every thread of the cell reads all of h)
 extern "C" __global__ void gru_commit_f32(float* __restrict__ h, i64 h_rs, const float* __restrict__ h_new,
-                                          i64 hn_rs, float* __restrict__ x, i64 x_rs, int B, int H) {
+                                          i64 h_new_rs, float* __restrict__ x, i64 x_rs, int B, int H) {
   int idx = blockIdx.x * blockDim.x + threadIdx.x;
   if (idx >= B * H) return;
   int b = idx / H, j = idx % H;
-  float v = h_new[b * hn_rs + j];
+  float v = h_new[b * h_new_rs + j];
   h[b * h_rs + j] = v;
   x[b * x_rs + j] += v;
 }
@@ -77,8 +77,8 @@ extern "C" __global__ void gru_commit_f32(float* __restrict__ h, i64 h_rs, const
 // (GRU_SCAN_REG per gate; rows past those are read from global). The S lanes of a unit are adjacent in
 // one warp: a fixed xor tree sums their partial dot products, and lane s = 0 applies the gates. h is
 // double-buffered in shared memory, so one barrier per step suffices.
-#define GRU_SCAN_MAX_H 512
-#define GRU_SCAN_THREADS 512   // blockDim.x <= this (H * S rounded up to a warp)
+// GRU_SCAN_MAX_H comes from runtime/kernel_spec.py (a -D flag); a multiple of 32
+#define GRU_SCAN_THREADS GRU_SCAN_MAX_H   // blockDim.x <= this (H * S rounded up to a warp)
 #define GRU_SCAN_REG 22     // 3 x 22 weights: 128 registers at 512 threads with no spill (ptxas -v, sm_87 and sm_90)
 extern "C" __global__ __launch_bounds__(GRU_SCAN_THREADS) void gru_scan_f32(
     const float* __restrict__ gi, const float* __restrict__ w_hh, const float* __restrict__ b_hh,

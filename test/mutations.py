@@ -19,20 +19,20 @@ RT = "flashrt_ros/runtime/"
 
 MUTATIONS = [
     Mutation("twin_allocates_per_step", RT + "kernels.py",
-             "    np.matmul(x[:, None, :], w, out=y[:, None, :])\n    y += b\n",
-             "    y[...] = (x[:, None, :] @ w)[:, 0] + b\n",
+             "    np.matmul(x[:, None, :], w, out=y[:, None, :])\n    y += bias\n",
+             "    y[...] = (x[:, None, :] @ w)[:, 0] + bias\n",
              ["test/test_plan_and_config.py::test_replay_allocates_no_arrays_whatever_the_model_size"],
              "a twin that allocates a temporary each step (a CUDA graph cannot)"),
     Mutation("attention_grid_from_host_kv_len", RT + "launch.py",
-             "    return (Launch(\"attention.cu\", \"attn_partial_f32\", (B * n_heads, P, 1),",
-             "    P = min(P, int(meta[0, 2]) // KV_PAGE + 2)  # sized on the host: a graph freezes it\n"
-             "    return (Launch(\"attention.cu\", \"attn_partial_f32\", (B * n_heads, P, 1),",
+             "        grid, block = fn.geometry(sym)\n",
+             "        if fn.name == \"attn_partial_f32\":  # sized on the host: a graph freezes it\n"
+             "            sym = {**sym, \"P\": min(sym[\"P\"], int(named[\"meta\"][0, 2]) // 128 + 2)}\n"
+             "        grid, block = fn.geometry(sym)\n",
              ["test/test_capture_discipline.py"],
              "the attention grid sized from kv_len read on the host, which a graph freezes"),
-    Mutation("noise_seed_varies_per_step", RT + "launch.py",
-             "(action, rs(action), meta, rs(meta), I32(B), I32(A), U32(seed & 0xFFFFFFFF), F32(std))",
-             "(action, rs(action), meta, rs(meta), I32(B), I32(A), U32((seed + int(meta[0, 3])) & 0xFFFFFFFF), "
-             "F32(std))",
+    Mutation("noise_seed_varies_per_step", RT + "kernel_spec.py",
+             "out.append(NP_TYPES[t](v & 0xFFFFFFFF if t == \"u32\" else v))",
+             "out.append(NP_TYPES[t]((v + int(arrays[\"meta\"][0, 3])) & 0xFFFFFFFF if t == \"u32\" else v))",
              ["test/test_capture_discipline.py"],
              "a noise seed taken from the step counter on the host"),
     Mutation("finite_check_before_cast", RT + "inputs.py",
@@ -99,10 +99,10 @@ MUTATIONS = [
              "the checksum covers the state but not the metadata"),
     Mutation("signed_kv_write_index", "kernels/attention.cu",
              "  const u64 pos = (u64)meta[b * meta_rs + META_POS];\n"
-             "  const u64 page = log_page(kv_pages + b * pages_rs, (pos / KV_PAGE) % (u64)P, (u64)n_pages);\n"
+             "  const u64 page = log_page(kv_pages + b * kv_pages_rs, (pos / KV_PAGE) % (u64)P, (u64)n_pages);\n"
              "  const u64 at = (page * KV_PAGE + pos % KV_PAGE) * (u64)d + c;",
              "  const i64 pos = meta[b * meta_rs + META_POS];\n"
-             "  const u64 page = log_page(kv_pages + b * pages_rs, (u64)((pos / KV_PAGE) % P), (u64)n_pages);\n"
+             "  const u64 page = log_page(kv_pages + b * kv_pages_rs, (u64)((pos / KV_PAGE) % P), (u64)n_pages);\n"
              "  const i64 at = ((i64)page * KV_PAGE + pos % KV_PAGE) * (i64)d + c;",
              ["test/test_kernels_shim.py"],
              "slot = pos % W with a signed pos: a negative position writes before the log"),
@@ -147,7 +147,7 @@ MUTATIONS = [
              "    if False:\n",
              ["test/test_persist.py::test_a_flipped_byte_in_the_last_record_is_cut_and_in_an_older_needed_segment_refused"],
              "a flipped byte inside a record is loaded as state"),
-    Mutation("prefill_attention_sees_keys_older_than_the_window", RT + "prefill.py",
+    Mutation("prefill_attention_sees_keys_older_than_the_window", RT + "sequence.py",
              "        if old > 0:\n",
              "        if old > 10**9:\n",
              ["test/test_prefill.py"],
@@ -275,4 +275,15 @@ MUTATIONS = [
              "            pass\n",
              ["test/test_replay_mcap_limits.py::test_chunks_overlapping_in_time_count_together_and_the_limit_can_be_raised"],
              "chunks that rosbags holds at once, each under the limit, together far over it"),
+    # issue 16 (h16model)
+    Mutation("ssm_step_kernel_never_writes_its_state", "kernels/ssm.cu",
+             "    hc[s] = hs;\n",
+             "",
+             ["test/test_kernels_shim.py::test_cuda_kernel_on_cpu_matches_numpy_twin"],
+             "the SSM's CUDA step computes the new state for its output but never stores it"),
+    Mutation("ssm_prefill_leaves_its_state_unset", RT + "model.py",
+             "        seq.live(f\"ssm_state.{layer}\")[...] = h\n",
+             "",
+             ["test/test_prefill.py"],
+             "cold prefill runs the SSM scan but leaves ssm_state at zero"),
 ]

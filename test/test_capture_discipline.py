@@ -16,9 +16,9 @@ def checked_session(**kw):
     return Session(small_config(**kw), CaptureCheckBackend())
 
 
-@pytest.mark.parametrize("kv_window", [48, 300, 1024])
-def test_real_plan_passes_capture_discipline_through_steps_rollbacks_and_replans(kv_window):
-    s = checked_session(kv_window=kv_window)
+@pytest.mark.parametrize("kv_window, mixer", [(48, "gru"), (300, "gru"), (1024, "gru"), (300, "ssm")])
+def test_real_plan_passes_capture_discipline_through_steps_rollbacks_and_replans(kv_window, mixer):
+    s = checked_session(kv_window=kv_window, mixer=mixer)
     assert any(op.kernel == "rng_noise" for op in s.plan.ops)
     n = window_pages(kv_window) * KV_PAGE + 20  # past the wrap of the page ring: several attention splits
     obs = observation_trace(n + 20)

@@ -1,9 +1,22 @@
-"""The determinism contract of DESIGN.md, clause by clause, on the NumPy backend."""
+"""The determinism contract of DESIGN.md, clause by clause, on the NumPy backend, for every mixer (the
+recurrent slot of a block: GRU or selective SSM)."""
 import numpy as np
 import pytest
 
 from conftest import assert_states_close, observation_trace, small_config
 from flashrt_ros.runtime import Session
+
+MIXERS = ["gru", "ssm"]
+
+
+@pytest.fixture(params=MIXERS)
+def mixer(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def session(mixer) -> Session:
+    return Session(small_config(mixer=mixer))
 
 
 def run(session, obs):
@@ -88,8 +101,8 @@ def test_cold_replay_follows_the_live_branch_after_rollback_and_commit(session, 
 
 
 @pytest.mark.parametrize("n", [1, 47, 150])
-def test_cold_prefill_matches_cold_replay_within_float_tolerance(n):
-    s = Session(small_config())
+def test_cold_prefill_matches_cold_replay_within_float_tolerance(n, mixer):
+    s = Session(small_config(mixer=mixer))
     run(s, observation_trace(n))
     replayed = s.state_tensors()
     s.cold_prefill()
@@ -103,15 +116,15 @@ def test_cold_prefill_matches_cold_replay_within_float_tolerance(n):
     np.testing.assert_allclose(a1, a2, atol=1e-4)
 
 
-def test_noise_is_reproducible_from_a_capsule():
-    s = Session(small_config(action_noise_std=0.1, seed=7))
+def test_noise_is_reproducible_from_a_capsule(mixer):
+    s = Session(small_config(action_noise_std=0.1, seed=7, mixer=mixer))
     obs = observation_trace(40)
     run(s, obs[:20])
     cid = s.live_capsule_id
     a = run(s, obs[20:])
     s.rollback(cid)
     assert run(s, obs[20:]).tobytes() == a.tobytes()
-    quiet = Session(small_config(seed=7))
+    quiet = Session(small_config(seed=7, mixer=mixer))
     run(quiet, obs[:20])
     assert np.abs(run(quiet, obs[20:]) - a).max() > 1e-3
 
@@ -132,11 +145,11 @@ def test_history_limit_bounds_memory_and_refuses_cold_recompute_beyond_it():
     assert s.state_host().tobytes() == before.tobytes()
 
 
-def test_prefill_from_a_recorded_history_matches_stepping():
+def test_prefill_from_a_recorded_history_matches_stepping(mixer):
     obs = observation_trace(120)
-    stepped = Session(small_config())
+    stepped = Session(small_config(mixer=mixer))
     run(stepped, obs)
-    s = Session(small_config())
+    s = Session(small_config(mixer=mixer))
     s.prefill_from(obs)
     assert s.step_count == 120
     np.testing.assert_allclose(run(s, obs[:5]), run(stepped, obs[:5]), atol=1e-4)

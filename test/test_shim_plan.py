@@ -8,9 +8,9 @@ from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.kernels import KV_PAGE, window_pages
 
 
-@pytest.fixture(scope="module")
-def runs():
-    cfg = small_config(action_noise_std=0.05, seed=3)
+@pytest.fixture(scope="module", params=["gru", "ssm"])
+def runs(request):
+    cfg = small_config(action_noise_std=0.05, seed=3, mixer=request.param)
     obs = observation_trace(230, seed=5)
     shim, ref = Session(cfg, ShimBackend()), Session(cfg, "numpy")
     a_shim = np.stack([shim.step(o).action for o in obs[:200]])
@@ -24,6 +24,19 @@ def test_shim_plan_matches_numpy_over_200_steps(runs):
     # headroom for recurrent amplification while a wrong op or stride gives differences of order 0.1
     np.testing.assert_allclose(a_shim, a_ref, rtol=0, atol=1e-5)
     assert_states_close(shim.state_tensors(), ref.state_tensors(), atol=2e-5)  # KV window gathered from the log
+
+
+def test_shim_prefill_runs_the_sequence_kernels_and_matches_numpy_prefill(runs):
+    """Cold prefill through the shim launches the mixer's sequence kernel (gru_scan_f32, ssm_scan_f32) as
+    CUDA would."""
+    shim, ref, _, _, _ = runs
+    shim_state, ref_state = {}, {}
+    for s, out in ((shim, shim_state), (ref, ref_state)):
+        cid = s.pin(s.live_capsule_id).id
+        s.cold_prefill()
+        out.update(s.state_tensors())
+        s.rollback(cid)
+    assert_states_close(shim_state, ref_state, atol=2e-5)
 
 
 def test_shim_restore_is_byte_exact_against_itself(runs):
@@ -47,12 +60,13 @@ def test_shim_replan_branches_equal_shim_live_stepping(runs):
         assert live.tobytes() == res.actions[b].tobytes()
 
 
+@pytest.mark.parametrize("mixer", ["gru", "ssm"])
 @pytest.mark.parametrize("kv_window", [300, 1024])
-def test_shim_plan_matches_numpy_past_the_page_ring_wrap(kv_window, tmp_path):
+def test_shim_plan_matches_numpy_past_the_page_ring_wrap(kv_window, mixer, tmp_path):
     """A window of several attention splits, after the page ring wrapped: the NumPy session runs the
     long prefix, the shim session imports its capsule and both continue across a page boundary; then
     the shim's replan branches must equal the shim's own live stepping byte for byte."""
-    cfg = small_config(kv_window=kv_window, max_branches=3, action_noise_std=0.05, seed=3)
+    cfg = small_config(kv_window=kv_window, max_branches=3, action_noise_std=0.05, seed=3, mixer=mixer)
     ring = window_pages(kv_window) * KV_PAGE
     obs = observation_trace(ring + 160, seed=7)
     start = ring + 120  # 8 steps before a page boundary

@@ -25,6 +25,9 @@ NODE_PARAMETERS = frozenset({
 
 
 def _f(default, help: str, **kw):
+    """kw: min (a lower bound), choices (the allowed values); fingerprint=False for a field that does not
+    change what a state row means (capsule bookkeeping, where the weights come from): capsules stay valid
+    across it."""
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -40,18 +43,24 @@ class PolicyConfig:
     n_heads: int = _f(4, "attention heads; must divide d_model", min=1)
     conv_kernel: int = _f(4, "taps of the short causal conv; conv_state keeps conv_kernel-1 inputs", min=2)
     kv_window: int = _f(1024, "attention window in steps (10 s at 100 Hz); KV slots are reused modulo it", min=1)
+    mixer: str = _f("gru", "recurrent mixer of each block: gru (a GRU cell) or ssm (a diagonal selective "
+                           "state-space model, Mamba-style)", choices=("gru", "ssm"),
+                    fingerprint=False)  # the plan and the state layout, both fingerprinted, differ per mixer
     chunk_len: int = _f(8, "actions predicted per step (action chunk / multi-token prediction)", min=1)
     action_noise_std: float = _f(0.0, "exploration noise std; 0 = deterministic policy", min=0.0)
     seed: int = _f(0, "seed for random weights and the counter-based noise RNG", min=0)
     capsule_capacity: int = _f(0, "capsule records to keep; 0 = as many as capsule_budget_mb holds (minutes at "
-                                  "100 Hz: a capsule is its small state plus a shared KV log entry)", min=0)
+                                  "100 Hz: a capsule is its small state plus a shared KV log entry)", min=0,
+                               fingerprint=False)
     capsule_budget_mb: float = _f(512.0, "memory for capsule records and the KV log they share; sets the rollback "
-                                   "depth", min=0.0)
-    capsule_every_n_steps: int = _f(1, "take a capsule after every N-th step (1 = every step)", min=1)
-    max_branches: int = _f(8, "rows of the batched replan plan: branches per Replan goal", min=1)
+                                   "depth", min=0.0, fingerprint=False)
+    capsule_every_n_steps: int = _f(1, "take a capsule after every N-th step (1 = every step)", min=1,
+                                    fingerprint=False)
+    max_branches: int = _f(8, "rows of the batched replan plan: branches per Replan goal", min=1,
+                           fingerprint=False)
     history_limit: int = _f(100_000, "observations kept for the cold-recompute baselines (~17 min at 100 Hz); "
-                               "older ones are dropped", min=1)
-    weights_path: str = _f("", "safetensors weights; empty = seeded random weights")
+                               "older ones are dropped", min=1, fingerprint=False)
+    weights_path: str = _f("", "safetensors weights; empty = seeded random weights", fingerprint=False)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -68,6 +77,9 @@ class PolicyConfig:
             lo = f.metadata.get("min")
             if lo is not None and not v >= lo:  # `not >=` also rejects NaN
                 raise ValueError(f"{f.name}: must be >= {lo}, got {v!r}")
+            choices = f.metadata.get("choices")
+            if choices is not None and v not in choices:
+                raise ValueError(f"{f.name}: must be one of {', '.join(choices)}, got {v!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads: must divide d_model ({self.d_model}), got {self.n_heads}")
         if self.head_dim > 64:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .launch import gru_scan as launch_gru_scan
-from .launch import kernel_dir, launches_for
+from .kernel_spec import cuda_defines
+from .launch import kernel_dir, launches, launches_for
 
 _D2D = 3  # cudaMemcpyDeviceToDevice
 
@@ -116,21 +116,16 @@ class CupyBackend:
         mod = self._modules.get(source)
         if mod is None:
             code = (self._kdir / source).read_text()
-            mod = self._modules[source] = self.xp.RawModule(code=code, options=("-std=c++17", f"-I{self._kdir}"))
+            mod = self._modules[source] = self.xp.RawModule(code=code, options=("-std=c++17", f"-I{self._kdir}",
+                                                                                  *cuda_defines()))
         return mod.get_function(name)
 
     def bind(self, plan, arena, start: int, count: int) -> CudaGraphReplay:
         return CudaGraphReplay(self, plan, arena, start, count)
 
-    def gru_scan(self, gi, w_hh, b_hh):
-        """hs[n, H] of a GRU over precomputed input gates gi[n, 3H] (b_ih included), h0 = 0: one persistent
-        block for the whole sequence (kernels/recurrent.cu). Used by cold_prefill for H <= GRU_SCAN_MAX_H."""
-        n, G = gi.shape
+    def launch(self, kernel: str, *arrays, **consts) -> None:
+        """One kernel of the spec table, eagerly on the runtime stream (cold prefill's sequence kernels, such
+        as the GRU scan: sequence.py)."""
         with self.stream:
-            hs = self.xp.empty((n, G // 3), self.xp.float32)
-            gi = self.xp.ascontiguousarray(gi, dtype=self.xp.float32)
-            w_hh = self.xp.ascontiguousarray(w_hh, dtype=self.xp.float32)
-            b_hh = self.xp.ascontiguousarray(b_hh, dtype=self.xp.float32)
-            la = launch_gru_scan(gi, w_hh, b_hh, hs)
-            self.function(la.source, la.function)(la.grid, la.block, la.args)
-        return hs
+            for la in launches(kernel, *arrays, **consts):
+                self.function(la.source, la.function)(la.grid, la.block, la.args)

@@ -20,33 +20,52 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# meta layout (int64 per row)
-META_STEP, META_POS, META_KV_LEN, META_RNG = 0, 1, 2, 3
-META_LEN = 8  # room for more counters without a layout change
-
-# The KV log is cut into pages of KV_PAGE entries; page = attention chunk = CUDA split. Entry of
-# position t lives at (kv_pages[(t // KV_PAGE) % window_pages(W)], t % KV_PAGE).
-KV_PAGE = 128
+from .kernel_spec import (  # noqa: F401 - re-exported: the constants shared with kernels/*.cu
+    ACT_NONE,
+    ACT_RELU,
+    ACT_SILU,
+    ACT_TANH,
+    ENSEMBLE_DECAY,
+    KV_PAGE,
+    META_KV_LEN,
+    META_LEN,
+    META_POS,
+    META_RNG,
+    META_STEP,
+    RMS_EPS,
+    SCORE_FLOOR,
+    SPECS,
+    KernelSpec,
+)
 
 
 def window_pages(kv_window: int) -> int:
     """Page-table slots of one row: the pages any window of kv_window positions can touch."""
     return -(-kv_window // KV_PAGE) + 1
 
-ACT_NONE, ACT_SILU, ACT_TANH, ACT_RELU = 0, 1, 2, 3
-RMS_EPS = np.float32(1e-5)
-SCORE_FLOOR = np.float32(-60.0)  # softmax logits below max - 60 weigh < 1e-26: clamp, don't underflow
-ENSEMBLE_DECAY = 0.25  # weight exp(-decay * age): the newest chunk counts most
-
 
 @dataclass(frozen=True)
 class Kernel:
+    """A plan op's kernel: its spec (kernel_spec.py) and its NumPy twin."""
     name: str
     ref: Callable
-    params: tuple[str, ...]  # buffer parameters, in order
-    writes: tuple[str, ...]  # the subset of params the kernel writes
-    consts: tuple[str, ...] = ()  # integer/float constants, fixed at capture
-    inplace: tuple[str, ...] = ()  # written params that are also read
+    spec: KernelSpec
+
+    @property
+    def params(self) -> tuple[str, ...]:  # buffer parameters, in order
+        return self.spec.params
+
+    @property
+    def writes(self) -> tuple[str, ...]:  # the subset of params the kernel writes
+        return self.spec.writes
+
+    @property
+    def consts(self) -> tuple[str, ...]:  # integer/float constants, fixed at capture
+        return tuple(c for c, _ in self.spec.consts)
+
+    @property
+    def inplace(self) -> tuple[str, ...]:  # written params that are also read
+        return self.spec.inplace
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -56,13 +75,15 @@ class Kernel:
 REGISTRY: dict[str, Kernel] = {}
 
 
-def kernel(params: str, writes: str, consts: str = "", inplace: str = ""):
-    def deco(fn):
-        name = fn.__name__.removesuffix("_ref")
-        REGISTRY[name] = Kernel(name, fn, tuple(params.split()), tuple(writes.split()),
-                                tuple(consts.split()), tuple(inplace.split()))
-        return fn
-    return deco
+def kernel(fn):
+    """Register fn (``<name>_ref``) as the NumPy twin of the kernel spec ``<name>``."""
+    name = fn.__name__.removesuffix("_ref")
+    spec = SPECS[name]
+    args = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+    if args != spec.params + tuple(c for c, _ in spec.consts):
+        raise TypeError(f"{fn.__name__}{args} does not take the parameters of its spec {spec.params}")
+    REGISTRY[name] = Kernel(name, fn, spec)
+    return fn
 
 
 def _act_(y: np.ndarray, act: int, tmp: np.ndarray) -> None:
@@ -77,28 +98,28 @@ def _act_(y: np.ndarray, act: int, tmp: np.ndarray) -> None:
         np.maximum(y, 0.0, out=y)
 
 
-@kernel("obs mean inv_std x", "x")
+@kernel
 def obs_norm_ref(obs, mean, inv_std, x):
     """x[B,obs] = (obs - mean) * inv_std."""
     np.subtract(obs, mean, out=x)
     x *= inv_std
 
 
-@kernel("x w b y tmp", "y tmp", "act")
-def linear_ref(x, w, b, y, tmp, act):
-    """y[B,out] = act(x[B,in] @ w[in,out] + b[out])."""
+@kernel
+def linear_ref(x, w, bias, y, tmp, act):
+    """y[B,out] = act(x[B,in] @ w[in,out] + bias[out])."""
     np.matmul(x[:, None, :], w, out=y[:, None, :])
-    y += b
+    y += bias
     _act_(y, act, tmp)
 
 
-@kernel("x y", "x", inplace="x")
+@kernel
 def add_ref(x, y):
     """x[B,n] += y[B,n] (residual)."""
     x += y
 
 
-@kernel("x g y ms", "y ms")
+@kernel
 def rmsnorm_ref(x, g, y, ms):
     """y[B,n] = x / sqrt(mean(x^2) + eps) * g; ms[B,1,1] is the per-row mean square."""
     np.matmul(x[:, None, :], x[:, :, None], out=ms)
@@ -109,15 +130,15 @@ def rmsnorm_ref(x, g, y, ms):
     y *= g
 
 
-@kernel("x conv_state w b out tmp", "x conv_state out tmp", inplace="x conv_state")
-def causal_conv_ref(x, conv_state, w, b, out, tmp):
+@kernel
+def causal_conv_ref(x, conv_state, w, bias, out, tmp):
     """Depthwise causal conv over the last k inputs, then x += silu(conv).
 
-    x[B,d]; conv_state[B,k-1,d] holds the previous k-1 inputs, oldest first; w[k,d]; b[d].
+    x[B,d]; conv_state[B,k-1,d] holds the previous k-1 inputs, oldest first; w[k,d]; bias[d].
     """
     km1 = conv_state.shape[1]
     np.multiply(x, w[km1], out=out)
-    out += b
+    out += bias
     for j in range(km1):
         np.multiply(conv_state[:, j], w[j], out=tmp)
         out += tmp
@@ -128,7 +149,7 @@ def causal_conv_ref(x, conv_state, w, b, out, tmp):
     x += out
 
 
-@kernel("x h w_ih w_hh b_ih b_hh gi gh h_new", "gi gh h_new")
+@kernel
 def gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new):
     """GRU cell (PyTorch gate order r, z, n): h_new[B,H] from x[B,I], h[B,H].
 
@@ -157,11 +178,56 @@ def gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new):
     h_new += n
 
 
-@kernel("h h_new x", "h x", inplace="x")
+@kernel
 def gru_commit_ref(h, h_new, x):
     """recurrent_state = h_new (in place); x += h_new."""
     h[...] = h_new
     x += h_new
+
+
+@kernel
+def ssm_step_ref(x, xn, h, proj, a_log, d_skip, dt, u, decay, dbx, y):
+    """Selective SSM step (kernels/ssm.cu): x[B,d] the residual, xn = rmsnorm(x), h[B,d,N], proj[B,d+2N] =
+    [dt_raw | B | C] from xn; dt = softplus, h = exp(-dt exp(a_log)) h + dt xn B, x += sum_s h C + d_skip xn.
+    dt, u, decay, dbx, y are scratch."""
+    d, N = x.shape[1], h.shape[2]
+    np.logaddexp(np.float32(0.0), proj[:, :d], out=dt)  # softplus
+    np.multiply(dt, xn, out=u)
+    decay[...] = a_log
+    np.exp(decay, out=decay)
+    np.multiply(decay, dt[:, :, None], out=decay)
+    np.negative(decay, out=decay)
+    np.exp(decay, out=decay)
+    np.multiply(u[:, :, None], proj[:, None, d:d + N], out=dbx)
+    h *= decay
+    h += dbx
+    np.multiply(h[:, :, 0], proj[:, d + N:d + N + 1], out=y)  # over s in order, as the kernel
+    for s in range(1, N):
+        np.multiply(h[:, :, s], proj[:, d + N + s:d + N + s + 1], out=u)
+        y += u
+    np.multiply(d_skip, xn, out=u)
+    y += u
+    x += y
+
+
+def ssm_scan_ref(proj, xn, a_log, d_skip, h, y):
+    """The sequence form (ssm_scan_f32): h0 = 0, y[n,d] the residual updates, h[d,N] the final state."""
+    n, d = xn.shape
+    N = h.shape[1]
+    a = np.exp(a_log)
+    dt = np.logaddexp(np.float32(0.0), proj[:, :d])
+    u = dt * xn
+    b_in, c_in = proj[:, d:d + N], proj[:, d + N:]
+    decay, hs = np.empty((d, N), np.float32), np.zeros((d, N), np.float32)
+    for t in range(n):
+        np.multiply(a, dt[t, :, None], out=decay)
+        np.negative(decay, out=decay)
+        np.exp(decay, out=decay)
+        hs *= decay
+        hs += u[t, :, None] * b_in[t]
+        np.matmul(hs, c_in[t], out=y[t])
+    y += d_skip * xn
+    h[...] = hs
 
 
 def _window(meta, kv_window: int, n_slots: int) -> tuple[int, int, int]:
@@ -172,7 +238,7 @@ def _window(meta, kv_window: int, n_slots: int) -> tuple[int, int, int]:
     return pos, pos - count + 1, count
 
 
-@kernel("qkv k_log v_log meta kv_pages", "k_log v_log")
+@kernel
 def kv_write_ref(qkv, k_log, v_log, meta, kv_pages):
     """Append this step's k, v (qkv[B,3d]) at position pos: k_log[page, pos % KV_PAGE] with page =
     kv_pages[b, (pos // KV_PAGE) % P]. k_log, v_log: [pages, KV_PAGE, d] (shared by all rows)."""
@@ -196,8 +262,7 @@ def _mask_outside(a2: np.ndarray, first: int, count: int, value) -> None:
         a2[..., hi:lo] = value
 
 
-@kernel("qkv k_log v_log meta kv_pages out scores chunk_m chunk_l chunk_acc attn_max attn_den part ones",
-        "out scores chunk_m chunk_l chunk_acc attn_max attn_den part", "n_heads kv_window")
+@kernel
 def attn_decode_ref(qkv, k_log, v_log, meta, kv_pages, out, scores, chunk_m, chunk_l, chunk_acc, attn_max, attn_den,
                     part, ones, n_heads, kv_window):
     """Single-query attention over the window, split by page (chunk) and combined in a fixed order.
@@ -256,7 +321,7 @@ def attn_decode_ref(qkv, k_log, v_log, meta, kv_pages, out, scores, chunk_m, chu
     np.matmul(w, chunk_acc, out=out.reshape(B, n_heads, 1, hd))
 
 
-@kernel("chunk mtp_state meta action tmp", "mtp_state action tmp", inplace="mtp_state")
+@kernel
 def temporal_ensemble_ref(chunk, mtp_state, meta, action, tmp):
     """Blend the pending predictions for this step (ACT-style temporal ensemble).
 
@@ -296,7 +361,7 @@ def rng_uniform(seed: int, counter: int, index: np.ndarray, stream: int) -> np.n
     return ((h >> np.uint32(8)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / (1 << 24))
 
 
-@kernel("action meta", "action", "seed std", inplace="action")
+@kernel
 def rng_noise_ref(action, meta, seed, std):
     """action[B,A] += std * N(0,1), Box-Muller over a counter-based hash keyed by meta's rng_counter.
 
@@ -310,12 +375,19 @@ def rng_noise_ref(action, meta, seed, std):
     action += np.float32(std) * z
 
 
-@kernel("meta", "meta", "kv_window", inplace="meta")
+def advance_meta(meta, n: int, kv_window: int) -> None:
+    """meta[B, META_LEN] after n more steps: step, position and rng_counter += n, kv_len = min(kv_len + n, W).
+    The one definition: the step twin takes n = 1, cold prefill n = the history (kernels/head.cu is the CUDA
+    twin of n = 1)."""
+    meta[:, META_STEP] += n
+    meta[:, META_POS] += n
+    kv = meta[:, META_KV_LEN]
+    kv += n
+    np.minimum(kv, kv_window, out=kv)
+    meta[:, META_RNG] += n
+
+
+@kernel
 def meta_advance_ref(meta, kv_window):
     """Last op of a step: step += 1, position += 1, kv_len = min(kv_len + 1, W), rng_counter += 1."""
-    meta[:, META_STEP] += 1
-    meta[:, META_POS] += 1
-    kv = meta[:, META_KV_LEN]
-    kv += 1
-    np.minimum(kv, kv_window, out=kv)
-    meta[:, META_RNG] += 1
+    advance_meta(meta, 1, kv_window)

@@ -9,6 +9,7 @@ import ctypes
 import importlib.util
 from pathlib import Path
 
+from .kernel_spec import cuda_defines
 from .launch import kernel_dir
 
 NVRTC_OPTIONS = ("--device-as-default-execution-space", "-std=c++17")
@@ -52,7 +53,7 @@ def compile_cubin(source: str | Path, arch: int, include_dir: str | Path | None 
     _preload_pip_nvrtc()
     source = Path(source)
     inc = Path(include_dir) if include_dir else kernel_dir()
-    opts = (f"-arch=sm_{arch}", *NVRTC_OPTIONS, f"-I{inc}")
+    opts = (f"-arch=sm_{arch}", *NVRTC_OPTIONS, f"-I{inc}", *cuda_defines())
     prog = compiler._NVRTCProgram(source.read_text(), source.name, method="cubin")
     try:
         cubin, _ = prog.compile(opts)

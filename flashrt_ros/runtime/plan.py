@@ -76,6 +76,7 @@ class NumpyReplay:
                 v = arena[a]
                 spec = arena.placements[a].spec
                 views.append(v[start:start + count] if spec.per_row else v)
+            op.spec.spec.bind(views, op.const_dict(), contiguity=False)  # the twin's checks, once at bind
             self.calls.append((op.spec.ref, tuple(views), op.const_dict()))
 
     def replay(self) -> None:

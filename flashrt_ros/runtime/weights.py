@@ -1,6 +1,7 @@
 """Weights: seeded init, safetensors load/save with every name/shape/dtype checked, fingerprint."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -11,9 +12,8 @@ from .buffers import BufferSpec
 from .config import PolicyConfig
 
 CONST_PREFIX = "const."  # constants live beside weights but are never loaded or saved
-# Fields that change what a state row means; capsule bookkeeping and weights_path do not.
-_FINGERPRINT_EXCLUDE = {"capsule_capacity", "capsule_budget_mb", "capsule_every_n_steps", "max_branches",
-                        "weights_path", "history_limit"}
+# Fields that do not change what a state row means (config.py marks them)
+_FINGERPRINT_EXCLUDE = {f.name for f in dataclasses.fields(PolicyConfig) if not f.metadata.get("fingerprint", True)}
 
 
 class WeightsError(ValueError):

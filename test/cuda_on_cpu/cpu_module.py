@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flashrt_ros.runtime.kernel_spec import cuda_defines
+
 HERE = Path(__file__).resolve().parent
 SHIM = HERE / "cpu_shim.h"
 CACHE = HERE.parents[1] / "build" / "cuda_on_cpu"
@@ -67,7 +69,8 @@ class CpuRawKernel:
 
 class CpuRawModule:
     def __init__(self, path: str | os.PathLike, include_dirs=(), cxx: str = "g++",
-                 extra_flags=("-O2", "-U_FORTIFY_SOURCE")):  # fortified longjmp rejects fiber stacks
+                 extra_flags=("-O2", "-U_FORTIFY_SOURCE"),  # fortified longjmp rejects fiber stacks
+                 defines: tuple[str, ...] | None = None):  # None: the runtime's shared constants
         path = Path(path).resolve()
         src = path.read_text()
         self.names = _KERNEL_RE.findall(src)
@@ -79,7 +82,8 @@ class CpuRawModule:
                 f'extern "C" int cpu_nargs__{n}() {{ return cushim::nargs({n}); }}\n'
                 f'extern "C" const int* cpu_argsizes__{n}() {{ return cushim::arg_sizes({n}); }}')
         wsrc = "\n".join(wrapper) + "\n"
-        flags = [cxx, "-std=c++17", "-shared", "-fPIC", *extra_flags, "-include", str(SHIM), "-I", str(path.parent)]
+        flags = [cxx, "-std=c++17", "-shared", "-fPIC", *extra_flags, *(cuda_defines() if defines is None else defines),
+                 "-include", str(SHIM), "-I", str(path.parent)]
         for d in include_dirs:
             flags += ["-I", str(d)]
         headers = "".join(p.read_text() for p in sorted(path.parent.glob("*.cuh")))

@@ -9,7 +9,7 @@ from functools import cache
 
 from cuda_on_cpu.cpu_module import CpuRawModule
 from flashrt_ros.runtime.backend import NumpyBackend
-from flashrt_ros.runtime.launch import kernel_dir, launches_for
+from flashrt_ros.runtime.launch import kernel_dir, launches, launches_for
 
 
 @cache
@@ -32,3 +32,8 @@ class ShimBackend(NumpyBackend):
 
     def bind(self, plan, arena, start: int, count: int) -> ShimReplay:
         return ShimReplay(plan, arena, start, count)
+
+    def launch(self, kernel: str, *arrays, **consts) -> None:
+        """As the CUDA backend: cold prefill's sequence kernels (the GRU scan) run as their .cu code."""
+        for la in launches(kernel, *arrays, **consts):
+            module(la.source).get_function(la.function)(la.grid, la.block, la.args)
