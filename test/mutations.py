@@ -162,4 +162,10 @@ MUTATIONS = [
              "                pass\n",
              ["test/test_persist_attack.py::test_a_rollback_followed_by_a_crash_resumes_the_rolled_back_state"],
              "a rollback writes no marker: a crash before the next step resumes past the rollback"),
+    # issue 15 (h15ros)
+    Mutation("rollback_without_target_accepted", "flashrt_ros/ros/services.py",
+             "        if not request.capsule_id and not request.steps_back:\n",
+             "        if False:\n",
+             ["test/test_ros_safe_defaults.py::test_a_rollback_request_that_names_no_target_is_refused_and_changes_nothing"],
+             "an empty Rollback request ({}) moves the robot back to the last capsule"),
 ]

@@ -139,6 +139,10 @@ class CapsuleServices:
         response.success, response.message, response.capsule = True, f"capsule {info.id}", info_msg(info)
 
     def rollback(self, request, response):
+        if not request.capsule_id and not request.steps_back:
+            # the all-defaults request ({}): with capsule_every_n_steps > 1 it would move the robot back
+            raise ValueError("name a target: steps_back >= 1 (from the live state) or a capsule_id; a request "
+                             "with neither (capsule_id 0, steps_back 0) changes nothing")
         t0 = time.perf_counter()
         info = self.session.rollback(request.capsule_id or None, int(request.steps_back))
         response.elapsed_ms = (time.perf_counter() - t0) * 1e3
