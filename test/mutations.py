@@ -194,4 +194,9 @@ MUTATIONS = [
              "",
              ["test/test_ros_params.py::test_a_replan_goal_over_replan_max_goal_mb_is_refused_before_it_is_converted"],
              "a 179 MB goal is converted: hundreds of MB and a control-loop gap"),
+    Mutation("capsule_capacity_error_blames_the_budget", "flashrt_ros/runtime/sizing.py",
+             "            if records < reserve_records + 1:  # the records alone are too few, whatever the budget\n",
+             "            if False:\n",
+             ["test/test_ros_lifecycle.py::test_bad_parameters_and_params_files_give_one_line_naming_the_problem"],
+             "capsule_capacity: 8 fails with an error about the 512 MB budget"),
 ]
