@@ -199,4 +199,9 @@ MUTATIONS = [
              "            if False:\n",
              ["test/test_ros_lifecycle.py::test_bad_parameters_and_params_files_give_one_line_naming_the_problem"],
              "capsule_capacity: 8 fails with an error about the 512 MB budget"),
+    Mutation("pinned_capsule_dropped", "flashrt_ros/ros/services.py",
+             "        if request.capsule_id and session.capsule_info(request.capsule_id).pinned:",
+             "        if False:",
+             ["test/test_ros_pins.py"],
+             "drop_capsule forgets a pinned capsule without it being unpinned"),
 ]

@@ -162,7 +162,11 @@ class CapsuleServices:
         response.success, response.message = True, f"{len(capsules)} capsules"
 
     def drop_capsule(self, request, response):
-        self.session.drop(request.capsule_id)
+        session = self.session
+        if request.capsule_id and session.capsule_info(request.capsule_id).pinned:  # services run one at a time
+            raise ValueError(f"capsule {request.capsule_id} is pinned: unpin it first (set_pin with pin: false), "
+                             "then drop it")
+        session.drop(request.capsule_id)
         response.success, response.message = True, f"capsule {request.capsule_id} dropped"
 
     def set_pin(self, request, response):
