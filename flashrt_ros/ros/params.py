@@ -35,12 +35,6 @@ def default_capsule_dir() -> str:
     return str(Path(ros_home) / "flashrt_capsules")
 
 
-def _positive_number(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}: must be a positive finite number, got {v!r}")
-    return float(v)
-
-
 def _string(name: str, v, choices: tuple[str, ...] = ()) -> str:
     if not isinstance(v, str):
         raise ValueError(f"{name}: expected a string, got {v!r}")
@@ -64,18 +58,6 @@ def _joint_names(name: str, v) -> list[str]:
         dup = sorted({j for j in v if list(v).count(j) > 1})
         raise ValueError(f"{name}: duplicate joint names {dup}")
     return list(v)
-
-
-def _non_negative(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
-    return float(v)
-
-
-def _count(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{name}: must be an integer >= 0, got {v!r}")
-    return v
 
 
 INT64_MAX = 2**63 - 1
