@@ -32,6 +32,9 @@ def test_interfaces_import_with_the_contract_fields():
     assert set(SetPin.Response.get_fields_and_field_types()) == {"success", "message", "capsule"}
     assert set(ExportCapsule.Response.get_fields_and_field_types()) == {"success", "message", "sha256"}
     assert Replan.Goal.get_fields_and_field_types()["commit_branch"] == "int32"
+    # a left-out field is the harmless choice: a what-if, the live state, the node's deadline; a pin
+    assert (Replan.Goal().commit_branch, Replan.Goal().capsule_id, Replan.Goal().deadline_ms) == (-1, 0, 0.0)
+    assert SetPin.Request().pin is True
     assert set(Replan.Feedback.get_fields_and_field_types()) == {"branches_done", "steps_done", "elapsed_ms"}
     assert {"rejected": "boolean", "steps_done": "uint32"}.items() <= Replan.Result.get_fields_and_field_types().items()
 

@@ -125,6 +125,10 @@ BAD_STARTS = {
     "resume_without_persist_dir": ({"resume": True}, None, "persist_dir"),
     "persist_budget_below_two_segments": ({"persist_dir": "/nonexistent-flashrt/log", "persist_budget_mb": 10.0},
                                           None, "persist_budget_mb"),
+    "deadline_over_its_cap": ({"replan_deadline_ms": 500.0}, None, "must not exceed replan_max_deadline_ms (200)"),
+    "cap_over_the_ceiling": ({"replan_max_deadline_ms": 1e9}, None, "replan_max_deadline_ms: must be in"),
+    # 8 records cannot hold the live step's capsule and a replan's 8 branch capsules: the budget is not to blame
+    "capacity_below_the_reserve": ({"capsule_capacity": 8}, None, "capsule_capacity: 8 is below the 10"),
     "missing_params_file": ({}, "/nonexistent/flashrt.yaml", "params file"),
     "invalid_params_file": ({}, "bad.yaml", "params file"),
 }
@@ -150,6 +154,8 @@ def test_bad_parameters_and_params_files_give_one_line_naming_the_problem(ros_do
         assert "Traceback" not in out, (name, out)
         errors = [ln for ln in out.splitlines() if want in ln and ("configure failed" in ln or "cannot start" in ln)]
         assert len(errors) == 1, (name, out)
+        if name == "capacity_below_the_reserve":
+            assert "cannot hold" not in out and "max_branches" in out, out
 
 
 def test_an_inactive_node_publishes_nothing_on_its_lifecycle_publishers(ros_domain, tmp_path):

@@ -6,7 +6,8 @@ import sys
 
 import numpy as np
 import pytest
-from replan_helpers import live_sha, set_param
+from replan_helpers import live_sha
+from ros_harness import NodeProcess
 
 from conftest import observation_trace
 
@@ -55,16 +56,19 @@ def test_refused_goals_carry_their_reason_change_nothing_and_every_goal_of_a_bur
     assert all("busy" in o.reason for o in outcomes if not o.accepted), {o.reason for o in outcomes}
     assert all(t.is_task_complete() for t in tasks)
 
-    # --- the demo planner survives refusals: every goal over a 10 ms cap is refused, it reports them ---
-    set_param(planner, "replan_max_deadline_ms", 10.0)
-    summary_path = tmp_path / "planner.json"
-    run = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.planner", "--duration", "1.2", "--period", "0.3",
-                          "--namespace", "/test", "--json", str(summary_path)], env=ros_domain,
-                         capture_output=True, text=True, timeout=60)
+    # --- the demo planner survives refusals: a node with max_branches 2 refuses its 4-branch goals ---
+    refusing = NodeProcess(ros_domain, tmp_path / "refusing.log", namespace="/refusing",
+                           capsule_dir=str(tmp_path / "capsules"), max_branches=2)
+    try:
+        summary_path = tmp_path / "planner.json"
+        run = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.planner", "--duration", "1.2", "--period",
+                              "0.3", "--namespace", "/refusing", "--json", str(summary_path)], env=ros_domain,
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        assert refusing.stop() == 0, refusing.output()[-2000:]
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stdout + run.stderr
-    assert "replan refused: rejected: deadline_ms 50 is over replan_max_deadline_ms 10" in run.stdout, run.stdout
+    assert "replan refused: rejected: branches must be 1..2 (max_branches), got 4" in run.stdout, run.stdout
     summary = json.loads(summary_path.read_text())
     assert summary["replans_refused"] == summary["rounds"] >= 2
-    set_param(planner, "replan_max_deadline_ms", 200.0)
     assert planner.client.replan(np.stack([obs[:8]])).succeeded
     assert "replan goal rejected" in proc.output()

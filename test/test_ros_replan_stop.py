@@ -123,6 +123,35 @@ def test_deactivate_during_a_replan_answers_the_goal_at_once_and_commits_nothing
     assert live_sha(planner, "after_deactivate") == sha
 
 
+def test_service_calls_in_flight_during_deactivate_are_all_answered(long_node):
+    from lifecycle_msgs.msg import Transition
+
+    from flashrt_interfaces.srv import SetPin, Snapshot
+    _, _, planner = long_node
+    cid = planner.client.list_capsules().live_capsule_id
+    set_pin = planner.node.create_client(SetPin, f"{NS}/set_pin")
+    assert set_pin.wait_for_service(timeout_sec=10)
+    task = planner.client.send_replan(long_goal_observations(), deadline_ms=LONG)
+    wait_for_feedback(planner, task)
+    # these wait behind the replan for the runtime lock, one at a time (queued on the service worker)
+    calls = [set_pin.call_async(SetPin.Request(capsule_id=cid, pin=k % 2 == 0)) for k in range(6)]
+    calls.append(planner.client.clients["snapshot"].call_async(Snapshot.Request(label="in_flight")))
+    planner.spin(0.3)
+    assert not any(c.done() for c in calls)
+    assert change_state(planner, Transition.TRANSITION_DEACTIVATE)
+    # every call gets an answer: the one already waiting for the lock ran once the replan stopped, the
+    # ones queued behind it were refused naming the state; none is left without one
+    answers = [planner.client.wait_for(call, 10.0) for call in calls]
+    refused = [r for r in answers if not r.success]
+    assert len(refused) >= len(calls) - 1, [r.message for r in answers]
+    assert all("refused: the node is deactivating" in r.message for r in refused), [r.message for r in refused]
+    task.get_result(timeout_s=10.0)
+    assert change_state(planner, Transition.TRANSITION_ACTIVATE)
+    planner.wait_ready()
+    planner.node.destroy_client(set_pin)
+    assert planner.client.list_capsules().success
+
+
 def test_sigint_during_a_replan_exits_0_without_errors(long_node):
     _, proc, planner = long_node
     task = planner.client.send_replan(long_goal_observations(), deadline_ms=LONG)

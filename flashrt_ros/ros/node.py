@@ -164,6 +164,8 @@ class FlashRTNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_deactivate(self, state: State | None) -> TransitionCallbackReturn:
+        if self._capsule_services is not None:  # calls queued behind a replan are answered "deactivating"
+            self._capsule_services.destroy()
         # The replan worker first: it may still publish feedback, which needs a live node and context.
         if self._replan_server is not None:
             self._replan_server.destroy()

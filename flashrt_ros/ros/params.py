@@ -1,22 +1,28 @@
-"""Node parameters: every PolicyConfig field plus the node's own, each with a description.
+"""Node parameters: every PolicyConfig field plus the node's own, each with a description and, for
+numbers, the range the node enforces (in the descriptor, so `ros2 param describe` and rqt show it).
 
 Every parameter is declared with dynamic typing, so a value of the wrong type never ends in an rclpy
 traceback at declaration: the values are checked here, by name, when the node configures (and for the
 few live parameters, when they are set), giving a one-line error that names the parameter. An integer
-for a float parameter (``capsule_budget_mb: 512``) is accepted.
+for a float parameter (``capsule_budget_mb: 512``, ``ros2 param set ... replan_deadline_ms 30``) is
+taken as that float: the parameter stays a double.
 
 Sizes and the node's structural parameters are declared ``read_only``: they are read once, from the
 params file or ``-p`` at start-up, and ``ros2 param describe`` says so. Changing one means restarting
-the node. Only the deadlines can be set while the node runs.
+the node. Only the deadlines can be set while the node runs, and ``replan_max_deadline_ms`` only up to
+its start-up value (its range's maximum): no client can raise the time one goal may hold the only
+replan slot. ``replan_deadline_ms`` never exceeds ``replan_max_deadline_ms``, checked whichever is set.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
+import sys
 from pathlib import Path
 
-from rcl_interfaces.msg import ParameterDescriptor, SetParametersResult
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
+from rclpy.exceptions import InvalidParameterValueException
 from rclpy.parameter import Parameter
 
 from ..runtime.config import PolicyConfig
@@ -27,12 +33,6 @@ def default_capsule_dir() -> str:
     exports survive a reboot, unlike /tmp."""
     ros_home = os.environ.get("ROS_HOME") or str(Path("~/.ros").expanduser())
     return str(Path(ros_home) / "flashrt_capsules")
-
-
-def _positive_number(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name}: must be a positive finite number, got {v!r}")
-    return float(v)
 
 
 def _string(name: str, v, choices: tuple[str, ...] = ()) -> str:
@@ -60,16 +60,41 @@ def _joint_names(name: str, v) -> list[str]:
     return list(v)
 
 
-def _non_negative(name: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
-    return float(v)
+INT64_MAX = 2**63 - 1
+FLOAT_MAX = sys.float_info.max
+REPLAN_DEADLINE_CEILING_MS = 600_000.0  # 10 min: the most replan_max_deadline_ms may say, even at start-up
+# name: (from, to), both inclusive: each numeric node parameter's range, in its descriptor and enforced.
+# PolicyConfig fields get theirs from their `min` (config.py), up to the type's largest value.
+NODE_RANGES = {
+    "replan_deadline_ms": (0.001, REPLAN_DEADLINE_CEILING_MS),
+    "replan_max_deadline_ms": (0.001, REPLAN_DEADLINE_CEILING_MS),
+    "replan_max_goal_mb": (0.001, 4096.0),
+    "step_deadline_ms": (0.001, 60_000.0),
+    "diagnostics_period_s": (0.01, 3600.0),
+    "persist_fsync_ms": (0.0, 3_600_000.0),
+    "persist_fsync_records": (0, 2**31 - 1),
+    "persist_segment_mb": (0.001, 1_048_576.0),
+    "persist_budget_mb": (0.001, 1_073_741_824.0),
+    "persist_queue_mb": (0.0, 1_048_576.0),
+}
 
 
-def _count(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{name}: must be an integer >= 0, got {v!r}")
+def _number_in(name: str, v, lo, hi):
+    """v as the type of the range (an int is taken for a float), inside [lo, hi]; ValueError naming name."""
+    if isinstance(lo, float):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name}: expected a finite number in [{lo:g}, {hi:g}], got {v!r}")
+        v = float(v)
+    elif isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{name}: expected an integer in [{lo}, {hi}], got {v!r}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}: must be in [{lo:g}, {hi:g}], got {v!r}")
     return v
+
+
+def _ranged(name: str, v):
+    lo, hi = NODE_RANGES[name]
+    return _number_in(name, v, lo, hi)
 
 
 def _capsule_dir(name: str, v) -> str:
@@ -93,13 +118,16 @@ NODE_PARAMS = {
                              "(best effort). Depth 4 either way, as during a replan: the 4 newest wait, the "
                              "oldest is dropped first",
                              _bool, False),
-    "replan_deadline_ms": (50.0, "default Replan deadline when a goal says 0 (positive, finite)",
-                           _positive_number, True),
+    "replan_deadline_ms": (50.0, "default Replan deadline when a goal says 0; at most replan_max_deadline_ms",
+                           _ranged, True),
     "replan_max_deadline_ms": (200.0, "longest deadline a Replan goal may ask for; a goal over it is rejected "
-                               "(one replan runs at a time, so this bounds how long a goal occupies it)",
-                               _positive_number, True),
-    "step_deadline_ms": (10.0, "a step slower than this is counted and warned about (positive, finite)",
-                         _positive_number, True),
+                               "(one replan runs at a time, so this bounds how long a goal occupies it). Can be "
+                               "lowered while the node runs, never raised above its start-up value (the range's "
+                               f"maximum; at most {REPLAN_DEADLINE_CEILING_MS:g} ms)", _ranged, True),
+    "replan_max_goal_mb": (16.0, "largest Replan goal: branches x horizon x obs_dim x 4 bytes of observations; "
+                           "a larger goal is rejected before it is converted (it would cost memory and a "
+                           "control-loop gap)", _ranged, False),
+    "step_deadline_ms": (10.0, "a step slower than this is counted and warned about", _ranged, True),
     "capsule_dir": (default_capsule_dir(), "directory of export_capsule / import_capsule files (created "
                     "with mode 0700; refused if another user owns it). Default $ROS_HOME/flashrt_capsules, "
                     "ROS_HOME defaulting to ~/.ros", _capsule_dir, False),
@@ -108,7 +136,7 @@ NODE_PARAMS = {
                               "are refused. The key itself is never a parameter value. Empty = no HMAC",
                               lambda n, v: _string(n, v), False),
     "diagnostics_period_s": (1.0, "period of /diagnostics (published in every lifecycle state)",
-                             _positive_number, False),
+                             _ranged, False),
     "autostart": (True, "configure and activate on start-up, without a lifecycle manager", _bool, False),
     # persistence (crash-resume): runtime/persist.py
     "persist_dir": ("", "directory of the capsule log: every timeline capsule is appended there, off the step's "
@@ -120,17 +148,19 @@ NODE_PARAMS = {
                                  "(persist_dir/stale-<time>/) and start fresh", _bool, False),
     "persist_fsync_ms": (100.0, "fsync the log at least this often, in ms (0 = no time trigger); a kill -9 "
                          "loses only what is still queued, a power cut what is not fsynced yet",
-                         _non_negative, False),
-    "persist_fsync_records": (0, "also fsync after this many records (0 = no count trigger)", _count, False),
+                         _ranged, False),
+    "persist_fsync_records": (0, "also fsync after this many records (0 = no count trigger)", _ranged, False),
     "persist_segment_mb": (64.0, "segment file size; each segment starts with a whole-window record",
-                           _positive_number, False),
+                           _ranged, False),
     "persist_budget_mb": (2048.0, "disk budget of the log (segments and pin files): the oldest segments are "
-                          "removed first, pinned capsules last; at least two segments", _positive_number, False),
+                          "removed first, pinned capsules last; at least two segments", _ranged, False),
     "persist_queue_mb": (64.0, "records waiting for the disk; past it records are dropped (counted in "
                          "/diagnostics) and the next one written is a whole-window resync point",
-                         _non_negative, False),
+                         _ranged, False),
 }
 LIVE_PARAMS = {n for n, (_, _, _, live) in NODE_PARAMS.items() if live}
+FLOAT_PARAMS = ({n for n, (default, *_) in NODE_PARAMS.items() if isinstance(default, float)}
+                | {f.name for f in dataclasses.fields(PolicyConfig) if f.type in ("float", float)})
 READ_ONLY_NOTE = " [read-only: set at start-up (params file or -p); restart the node to change it]"
 
 
@@ -161,22 +191,59 @@ def command_line_overrides(argv, node_name: str) -> dict:
     return out
 
 
+def policy_range(f: dataclasses.Field):
+    """A PolicyConfig field's range: its `min`, up to the type's largest value; None for a string."""
+    lo = f.metadata.get("min")
+    if lo is None:
+        return None
+    return (int(lo), INT64_MAX) if f.type in ("int", int) else (float(lo), FLOAT_MAX)
+
+
+def _with_range(descriptor: ParameterDescriptor, lo, hi) -> ParameterDescriptor:
+    if isinstance(lo, float):
+        descriptor.floating_point_range = [FloatingPointRange(from_value=lo, to_value=hi, step=0.0)]
+    else:
+        descriptor.integer_range = [IntegerRange(from_value=lo, to_value=hi, step=1)]
+    return descriptor
+
+
+def _declared_value(node, name: str, default, overrides: dict):
+    """What the parameter starts with: -p, else the params file, else the default; an integer given for
+    a float parameter becomes that float (the parameter stays a double)."""
+    if name in overrides:
+        value = overrides[name]
+    else:
+        given = getattr(node, "_parameter_overrides", {}).get(name)  # the params file (rclpy keeps it there)
+        value = default if given is None or given.type_ == Parameter.Type.NOT_SET else given.value
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    return value
+
+
 def declare_all(node, overrides: dict | None = None) -> None:
     """``overrides``: command_line_overrides(); those values are declared as given (see there)."""
     overrides = overrides or {}
 
-    def declare(name, default, descriptor):
-        if name in overrides:
-            node.declare_parameter(name, overrides[name], descriptor, ignore_override=True)
-        else:
-            node.declare_parameter(name, default, descriptor)
+    def declare(name, default, description, read_only, rng):
+        value = _declared_value(node, name, default, overrides)
+        if name == "replan_max_deadline_ms" and rng is not None:
+            try:  # its start-up value is its ceiling: clients may lower it, never raise it past this
+                rng = (rng[0], _number_in(name, value, *rng))
+            except ValueError:
+                pass  # configure fails and says why
+        def descriptor():
+            return ParameterDescriptor(description=description, read_only=read_only, dynamic_typing=True)
+
+        try:
+            node.declare_parameter(name, value, _with_range(descriptor(), *rng) if rng else descriptor(),
+                                   ignore_override=True)
+        except InvalidParameterValueException:  # out of range: configure names it in one line
+            node.declare_parameter(name, value, descriptor(), ignore_override=True)
 
     for f in dataclasses.fields(PolicyConfig):
-        declare(f.name, f.default, ParameterDescriptor(
-            description=f.metadata["help"] + READ_ONLY_NOTE, read_only=True, dynamic_typing=True))
+        declare(f.name, f.default, f.metadata["help"] + READ_ONLY_NOTE, True, policy_range(f))
     for name, (default, help_text, _, live) in NODE_PARAMS.items():
-        declare(name, default, ParameterDescriptor(
-            description=help_text + ("" if live else READ_ONLY_NOTE), read_only=not live, dynamic_typing=True))
+        declare(name, default, help_text + ("" if live else READ_ONLY_NOTE), not live, NODE_RANGES.get(name))
 
 
 def check_node_param(name: str, value):
@@ -184,11 +251,37 @@ def check_node_param(name: str, value):
     return NODE_PARAMS[name][2](name, value)
 
 
+def _declared_range(node, name: str):
+    """The range in the parameter's descriptor (replan_max_deadline_ms: up to its start-up value)."""
+    d = node.describe_parameter(name)
+    if d.floating_point_range:
+        return d.floating_point_range[0].from_value, d.floating_point_range[0].to_value
+    if d.integer_range:
+        return d.integer_range[0].from_value, d.integer_range[0].to_value
+    return None
+
+
+def check_deadlines(deadline_ms: float, max_deadline_ms: float) -> None:
+    if deadline_ms > max_deadline_ms:
+        raise ValueError(f"replan_deadline_ms ({deadline_ms:g}) must not exceed replan_max_deadline_ms "
+                         f"({max_deadline_ms:g}): every goal that relies on the default would be refused. Lower "
+                         "replan_deadline_ms first, or set both at once")
+
+
 def read_config(node) -> tuple[PolicyConfig, dict]:
     """PolicyConfig and the node's own parameters; ValueError naming the parameter."""
     values = {f.name: _value(node, f.name) for f in dataclasses.fields(PolicyConfig)}
+    for f in dataclasses.fields(PolicyConfig):
+        rng, v = policy_range(f), values[f.name]
+        # a value of the wrong type is left to PolicyConfig, which names the type it expects
+        if rng is not None and isinstance(v, type(rng[0])) and not isinstance(v, bool):
+            _number_in(f.name, v, *rng)
     cfg = PolicyConfig(**values)  # checks types and ranges field by field, naming the field
     own = {n: check_node_param(n, _value(node, n)) for n in NODE_PARAMS}
+    ceiling = _declared_range(node, "replan_max_deadline_ms")
+    if ceiling is not None:
+        _number_in("replan_max_deadline_ms", own["replan_max_deadline_ms"], *ceiling)
+    check_deadlines(own["replan_deadline_ms"], own["replan_max_deadline_ms"])
     return cfg, own
 
 
@@ -197,16 +290,37 @@ def _value(node, name: str):
     return None if p.type_ == Parameter.Type.NOT_SET else p.value
 
 
+def _as_double(p: Parameter) -> Parameter:
+    if p.name in FLOAT_PARAMS and p.type_ == Parameter.Type.INTEGER:
+        return Parameter(p.name, Parameter.Type.DOUBLE, float(p.value))
+    return p
+
+
 def guard_live_params(node) -> None:
-    """Read-only parameters are refused by rclpy itself; the live ones get the configure-time check."""
+    """Read-only parameters are refused by rclpy itself; the live ones get the configure-time check, the
+    deadline pair is checked together, and an integer for a double parameter is set as that double."""
 
     def check(params):
-        for p in params:
-            if p.name in LIVE_PARAMS:
-                try:
-                    check_node_param(p.name, None if p.type_ == Parameter.Type.NOT_SET else p.value)
-                except ValueError as e:
-                    return SetParametersResult(successful=False, reason=str(e))
+        new = {p.name: p for p in params}
+        try:
+            for p in params:
+                if p.name not in LIVE_PARAMS:
+                    continue
+                if p.name in FLOAT_PARAMS and p.type_ != Parameter.Type.DOUBLE:
+                    # reached only where rclpy has no pre-set callback to convert an integer (Humble)
+                    raise ValueError(f"{p.name}: expected a floating point number (e.g. 30.0), got {p.value!r}")
+                check_node_param(p.name, None if p.type_ == Parameter.Type.NOT_SET else p.value)
+                rng = _declared_range(node, p.name)
+                if rng is not None:
+                    _number_in(p.name, p.value, *rng)
+            if {"replan_deadline_ms", "replan_max_deadline_ms"} & new.keys():
+                deadline, cap = (float(new[n].value) if n in new else float(node.get_parameter(n).value)
+                                 for n in ("replan_deadline_ms", "replan_max_deadline_ms"))
+                check_deadlines(deadline, cap)
+        except ValueError as e:
+            return SetParametersResult(successful=False, reason=str(e))
         return SetParametersResult(successful=True)
 
+    if hasattr(node, "add_pre_set_parameters_callback"):  # rclpy >= Iron
+        node.add_pre_set_parameters_callback(lambda params: [_as_double(p) for p in params])
     node.add_on_set_parameters_callback(check)

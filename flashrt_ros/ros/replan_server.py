@@ -47,6 +47,18 @@ RESULT_KEPT_S = 2
 BUSY = "busy: another replan is running (at most one runs at a time; send it again when that one is done)"
 
 
+def check_goal_size(goal, obs_dim: int, max_mb: float) -> None:
+    """Refuse a goal larger than replan_max_goal_mb from its sizes alone, before its observations are
+    converted (a 179 MB goal cost 666 MB of memory and a 1.76 s gap in the live step)."""
+    declared = goal.branches * goal.horizon * obs_dim * 4  # Python ints: no overflow
+    sent = len(goal.observations) * 4
+    if max(declared, sent) > max_mb * 2**20:
+        raise ValueError(f"goal too large: branches x horizon x obs_dim = {goal.branches} x {goal.horizon} x "
+                         f"{obs_dim} float32 is {declared / 2**20:.2f} MB ({sent / 2**20:.2f} MB of observations "
+                         f"sent), over replan_max_goal_mb {max_mb:g}: send fewer branches or a shorter horizon "
+                         "(or start the node with a larger replan_max_goal_mb)")
+
+
 class LiveGate:
     """While a replan runs, observations wait here (the newest HELD_MAX, oldest dropped first) and the
     replan thread steps them in order between two batched steps. Otherwise the executor steps directly.
@@ -110,6 +122,8 @@ class ReplanServer:
         self._state = threading.Lock()  # guards _current and _closing; never held across a replan step
         self._current = None  # goal handle of the running replan
         self._closing = ""  # set when the server goes away: the reason, for results and refusals
+        self._final = False  # destroy's last phase: goals are no longer accepted (ROS-level reject)
+        self._deliveries = 0  # answers scheduled (goal_handle.execute) and not delivered yet
         self._results: dict[bytes, Replan.Result] = {}
         self._queue: queue.Queue = queue.Queue()
         self._idle = threading.Event()
@@ -144,20 +158,36 @@ class ReplanServer:
 
     def destroy(self, reason: str = "the node is deactivating") -> None:
         """Stop the running goal (answered ABORTED, nothing committed) and go away; returns within
-        about one batched replan step plus the delivery of that answer."""
+        about one batched replan step plus the delivery of the answers already given. Every goal taken
+        before the last phase gets its answer; from then on goals are rejected (the server is going).
+        The helper executor is stopped before the server is destroyed and before the context can go,
+        so no action-server call is ever made on a dead context (SIGINT / SIGTERM exit cleanly)."""
         with self._state:
             self._closing = reason
         self._idle.wait(timeout=5.0)  # the worker sees _closing between two batched steps
         self._queue.put(None)
-        self._worker.join(timeout=1.0)
-        if self.node.context.ok():  # let the executor send the answers it was given: two hops, because
-            flushed = threading.Event()  # a delivery queues the sending of its result as one more task
-            self.executor.create_task(lambda: self.executor.create_task(flushed.set))
-            flushed.wait(timeout=1.0)
-        self.executor.shutdown(timeout_sec=1.0)
-        self._spinner.join(timeout=1.0)
+        self._worker.join(timeout=5.0)
+        with self._state:
+            self._final = True  # from here no goal is accepted, so no new delivery can be scheduled
+        end = time.monotonic() + 5.0
+        while self.node.context.ok() and time.monotonic() < end:
+            self._flush(end)  # a goal taken just before _final schedules its delivery before this runs
+            with self._state:
+                if self._deliveries == 0:
+                    break
+        if self.node.context.ok():
+            self._flush(time.monotonic() + 2.0)  # the sending of the last results
+        self.executor.shutdown(timeout_sec=5.0)
+        self._spinner.join(timeout=5.0)
         self.server.destroy()
         self.helper.destroy_node()
+
+    def _flush(self, until: float) -> None:
+        """Wait until the helper executor has run what was queued before, and what that queued: a
+        delivery queues the sending of its result as one more task."""
+        flushed = threading.Event()
+        self.executor.create_task(lambda: self.executor.create_task(flushed.set))
+        flushed.wait(timeout=max(0.0, until - time.monotonic()))
 
     # ---- helper executor thread: admission and delivery ----------------------------------
     def _check(self, goal):
@@ -166,6 +196,7 @@ class ReplanServer:
         cfg = self.node.session.cfg
         if not 1 <= goal.branches <= cfg.max_branches:
             raise ValueError(f"branches must be 1..{cfg.max_branches} (max_branches), got {goal.branches}")
+        check_goal_size(goal, cfg.obs_dim, float(self.node.get_parameter("replan_max_goal_mb").value))
         obs = replan_observations(goal.observations, goal.branches, goal.horizon, cfg.obs_dim)
         if not (goal.commit_branch == -1 or 0 <= goal.commit_branch < goal.branches):
             raise ValueError(f"commit_branch must be -1 (what-if) or 0..{goal.branches - 1}, got {goal.commit_branch}")
@@ -183,6 +214,8 @@ class ReplanServer:
         (no goal to track, no status, no result), and it only ever means busy (see Replan.action).
         Every other refusal needs its reason, so it is accepted and answered ABORTED."""
         with self._state:
+            if self._final:  # the server is about to go: an accepted goal could no longer be answered
+                return GoalResponse.REJECT
             busy = self._current is not None and not self._closing
         if busy:
             self.node.stats.count("replans_rejected")
@@ -209,26 +242,47 @@ class ReplanServer:
                 self._idle.clear()
                 self.gate.start()  # waits for a live step in progress, if any (one step at most)
         if reason:
+            goal_handle.request.observations = []  # rclpy keeps the handle RESULT_KEPT_S: not its payload
             self.node.stats.count("replans_rejected")
             self.node.get_logger().warning(f"replan goal rejected: {reason}", throttle_duration_sec=1.0)
             self._results[bytes(goal_handle.goal_id.uuid)] = Replan.Result(
                 success=False, rejected=True, message=f"rejected: {reason}",
                 live_capsule_id=self.node.session.live_capsule_id)
-            goal_handle.execute()
+            self._schedule_delivery(goal_handle)
             return
         self._queue.put((goal_handle, args))
 
+    def _schedule_delivery(self, goal_handle) -> None:
+        """Hand the goal to _deliver (a task of the helper executor), counted until it has run."""
+        with self._state:
+            self._deliveries += 1
+        try:
+            goal_handle.execute()
+        except Exception:  # noqa: BLE001 - the context went away (shutdown): nobody is left to answer
+            self._delivery_done()
+
+    def _delivery_done(self) -> None:
+        with self._state:
+            self._deliveries -= 1
+
     def _deliver(self, goal_handle) -> Replan.Result:
-        result = self._results.pop(bytes(goal_handle.goal_id.uuid), None)
-        if result is None:
-            result = Replan.Result(success=False, message="no result (the node is shutting down)")
-        if result.success:
-            goal_handle.succeed()  # also when a cancel came after it had finished: the commit happened
-        elif goal_handle.is_cancel_requested and not result.rejected:
-            goal_handle.canceled()
-        else:
-            goal_handle.abort()
-        return result
+        try:
+            result = self._results.pop(bytes(goal_handle.goal_id.uuid), None)
+            if result is None:
+                result = Replan.Result(success=False, message="no result (the node is shutting down)")
+            try:
+                if result.success:
+                    goal_handle.succeed()  # also when a cancel came after it had finished: the commit happened
+                elif goal_handle.is_cancel_requested and not result.rejected:
+                    goal_handle.canceled()
+                else:
+                    goal_handle.abort()
+            except Exception:  # noqa: BLE001 - the status could not be published: only when the context is going
+                if self.node.context.ok():
+                    raise
+            return result
+        finally:
+            self._delivery_done()
 
     # ---- worker thread --------------------------------------------------------------------
     def _work(self) -> None:
@@ -249,7 +303,7 @@ class ReplanServer:
                     self._current = None
             self._results[bytes(goal_handle.goal_id.uuid)] = result
             if self.node.context.ok():  # after SIGINT there is no executor left to answer with
-                goal_handle.execute()
+                self._schedule_delivery(goal_handle)
             self._idle.set()
 
     def _step_held(self, msg) -> None:

@@ -10,6 +10,7 @@ executor, and a failed request leaves the live state as it was.
 """
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,7 +34,12 @@ from ..runtime.errors import CapsuleError
 from .capsule_dir import CapsuleDir
 from .convert import capsule_info_to_msg, request_refusal
 
-EXPECTED = (CapsuleError, ValueError, OSError)
+
+class NotServing(Exception):
+    """A call the node will not run because its services are stopping (deactivate)."""
+
+
+EXPECTED = (CapsuleError, ValueError, OSError, NotServing)
 WORKERS = 1  # calls run in the order they arrived, as they would on the executor thread
 
 
@@ -51,8 +57,9 @@ def describe_error(err: BaseException) -> str:
 
 
 class _Parked:
-    """Awaited by a handler whose service was destroyed while it ran: rclpy cannot send a response on
-    a destroyed service (it would raise into the executor), so the task stays pending instead."""
+    """Awaited by a handler whose service was destroyed before it could answer (a request taken just as
+    the node shut down): rclpy cannot send a response on a destroyed service (it would raise into the
+    executor), so the task stays pending instead."""
 
     def __await__(self):
         while True:
@@ -60,12 +67,18 @@ class _Parked:
 
 
 class CapsuleServices:
-    """Creates and owns the node's services (created on activate, destroyed on deactivate)."""
+    """Creates and owns the node's services (created on activate, destroyed on deactivate).
+
+    On deactivate every call in flight still gets its answer: the one running finishes, the ones queued
+    behind it are refused naming the state, and the services go away once the last answer is out."""
 
     def __init__(self, node, capsule_dir: CapsuleDir):
         self.node = node
         self.capsule_dir = capsule_dir
-        self._open = True
+        self._lock = threading.Lock()  # guards the three below: callbacks (executor) vs workers vs destroy
+        self._closing = ""  # why the services stop; "" while they serve
+        self._in_flight = 0  # calls taken and not answered yet
+        self._destroyed = False
         self._pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="flashrt_srv")
         table = [
             (Snapshot, "snapshot", self.snapshot),
@@ -83,12 +96,29 @@ class CapsuleServices:
         self.handles = [node.create_service(t, name, self._off_executor(name, fn), callback_group=group)
                         for t, name, fn in table]
 
-    def destroy(self) -> None:
-        self._open = False
+    def destroy(self, reason: str = "the node is deactivating") -> None:
+        """Stop taking calls. Runs on the executor thread (a lifecycle transition), so the answers of the
+        calls in flight go out after it returns; the services are destroyed after the last of them."""
+        with self._lock:
+            self._closing = reason
+            idle = self._in_flight == 0
+        self._pool.shutdown(wait=False)  # the one running finishes; the queued ones are refused (_run)
+        executor = self.node.executor
+        if idle or executor is None:
+            self._destroy_handles()
+
+    def _destroy_handles(self) -> None:
+        with self._lock:
+            if self._destroyed:
+                return
+            self._destroyed = True
         for h in self.handles:
             self.node.destroy_service(h)
         self.handles = []
-        self._pool.shutdown(wait=False)  # a call in flight finishes on its own; its answer is dropped
+
+    def _refusal(self) -> Exception | None:
+        return NotServing(f"{self._closing}; services stop while the node is inactive, call again once it is "
+                          "active") if self._closing else None
 
     @property
     def session(self):
@@ -100,40 +130,48 @@ class CapsuleServices:
     # ---- the bridge: executor coroutine <-> worker thread ---------------------------------
     def _off_executor(self, name: str, work):
         async def callback(request, response):
-            refusal = request_refusal(request)  # a huge label or file name: answered here, never queued
-            if refusal:
-                self._fail(response, name, ValueError(refusal))
-                return response
+            with self._lock:
+                destroyed, err = self._destroyed, self._refusal()
+                self._in_flight += int(not destroyed)
+            if destroyed:
+                await _Parked()
+            if err is None and (refusal := request_refusal(request)):  # a huge label or file name: never queued
+                err = ValueError(refusal)
             try:
-                done = Future(executor=self.node.executor)
-                done.add_done_callback(lambda _: None)  # scheduling it wakes the executor
-                self._pool.submit(self._run, done, work, request, response)
-                err = await done
+                if err is None:
+                    done = Future(executor=self.node.executor)
+                    done.add_done_callback(lambda _: None)  # scheduling it wakes the executor
+                    self._pool.submit(self._run, done, work, request, response)
+                    err = await done
             except Exception as e:  # noqa: BLE001 - e.g. the pool was shut down meanwhile
-                err = e
+                err = self._refusal() or e
+            finally:
+                with self._lock:
+                    self._in_flight -= 1
+                    last = bool(self._closing) and self._in_flight == 0
             if err is not None:
                 self._fail(response, name, err)
-            if not self._open:
-                await _Parked()
+            if last:  # a task of its own: it runs after this callback's response has been sent
+                self.node.executor.create_task(self._destroy_handles)
             return response
 
         return callback
 
-    @staticmethod
-    def _run(done: Future, work, request, response) -> None:
+    def _run(self, done: Future, work, request, response) -> None:
         try:
+            refusal = self._refusal()  # queued behind a call that ran while the node started deactivating
+            if refusal is not None:
+                raise refusal
             work(request, response)
             done.set_result(None)
         except BaseException as e:  # noqa: BLE001 - every error is answered, none escapes
             done.set_result(e.with_traceback(None))  # its frames would keep the request alive (a cycle)
 
     def _fail(self, response, what: str, err: BaseException) -> None:
+        text = f"{what} {'refused' if isinstance(err, NotServing) else 'failed'}: {describe_error(err)}"
         if hasattr(response, "success"):
             response.success = False
-            response.message = f"{what} failed: {describe_error(err)}"
-            text = response.message
-        else:
-            text = f"{what} failed: {describe_error(err)}"
+            response.message = text
         log = self.node.get_logger()
         (log.warning if isinstance(err, EXPECTED) else log.error)(text)
 
@@ -143,6 +181,10 @@ class CapsuleServices:
         response.success, response.message, response.capsule = True, f"capsule {info.id}", info_msg(info)
 
     def rollback(self, request, response):
+        if not request.capsule_id and not request.steps_back:
+            # the all-defaults request ({}): with capsule_every_n_steps > 1 it would move the robot back
+            raise ValueError("name a target: steps_back >= 1 (from the live state) or a capsule_id; a request "
+                             "with neither (capsule_id 0, steps_back 0) changes nothing")
         t0 = time.perf_counter()
         info = self.session.rollback(request.capsule_id or None, int(request.steps_back))
         response.elapsed_ms = (time.perf_counter() - t0) * 1e3
@@ -163,7 +205,11 @@ class CapsuleServices:
         response.success, response.message = True, f"{len(capsules)} capsules"
 
     def drop_capsule(self, request, response):
-        self.session.drop(request.capsule_id)
+        session = self.session
+        if request.capsule_id and session.capsule_info(request.capsule_id).pinned:  # services run one at a time
+            raise ValueError(f"capsule {request.capsule_id} is pinned: unpin it first (set_pin with pin: false), "
+                             "then drop it")
+        session.drop(request.capsule_id)
         response.success, response.message = True, f"capsule {request.capsule_id} dropped"
 
     def set_pin(self, request, response):

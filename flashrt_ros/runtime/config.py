@@ -20,7 +20,7 @@ NODE_PARAMETERS = frozenset({
     "diagnostics_period_s",
     "step_deadline_ms", "replan_deadline_ms", "replan_max_deadline_ms", "autostart", "use_sim_time",
     "persist_dir", "resume", "resume_fresh_on_mismatch", "persist_fsync_ms", "persist_fsync_records",
-    "persist_segment_mb", "persist_budget_mb", "persist_queue_mb",
+    "persist_segment_mb", "persist_budget_mb", "persist_queue_mb", "replan_max_goal_mb",
 })
 
 

@@ -46,15 +46,22 @@ class StoreSizes:
         reserve_pages = window_slots + 1 + 2 * cfg.max_branches
         if cfg.capsule_capacity:
             records = cfg.capsule_capacity
+            if records < reserve_records + 1:  # the records alone are too few, whatever the budget
+                raise ValueError(f"capsule_capacity: {records} is below the {reserve_records + 1} capsule records a "
+                                 f"store needs: one for the live step, {cfg.max_branches} for a replan's branches "
+                                 f"(max_branches {cfg.max_branches}) and one to roll back to. Set capsule_capacity "
+                                 f">= {reserve_records + 1}, 0 (as many as capsule_budget_mb holds), or lower "
+                                 "max_branches")
         else:  # records and pages run out together on one timeline: one of each per step
             fixed = (reserve_pages + window_slots) * page  # exactly the pages the check below needs
             records = max(0, (budget - fixed) // (record + entry))
         log_pages = (budget - records * record) // page
         need_pages = reserve_pages + window_slots
         if records < reserve_records + 1 or log_pages < need_pages:
-            need = (reserve_records + 1) * record + need_pages * page
-            raise ValueError(f"capsule_budget_mb: {cfg.capsule_budget_mb:g} MB cannot hold {records} capsule records "
-                             f"of {record} B and the {need_pages} KV log pages of {page / 2**20:.2f} MB that "
+            need = max(reserve_records + 1, records) * record + need_pages * page
+            asked = " (capsule_capacity)" if cfg.capsule_capacity else ""
+            raise ValueError(f"capsule_budget_mb: {cfg.capsule_budget_mb:g} MB cannot hold {records} capsule records"
+                             f"{asked} of {record} B and the {need_pages} KV log pages of {page / 2**20:.2f} MB that "
                              f"kv_window {cfg.kv_window} and max_branches {cfg.max_branches} need (at least "
                              f"{need / 2**20:.1f} MB)")
         return cls(budget, record, entry, records, log_pages, reserve_records, reserve_pages, cfg.kv_window)

@@ -1,0 +1,54 @@
+"""SIGINT or SIGTERM while a replan runs and more goals keep coming: the node exits 0 and its log says
+nothing went wrong (no ERROR, no Traceback, no Python warning of an answer left undelivered).
+
+Each signal lands at another point: right after the long goal's first feedback, and while a burst of
+goals (each answered "busy", then "shutting down") is still being taken."""
+import os
+import signal
+
+import pytest
+from replan_helpers import long_goal_observations, wait_for_feedback
+from ros_harness import NodeProcess, Planner, ros_env
+
+from conftest import observation_trace
+
+pytestmark = pytest.mark.ros
+NS = "/shutdown"
+LONG = 120_000.0
+
+
+@pytest.fixture
+def ros_context(tmp_path):
+    import rclpy
+    from domain_coordinator import domain_id
+    with domain_id() as did:
+        os.environ["ROS_DOMAIN_ID"] = str(did)
+        rclpy.init(domain_id=did)
+        try:
+            yield ros_env(did, tmp_path / "roslog")
+        finally:
+            rclpy.try_shutdown()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_replan_and_a_burst_of_goals_exits_0_with_a_clean_log(ros_context, tmp_path, sig):
+    small = observation_trace(8)[None]
+    for point, burst in enumerate((0, 50, 150)):
+        proc = NodeProcess(ros_context, tmp_path / f"node{point}.log", namespace=NS,
+                           capsule_dir=str(tmp_path / "capsules"), replan_max_deadline_ms=LONG)
+        planner = Planner(namespace=NS, name=f"planner{point}")
+        try:
+            planner.wait_ready()
+            task = planner.client.send_replan(long_goal_observations(), deadline_ms=LONG)
+            wait_for_feedback(planner, task)
+            goals = [planner.client.send_replan(small) for _ in range(burst)]
+            planner.spin(0.01 * point)  # some of the burst taken, some still queued
+            proc.proc.send_signal(sig)
+            rc = proc.proc.wait(30)
+        finally:
+            planner.close()
+            proc.stop()
+        log = proc.output()
+        assert rc == 0, (point, rc, log[-2000:])
+        noise = [ln for ln in log.splitlines() if "ERROR" in ln or "Traceback" in ln or "Warning" in ln]
+        assert not noise, (point, burst, len(goals), noise, log[-3000:])
