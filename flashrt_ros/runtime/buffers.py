@@ -28,6 +28,8 @@ class BufferSpec:
     shape: tuple[int, ...]  # per row (state, io, scratch) or whole (weight)
     dtype: str
     role: str
+    bound: float | None = None  # the largest |x| any run can produce (state_bounds refuses a forged state past
+                                # it); None: only finiteness is implied
 
     def __post_init__(self):
         if self.role not in ROLES:

@@ -96,7 +96,8 @@ class Gru(Op):
     by one GEMM, then the scan (only h @ W_hh is sequential)."""
 
     def state(self, cfg, layer):
-        return [BufferSpec(f"recurrent_state.{layer}", (cfg.d_model,), F32, "recurrent")]
+        return [BufferSpec(f"recurrent_state.{layer}", (cfg.d_model,), F32, "recurrent",
+                           bound=1.0)]  # a convex mix of tanh outputs
 
     def weights(self, cfg, layer):
         p, d = f"layers.{layer}.", cfg.d_model
@@ -233,7 +234,7 @@ class ChunkHead(Op):
 
     def state(self, cfg, layer):
         K = cfg.chunk_len
-        return [BufferSpec("mtp_state", (K, K * cfg.action_dim), F32, "mtp")]  # ring of the last K chunks
+        return [BufferSpec("mtp_state", (K, K * cfg.action_dim), F32, "mtp", bound=1.0)]  # last K tanh chunks
 
     def weights(self, cfg, layer):
         KA = cfg.chunk_len * cfg.action_dim

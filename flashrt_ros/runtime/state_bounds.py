@@ -2,7 +2,8 @@
 (capsule files, persisted log records) before it reaches the runtime. No ROS here.
 
 A checksum says a file was not damaged, not that the state in it could ever have been reached: anyone can
-recompute a sha256 or a crc32. These bounds hold for every state the runtime itself produces:
+recompute a sha256 or a crc32. These bounds hold for every state the runtime itself produces (each op declares
+its buffers' `bound` in model.py):
 
     recurrent_state.L  the GRU hidden state starts at 0 and each step is a convex combination of itself
                        and a tanh output: |h| <= 1.
@@ -11,6 +12,8 @@ recompute a sha256 or a crc32. These bounds hold for every state the runtime its
     k/v entries        a linear map of an RMS-normalised vector: xn = x / rms(x) * g with
                        ||x / rms(x)||_2 <= sqrt(d), so per channel j (Cauchy-Schwarz)
                        |k_j| <= sqrt(d) * ||g * W[:, j]||_2 + |b_j|.
+    ssm_state.L        a selective scan's state accumulates B * x, which grows with the inputs: only
+                       finiteness (as conv_state).
     conv_state.L       the layer's past inputs: the residual stream grows with the observations (any
                        finite float), so only finiteness. A step whose action comes out non-finite is
                        refused anyway (Session.step).
@@ -26,7 +29,6 @@ import numpy as np
 
 F32_MAX = float(np.finfo(np.float32).max)
 SLACK_REL, SLACK_ABS = 1e-3, 1e-6  # rounding across backends is far below this; a forged state is far above
-BOUNDED_ROLES = {"recurrent": 1.0, "mtp": 1.0}  # |x| <= 1: tanh outputs and convex combinations of them
 
 
 def _slack(limit):
@@ -65,7 +67,7 @@ class StateBounds:
 
     @classmethod
     def of_policy(cls, cfg, weights: dict[str, np.ndarray], state_specs) -> StateBounds:
-        small = {s.name: _slack(BOUNDED_ROLES[s.role]) if s.role in BOUNDED_ROLES else F32_MAX
+        small = {s.name: F32_MAX if s.bound is None else _slack(s.bound)  # each op declares its state's bound
                  for s in state_specs if np.dtype(s.dtype).kind == "f"}
         return cls(kv_limits(cfg, weights), small)
 
