@@ -66,6 +66,13 @@ class Persistence:
         except Exception as e:  # noqa: BLE001 - a lost marker only means a resume picks the newest capsule
             self.log.record_error(f"live marker of capsule {info.id}", e)
 
+    def on_reset(self) -> None:
+        """Under the session lock, after the live row was reset. Never raises."""
+        try:
+            self.log.mark_reset()
+        except Exception as e:  # noqa: BLE001 - a lost marker only means a resume picks the newest capsule
+            self.log.record_error("reset marker", e)
+
     def pin_job(self, info) -> Callable[[], None]:
         """Under the session lock: copy the pinned capsule to the host. The returned job writes its pin
         file; run it after releasing the lock."""
@@ -104,14 +111,16 @@ def resume(session, directory: Path) -> ResumeReport:
 
 
 def start_fresh(session, directory: Path) -> Path | None:
-    """A fresh start next to an old log: new ids continue after the log's, so an id is never reused. A log
-    this session cannot continue (another fingerprint, damage) is moved aside first; returns where."""
+    """A fresh start (resume off) next to an old log: the old segments and pin files move aside, so a
+    later resume never splices them into this run; new ids continue after the old log's, so an id is
+    never reused. Returns where the old log went (None: there was none)."""
     try:
-        contents = read_log(Path(directory), layout_of(session), meta_reader(session.arena), keep=0, truncate=True)
-    except LogCorrupt:
-        return move_aside(directory)
-    session.store.continue_ids_after(contents.max_id)
-    return None
+        contents = read_log(Path(directory), layout_of(session), meta_reader(session.arena), keep=0, truncate=False)
+    except LogCorrupt:  # another fingerprint, damage: its ids are not known, the reservation still holds
+        contents = None
+    if contents is not None:
+        session.store.continue_ids_after(contents.max_id)
+    return move_aside(directory)
 
 
 def move_aside(directory: Path) -> Path | None:

@@ -22,6 +22,8 @@ import numpy as np
 from .errors import CapsuleError
 from .persist_format import (
     LIVE,
+    MARKERS,
+    RESET,
     RESYNC,
     LogCorrupt,
     LogLayout,
@@ -44,6 +46,7 @@ class LogContents:
     max_id: int
     segments_read: int = 0
     live_id: int = 0  # a LIVE marker after the last record: the capsule a rollback made live (0: the newest)
+    reset: bool = False  # a RESET marker is the last word: the live row resumes reset (step 0, zeros)
 
 
 @dataclass(frozen=True)
@@ -114,11 +117,12 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
             raise LogCorrupt(path, recs[0].offset, f"the pin file holds capsule {recs[0].id}, not the one it is "
                                                    "named for")
         pins.append(recs[0])
-    live_id = records[-1].id if records and records[-1].kind == LIVE else 0  # the last word, if a marker
-    records = [r for r in records if r.kind != LIVE]
+    last = records[-1].kind if records else 0  # the last word: a marker, or the newest capsule
+    live_id = records[-1].id if last == LIVE else 0
+    records = [r for r in records if r.kind not in MARKERS]
     check_timeline(records)
     max_id = max([r.id for r in records] + [r.id for r in pins], default=0)
-    return LogContents(records, pins, records_cut, cut, mtime, max_id, read, live_id)
+    return LogContents(records, pins, records_cut, cut, mtime, max_id, read, live_id, last == RESET)
 
 
 def check_timeline(records: list[Record]) -> None:
@@ -154,6 +158,9 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
         live = contents.records[-1] if contents.records else max(contents.pins, key=lambda r: r.id, default=None)
         marked = [r for r in contents.records + contents.pins if r.id == contents.live_id and r.id in store]
         live = marked[0] if marked else live  # a rollback before the crash: its capsule, if the store kept it
+        if contents.reset:  # a reset before the crash: the capsules, and no live one
+            live = None
+            session.reset()
         if live is not None:
             store.restore(live.id, 0)
             session._step, session._live_id = live.step, live.id
