@@ -180,33 +180,63 @@ def _rebuild_store(session, contents: LogContents) -> None:
     session.reset()
     store.clear()  # a session that stepped on its own holds capsules under the log's ids
     # A pin on the timeline is pinned when the timeline passes it, so it shares its window's pages with
-    # its neighbours as it did before the crash (a pin file loads a window of its own: pins that fit
-    # the running store by sharing pages would not fit). Only the other pins are loaded from their files.
+    # its neighbours as it did before the crash. Only the other pins are loaded from their files, oldest
+    # first, each sharing the pages of the pin before it where their windows hold the same entries.
     timeline = {rec.id for rec in contents.records}
     pinned = {rec.id for rec in contents.pins}
+    row_step = 0  # the step of what row 0 holds (0: nothing)
     for rec in sorted(contents.pins, key=lambda r: r.id):
         if rec.id in timeline:
             continue
-        _load_row(session, rec)
+        _load_row(session, rec, [(session.kv.tables[0], row_step)])
+        row_step = rec.step
         store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
                        pin=True, cid=rec.id)
     for rec in contents.records:
         if rec.kind == RESYNC:
-            _load_row(session, rec)
+            # the running store made it from its parent (a rollback, a commit, a new segment): share the
+            # parent's pages, or those of the record before it, wherever they hold the same entries
+            parent = [(store.pages_of(rec.parent_id), store.get(rec.parent_id).step)] if rec.parent_id in store else []
+            _load_row(session, rec, [*parent, (session.kv.tables[0], row_step)])
         else:
             _append_row(session, rec)
+        row_step = rec.step
         store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
                        pin=rec.id in pinned, cid=rec.id)
 
 
-def _load_row(session, rec: Record) -> None:
+def _load_row(session, rec: Record, candidates) -> None:
+    """Row 0 becomes the record's state. Its window re-enacts the steps from the first candidate (a page
+    table and its step) whose window holds the same entries, so it shares that candidate's pages as the
+    running store did; else it is loaded into fresh pages."""
     kv, W = session.kv, session.cfg.kv_window
-    backend = session.backend
-    backend.from_host(session.arena.state[0], rec.small)
+    for pages, step in candidates:
+        if step and _window_extends(session, pages, step, rec):
+            kv.set_row(0, pages.copy())
+            for pos in range(step, rec.step):  # the steps since, as the step made them (copy-on-write)
+                kv.prepare_append(0, pos)
+                kv.write_entry(0, pos, rec.kv[:, :, pos % W])
+            session.backend.from_host(session.arena.state[0], rec.small)
+            kv.rewrite_device_table(0)  # the record's kv_pages are in the old process's numbering
+            return
+    session.backend.from_host(session.arena.state[0], rec.small)
     windows = [(rec.kv[layer, 0], rec.kv[layer, 1]) for layer in range(rec.kv.shape[0])]
     table = kv.load(windows, rec.step, min(rec.step, W))
     kv.set_row(0, table)  # also rewrites kv_pages, which the record holds in the old process's numbering
     kv.decref(table)
+
+
+def _window_extends(session, pages, step: int, rec: Record) -> bool:
+    """The window of ``pages`` at ``step`` holds exactly the record's entries at the positions both
+    hold, and the record is less than a window past it (so something is shared)."""
+    W = session.cfg.kv_window
+    if not 0 <= rec.step - step < W:
+        return False
+    t = np.arange(rec.step - min(rec.step, W), step)  # the record's positions the candidate holds
+    have = session.kv.gather(pages, step, min(step, W), W)
+    return all(np.array_equal(k[t % W].view(np.uint32), rec.kv[layer, 0, t % W].view(np.uint32))
+               and np.array_equal(v[t % W].view(np.uint32), rec.kv[layer, 1, t % W].view(np.uint32))
+               for layer, (k, v) in enumerate(have))
 
 
 def _append_row(session, rec: Record) -> None:
