@@ -23,5 +23,5 @@ def crash_copy(s, tmp_path, name: str, **kw) -> PersistSettings:
     while ``s`` keeps running (its lock, its open segment). Returns settings for the copy."""
     assert s.persistence.flush()
     dest = tmp_path / name
-    shutil.copytree(s.persistence.log.dir, dest)
+    shutil.copytree(s.persistence.log.dir, dest, ignore=shutil.ignore_patterns(".*.tmp"))  # renamed meanwhile
     return settings(tmp_path, directory=dest, **kw)

@@ -233,6 +233,35 @@ def is_torn_header(blob, layout: LogLayout) -> bool:
     return len(blob) < len(head) and head.startswith(bytes(blob))
 
 
+IDS_NAME = "ids.frl"  # the id reservation: no capsule id at or past its limit was ever handed out
+IDS_MAGIC = b"FRTIDS01"
+IDS = struct.Struct("<8sQI")  # magic, limit, crc32 over magic + limit
+MAX_ID_LIMIT = MAX_ID // 2  # a larger reservation is forged: blocks past it would leave the id range
+
+
+def encode_id_limit(limit: int) -> bytes:
+    head = IDS_MAGIC + struct.pack("<Q", limit)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def read_id_limit(directory: Path) -> int:
+    """The reserved id limit kept in ``directory`` (0: none). Raises LogCorrupt for a damaged or forged
+    file (it is replaced atomically: a kill never leaves half of one)."""
+    path = Path(directory) / IDS_NAME
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    if len(blob) != IDS.size:
+        raise LogCorrupt(path, 0, f"{len(blob)} bytes: an id reservation holds {IDS.size}")
+    magic, limit, crc = IDS.unpack(blob)
+    if magic != IDS_MAGIC or zlib.crc32(blob[:-4]) != crc:
+        raise LogCorrupt(path, 0, "not a flashrt id reservation (bad magic or checksum)")
+    if not 0 < limit <= MAX_ID_LIMIT:
+        raise LogCorrupt(path, 0, f"id reservation {limit} is out of range")
+    return limit
+
+
 def pin_name(capsule_id: int) -> str:
     """The file that keeps a pinned capsule: one per capsule, named for it."""
     return f"pin-{capsule_id:016d}.frl"
