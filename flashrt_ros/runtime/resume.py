@@ -146,9 +146,15 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
     """Make ``session`` the crashed node's: the store's capsules from the log, the newest live."""
     t0 = time.perf_counter()
     store, backend = session.store, session.backend
+    _check_ids(contents)  # before anything is touched: a refused log leaves the session as it was
     with session.lock, backend.activate():
         try:
             _rebuild_store(session, contents)
+        except ValueError as e:  # the checks above missed something: never a half-rebuilt session
+            session.reset()
+            store.clear()
+            raise LogCorrupt(Path(contents.records[0].path if contents.records else "?"), 0,
+                             f"the log cannot be rebuilt ({e}); the session is left reset, with no capsules") from None
         except CapsuleError as e:  # the log is sound but this store is smaller (capacity, budget): start clean
             session.reset()
             store.clear()
@@ -173,6 +179,17 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
                         max(0.0, time.time() - contents.newest_mtime) if contents.newest_mtime else 0.0,
                         len(contents.records), contents.records_cut, contents.cut, len(store),
                         sum(i.pinned for i in store.list()), (time.perf_counter() - t0) * 1e3)
+
+
+def _check_ids(contents: LogContents) -> None:
+    """Every capsule the rebuild takes has an id of its own (check_timeline orders the timeline; a pin
+    file on it is the same capsule)."""
+    timeline = {rec.id for rec in contents.records}
+    seen: set[int] = set()
+    for rec in [*(p for p in contents.pins if p.id not in timeline), *contents.records]:
+        if rec.id in seen:
+            raise LogCorrupt(rec.path, rec.offset, f"capsule {rec.id} is recorded twice")
+        seen.add(rec.id)
 
 
 def _rebuild_store(session, contents: LogContents) -> None:
