@@ -112,3 +112,21 @@ def test_a_damaged_id_reservation_refuses_the_resume_before_touching_anything(tm
     r.step(OBS[0])  # something to lose
     assert_refused_unchanged(r, lambda: r.enable_persistence(settings(tmp_path), resume=True), LogCorrupt, IDS_NAME)
     assert r.persistence is None
+
+
+def test_a_disk_that_refuses_the_reservation_costs_an_error_never_a_step(tmp_path, monkeypatch):
+    monkeypatch.setattr(persistence_mod, "ID_BLOCK", 8)
+    s = Session(cfg())
+    st = settings(tmp_path)
+    s.enable_persistence(st)
+    blocker = st.directory / f".{IDS_NAME}.tmp"  # where the reservation is written first: a directory now
+    blocker.mkdir()
+    steps = [s.step(o) for o in OBS[:30]]
+    assert [r.step for r in steps] == list(range(1, 31)) and len({r.capsule_id for r in steps}) == 30
+    st_now = s.persistence.stats()
+    assert st_now.write_errors >= 1 and "reservation" in st_now.last_error
+    blocker.rmdir()  # room again: the reservation catches up on the next ids
+    for o in OBS[30:50]:
+        s.step(o)
+    assert read_id_limit(st.directory) > s.store.next_id - 1
+    s.disable_persistence()

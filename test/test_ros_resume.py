@@ -242,7 +242,7 @@ def test_a_node_that_ran_with_30_pins_comes_back_after_kill_9(ros_domain, tmp_pa
 
     persist = tmp_path / "persist"
     # a budget with 3 KV log pages beyond the 20 reserved: 30 pins fit only by sharing them
-    params = dict(persist_dir=str(persist), resume=True, capsule_budget_mb=12.0, persist_segment_mb=4.0)
+    params = dict(persist_dir=str(persist), resume=True, capsule_budget_mb=12.0, persist_segment_mb=5.0)
     probe = reference_session(capsule_budget_mb=12.0)
     obs = observation_trace(400)
     pins = list(range(11, 41))

@@ -47,7 +47,7 @@ class Persistence:
         self.session = session
         self.layout = layout_of(session)
         self.log = CapsuleLog(settings, self.layout, quiet=session.lock, dir_lock=dir_lock)
-        self.moved_aside = moved_aside  # where start_fresh put the old log
+        self.moved_aside = moved_aside  # where start_fresh put a log this session could not continue
         try:
             self.ids = IdReservation(self.log.dir, session.store, self.log.record_error)
         except BaseException:
@@ -165,28 +165,34 @@ class IdReservation:
 
     def _on_watch(self, cid: int) -> None:
         """Under the session lock, before id ``cid`` is handed out."""
-        with self._lock:
-            if self._closed:
+        try:
+            with self._lock:
+                if not self._closed:
+                    self._advance(cid)
+        except Exception as e:  # noqa: BLE001 - never fail the snapshot that asked (a thread that cannot start)
+            self.on_error("capsule id reservation", e)
+
+    def _advance(self, cid: int) -> None:
+        """Under both locks: the durable limit past ``cid``, and the next block on its way when due."""
+        t = self._thread
+        if t is not None and (cid >= self.limit or not t.is_alive()):
+            t.join()  # past the durable limit, the reservation in flight must land first
+            self._thread = None
+            self.limit = max(self.limit, self._landed)
+        if cid >= self.limit:  # no reservation landed (the disk failed): once more, here
+            try:
+                self._write(cid + self.block)
+                self.limit = cid + self.block
+            except OSError as e:
+                self.on_error(f"capsule id {cid} handed out past the durable reservation {self.limit} (a "
+                              "crash may reuse it)", e)
+                self.store.id_watch = cid + self.block // 2  # retry later, not on every id
                 return
-            t = self._thread
-            if t is not None and (cid >= self.limit or not t.is_alive()):
-                t.join()  # past the durable limit, the reservation in flight must land first
-                self._thread = None
-                self.limit = max(self.limit, self._landed)
-            if cid >= self.limit:  # no reservation landed (the disk failed): once more, here
-                try:
-                    self._write(cid + self.block)
-                    self.limit = cid + self.block
-                except OSError as e:
-                    self.on_error(f"capsule id {cid} handed out past the durable reservation {self.limit} (a "
-                                  "crash may reuse it)", e)
-                    self.store.id_watch = cid + self.block // 2  # retry later, not on every id
-                    return
-            if self._thread is None and self.limit - cid <= self.block // 2:
-                self._thread = threading.Thread(target=self._reserve, args=(self.limit + self.block,),
-                                                name="flashrt-ids", daemon=True)
-                self._thread.start()
-            self.store.id_watch = self.limit if self._thread is not None else self.limit - self.block // 2
+        if self._thread is None and self.limit - cid <= self.block // 2:
+            self._thread = threading.Thread(target=self._reserve, args=(self.limit + self.block,),
+                                            name="flashrt-ids", daemon=True)
+            self._thread.start()
+        self.store.id_watch = self.limit if self._thread is not None else self.limit - self.block // 2
 
     def close(self) -> None:
         """No more reservations (the directory is about to be released); ids go on unreserved."""

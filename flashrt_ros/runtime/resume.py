@@ -202,19 +202,21 @@ def _rebuild_store(session, contents: LogContents) -> None:
     timeline = {rec.id for rec in contents.records}
     pinned = {rec.id for rec in contents.pins}
     row_step = 0  # the step of what row 0 holds (0: nothing)
+
+    def sources(rec):  # what the running store made it from: its parent, else what came right before it
+        parent = [(store.pages_of(rec.parent_id), store.get(rec.parent_id).step)] if rec.parent_id in store else []
+        return [*parent, (session.kv.tables[0], row_step)]
+
     for rec in sorted(contents.pins, key=lambda r: r.id):
         if rec.id in timeline:
             continue
-        _load_row(session, rec, [(session.kv.tables[0], row_step)])
+        _load_row(session, rec, sources(rec))
         row_step = rec.step
         store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
                        pin=True, cid=rec.id)
     for rec in contents.records:
-        if rec.kind == RESYNC:
-            # the running store made it from its parent (a rollback, a commit, a new segment): share the
-            # parent's pages, or those of the record before it, wherever they hold the same entries
-            parent = [(store.pages_of(rec.parent_id), store.get(rec.parent_id).step)] if rec.parent_id in store else []
-            _load_row(session, rec, [*parent, (session.kv.tables[0], row_step)])
+        if rec.kind == RESYNC:  # a rollback, a commit, a new segment: shares pages where entries are equal
+            _load_row(session, rec, sources(rec))
         else:
             _append_row(session, rec)
         row_step = rec.step
