@@ -50,6 +50,10 @@ class Persistence:
         self.moved_aside = moved_aside  # where start_fresh put a log this session could not continue
         try:
             self.ids = IdReservation(self.log.dir, session.store, self.log.record_error)
+        except OSError as e:
+            self.log.close()
+            raise OSError(f"persist_dir {self.log.dir}: cannot record the capsule id reservation {IDS_NAME} "
+                          f"({e.strerror or e})") from None
         except BaseException:
             self.log.close()
             raise

@@ -64,7 +64,9 @@ class ResumeReport:
 
     def summary(self) -> str:
         cut = f"; cut {self.cut}" if self.cut else ""
-        return (f"resumed capsule {self.capsule_id} at step {self.step} ({self.age_s:.1f} s old): "
+        live = (f"capsule {self.capsule_id} at step {self.step}" if self.capsule_id
+                else "the reset state (a reset before the crash)")
+        return (f"resumed {live} ({self.age_s:.1f} s old): "
                 f"{self.records_read} records read, {self.capsules} capsules ({self.pinned} pinned) restored, "
                 f"{self.records_cut} records cut{cut}, in {self.elapsed_ms:.0f} ms")
 
