@@ -192,10 +192,11 @@ def test_reset_rollback_after_resume_and_old_ids_survive_kill_9(ros_domain, tmp_
         for o in obs[:30]:
             planner.step(o)
             reference.step(o)
-        what_if = planner.client.replan(np.stack([obs[30:33], obs[30:33] * 0.5])).result.branch_capsule_ids
+        what_if = planner.client.replan(np.stack([obs[30:33], obs[30:33] * 0.5]), timeout_s=60.0)
+        what_if = what_if.result.branch_capsule_ids
         assert len(what_if) == 2
-        seen = {c.id for c in planner.client.list_capsules().capsules} | set(what_if)
-        assert planner.client.reset().success
+        seen = {c.id for c in planner.client.list_capsules(timeout_s=30.0).capsules} | set(what_if)
+        assert planner.client.reset(timeout_s=30.0).success
         _until_logged(persist, probe, lambda r: r.kind == RESET, "the reset")
         _kill(proc)
     finally:
@@ -204,13 +205,13 @@ def test_reset_rollback_after_resume_and_old_ids_survive_kill_9(ros_domain, tmp_
 
     proc, planner = start(1)
     try:
-        listing = planner.client.list_capsules()
+        listing = planner.client.list_capsules(timeout_s=30.0)
         assert listing.live_capsule_id == 0 and len(listing.capsules) == 30  # reset, capsules kept
         assert listing.resumed_from and all(c.resumed for c in listing.capsules)
         for cid in what_if:  # before: success, and another state than the what-if's
-            out = planner.client.rollback(cid)
+            out = planner.client.rollback(cid, timeout_s=30.0)
             assert not out.success and "evicted or dropped" in out.message, out.message
-        back = planner.client.rollback(20)  # right after the resume: nothing written by this run yet
+        back = planner.client.rollback(20, timeout_s=30.0)  # right after the resume: nothing written by this run yet
         assert back.success, back.message
         _until_logged(persist, probe, lambda r: r.kind == LIVE and r.id == 20, "the rollback's marker")
         _kill(proc)
@@ -220,7 +221,7 @@ def test_reset_rollback_after_resume_and_old_ids_survive_kill_9(ros_domain, tmp_
 
     proc, planner = start(2)
     try:
-        listing = planner.client.list_capsules()
+        listing = planner.client.list_capsules(timeout_s=30.0)
         live = next(c for c in listing.capsules if c.id == listing.live_capsule_id)
         assert (live.id, live.step) == (20, 20)
         reference.rollback(20)
@@ -253,7 +254,7 @@ def test_a_node_that_ran_with_30_pins_comes_back_after_kill_9(ros_domain, tmp_pa
         for o in obs[:40]:
             planner.step(o)
         for cid in pins:
-            out = planner.client.pin(cid)
+            out = planner.client.pin(cid, timeout_s=30.0)
             assert out.success, out.message
         for o in obs[40:400]:  # the pins' records fall behind what a resume reads: their pin files hold them
             planner.step(o)
@@ -266,7 +267,7 @@ def test_a_node_that_ran_with_30_pins_comes_back_after_kill_9(ros_domain, tmp_pa
     planner = Planner(namespace="/pins1", name="planner1")
     try:
         planner.wait_ready(60.0)
-        listing = planner.client.list_capsules()
+        listing = planner.client.list_capsules(timeout_s=30.0)
         assert [c.id for c in listing.capsules if c.pinned] == pins
         assert next(c.step for c in listing.capsules if c.id == listing.live_capsule_id) == 400
         for o in obs[:3]:
