@@ -119,3 +119,27 @@ def test_pins_on_branches_and_far_apart_resume_byte_exactly(tmp_path):
     assert report.pinned == 3 and [i.id for i in r.list_capsules(pinned_only=True)] == pinned
     for cid in pinned:
         assert r.capsule_host(cid).tobytes() == s.capsule_host(cid).tobytes(), cid
+
+
+def test_pins_on_five_branches_that_fit_the_running_store_fit_the_resumed_one(tmp_path):
+    c = small_config(kv_window=150, capsule_budget_mb=2.0)  # 28 KV log pages, 20 reserved: pins may hold 8
+    s = Session(c)
+    s.enable_persistence(settings(tmp_path, segment_mb=0.4))
+    for o in OBS[:180]:
+        s.step(o)
+    base = s.live_capsule_id
+    for branch in range(5):  # each branch shares the first page and copies the second (copy-on-write)
+        s.rollback(base)
+        for o in OBS[300 + 10 * branch:305 + 10 * branch]:
+            s.step(o)
+            s.pin(s.live_capsule_id)
+    assert s.kv.pages_used < 8
+    for o in OBS[400:900]:  # the pins' records fall behind what resume reads: pin files only
+        s.step(o)
+    crashed = crash_copy(s, tmp_path, "crash", segment_mb=0.4)
+    r, report = resume_copy(c, crashed)  # whole-prefix sharing only: 2 pages per branch, did not fit
+    pinned = [i.id for i in s.list_capsules(pinned_only=True)]
+    assert report.pinned == 25 and [i.id for i in r.list_capsules(pinned_only=True)] == pinned
+    for cid in pinned:
+        assert r.capsule_host(cid).tobytes() == s.capsule_host(cid).tobytes(), cid
+    assert r.state_host().tobytes() == s.state_host().tobytes()

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CapsuleError
+from .kernels import KV_PAGE
 from .persist_format import (
     LIVE,
     MARKERS,
@@ -203,17 +204,14 @@ def _rebuild_store(session, contents: LogContents) -> None:
     # first, each sharing the pages of the pin before it where their windows hold the same entries.
     timeline = {rec.id for rec in contents.records}
     pinned = {rec.id for rec in contents.pins}
-    row_step = 0  # the step of what row 0 holds (0: nothing)
 
     def sources(rec):  # what the running store made it from: its parent, else what came right before it
-        parent = [(store.pages_of(rec.parent_id), store.get(rec.parent_id).step)] if rec.parent_id in store else []
-        return [*parent, (session.kv.tables[0], row_step)]
+        return [*([store.pages_of(rec.parent_id)] if rec.parent_id in store else []), session.kv.tables[0]]
 
     for rec in sorted(contents.pins, key=lambda r: r.id):
         if rec.id in timeline:
             continue
         _load_row(session, rec, sources(rec))
-        row_step = rec.step
         store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
                        pin=True, cid=rec.id)
     for rec in contents.records:
@@ -221,25 +219,30 @@ def _rebuild_store(session, contents: LogContents) -> None:
             _load_row(session, rec, sources(rec))
         else:
             _append_row(session, rec)
-        row_step = rec.step
         store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
                        pin=rec.id in pinned, cid=rec.id)
 
 
 def _load_row(session, rec: Record, candidates) -> None:
-    """Row 0 becomes the record's state. Its window re-enacts the steps from the first candidate (a page
-    table and its step) whose window holds the same entries, so it shares that candidate's pages as the
-    running store did; else it is loaded into fresh pages."""
+    """Row 0 becomes the record's state. Its window shares the pages of the candidate page table (the
+    record's parent, what the row held before) that holds, bit for bit, the longest run of the record's
+    entries from the window's start, and re-enacts the steps after that run as the step made them
+    (copy-on-write where the candidate wrote past it): the sharing the running store had. With nothing
+    shared, the window is loaded into fresh pages."""
     kv, W = session.kv, session.cfg.kv_window
-    for pages, step in candidates:
-        if step and _window_extends(session, pages, step, rec):
-            kv.set_row(0, pages.copy())
-            for pos in range(step, rec.step):  # the steps since, as the step made them (copy-on-write)
-                kv.prepare_append(0, pos)
-                kv.write_entry(0, pos, rec.kv[:, :, pos % W])
-            session.backend.from_host(session.arena.state[0], rec.small)
-            kv.rewrite_device_table(0)  # the record's kv_pages are in the old process's numbering
-            return
+    best, until = None, rec.step - min(rec.step, W)
+    for pages in candidates:
+        shared = _shared_until(session, pages, rec)
+        if shared > until:
+            best, until = pages, shared
+    if best is not None:
+        kv.set_row(0, best.copy())
+        for pos in range(until, rec.step):
+            kv.prepare_append(0, pos)
+            kv.write_entry(0, pos, rec.kv[:, :, pos % W])
+        session.backend.from_host(session.arena.state[0], rec.small)
+        kv.rewrite_device_table(0)  # the record's kv_pages are in the old process's numbering
+        return
     session.backend.from_host(session.arena.state[0], rec.small)
     windows = [(rec.kv[layer, 0], rec.kv[layer, 1]) for layer in range(rec.kv.shape[0])]
     table = kv.load(windows, rec.step, min(rec.step, W))
@@ -247,17 +250,24 @@ def _load_row(session, rec: Record, candidates) -> None:
     kv.decref(table)
 
 
-def _window_extends(session, pages, step: int, rec: Record) -> bool:
-    """The window of ``pages`` at ``step`` holds exactly the record's entries at the positions both
-    hold, and the record is less than a window past it (so something is shared)."""
-    W = session.cfg.kv_window
-    if not 0 <= rec.step - step < W:
-        return False
-    t = np.arange(rec.step - min(rec.step, W), step)  # the record's positions the candidate holds
-    have = session.kv.gather(pages, step, min(step, W), W)
-    return all(np.array_equal(k[t % W].view(np.uint32), rec.kv[layer, 0, t % W].view(np.uint32))
-               and np.array_equal(v[t % W].view(np.uint32), rec.kv[layer, 1, t % W].view(np.uint32))
-               for layer, (k, v) in enumerate(have))
+def _shared_until(session, pages: np.ndarray, rec: Record) -> int:
+    """The first position of the record's window, from its start, that ``pages`` does not hold bit for
+    bit in a slot that never changes again (below its page's fill: only the fill is ever appended to)."""
+    kv, backend, W = session.kv, session.backend, session.cfg.kv_window
+    start = rec.step - min(rec.step, W)
+    t = np.arange(start, rec.step)
+    page, slot = np.asarray(pages)[(t // KV_PAGE) % kv.P], t % KV_PAGE
+    stable = page >= 0
+    stable[stable] = slot[stable] < kv.fill[page[stable]]
+    n = len(t) if stable.all() else int(np.argmin(stable))
+    t, page, slot = t[:n], page[:n], slot[:n]
+    same = np.ones(n, bool)
+    with backend.activate():
+        for layer, (k, v) in enumerate(zip(kv.k, kv.v)):
+            for log, j in ((k, 0), (v, 1)):
+                have = backend.to_host(log[page, slot]) if n else np.zeros((0, log.shape[2]), np.float32)
+                same &= (have.view(np.uint32) == rec.kv[layer, j, t % W].view(np.uint32)).all(axis=1)
+    return start + (n if same.all() else int(np.argmin(same)))
 
 
 def _append_row(session, rec: Record) -> None:
