@@ -316,10 +316,10 @@ class CapsuleLog:
             self._seg_bytes = self._good_bytes
             raise
         self._seg_bytes = self._good_bytes = self._seg_bytes + len(blob)
+        self._unsynced += 1  # a marker too: fsynced by the same policy as the records
         if marker:
             return  # not a capsule: counts, the resync flag and the mirror stay as they were
         self._resync_next = False
-        self._unsynced += 1
         with self._lock:
             self._written += 1
             self._resyncs += kind == RESYNC
