@@ -4,11 +4,13 @@ A torn tail of the newest segment (a kill mid-write) is cut at the last valid re
 truncated there. Anything wrong before that (an older segment, a pin file, another fingerprint) refuses
 the resume with a message naming the file and the offset: a torn state is never loaded.
 
-Rebuilding re-enacts the live row's history without running the model: a RESYNC loads its window into
-fresh log pages, a DELTA appends its entries the way the step did (same copy-on-write), each record's
-small state becomes the row's, and the store snapshots it under the record's own id. The page sharing,
-the ids and the lineage come out as the crashed node had them; only capsules the store has no room for
-are left out, the oldest first.
+Rebuilding re-enacts the live row's history without running the model: a DELTA appends its entries the
+way the step did (same copy-on-write); a RESYNC or a pin file shares the pages of its parent (or of the
+record before it) as far as they hold its entries bit for bit and appends the rest, else loads its window
+into fresh pages; each record's small state becomes the row's, and the store snapshots it under the
+record's own id. The page sharing, the ids and the lineage come out as the crashed node had them; only
+capsules the store has no room for are left out, the oldest first. The last word may be a marker: a
+rollback's capsule, or a reset.
 """
 from __future__ import annotations
 
