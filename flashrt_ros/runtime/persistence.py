@@ -205,7 +205,7 @@ class IdReservation:
             self.store.id_watch = float("inf")
             t = self._thread
         if t is not None:
-            t.join()
+            t.join(30.0)  # as the writer: a disk that hangs does not hang the caller for good
 
 
 def read_for_resume(session, directory: Path):
