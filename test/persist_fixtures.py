@@ -1,6 +1,8 @@
 """Shared by the persistence tests: a small config whose window wraps, and log settings for a temp dir."""
 from __future__ import annotations
 
+import shutil
+
 from conftest import small_config
 from flashrt_ros.runtime.persist import PersistSettings
 
@@ -14,3 +16,12 @@ def settings(tmp_path, **kw) -> PersistSettings:
 
 def cfg(**kw):
     return small_config(kv_window=150, **kw)  # 2 pages + a wrap within a few hundred steps
+
+
+def crash_copy(s, tmp_path, name: str, **kw) -> PersistSettings:
+    """What a kill -9 of ``s`` right now leaves on disk once its queue is written: the persist_dir copied
+    while ``s`` keeps running (its lock, its open segment). Returns settings for the copy."""
+    assert s.persistence.flush()
+    dest = tmp_path / name
+    shutil.copytree(s.persistence.log.dir, dest, ignore=shutil.ignore_patterns(".*.tmp"))  # renamed meanwhile
+    return settings(tmp_path, directory=dest, **kw)

@@ -53,9 +53,10 @@ def test_resume_restores_the_newest_capsule_byte_exactly_and_continues_identical
     assert report.records_cut == 0
     assert r.state_host().tobytes() == s.state_host().tobytes()
     assert r.capsule_host(s.live_capsule_id).tobytes() == s.capsule_host(s.live_capsule_id).tobytes()
+    handed_out = s.store.next_id  # every id the crashed node gave a client is below it
     for o in OBS[600:]:
         a, b = s.step(o), r.step(o)
-        assert a.action.tobytes() == b.action.tobytes() and a.capsule_id == b.capsule_id
+        assert a.action.tobytes() == b.action.tobytes() and b.capsule_id >= handed_out
     assert r.state_host().tobytes() == s.state_host().tobytes()
 
 
@@ -150,11 +151,12 @@ def test_a_fresh_start_next_to_an_old_log_never_reuses_an_id(tmp_path):
     s.disable_persistence()
     fresh = Session(cfg())
     fresh.enable_persistence(settings(tmp_path))  # resume off
-    assert fresh.step(OBS[0]).capsule_id == 31
+    first = fresh.step(OBS[0]).capsule_id
+    assert first > 30
     fresh.disable_persistence()
     r = Session(cfg())
     report = r.enable_persistence(settings(tmp_path), resume=True)
-    assert (report.capsule_id, report.step) == (31, 1)
+    assert (report.capsule_id, report.step) == (first, 1)
 
 
 def test_a_full_queue_drops_records_and_the_next_record_resynchronises(tmp_path):

@@ -202,12 +202,12 @@ class FlashRTNode(LifecycleNode):
             raise ValueError(f"resume refused, no torn state is loaded: {e}") from None
         moved = getattr(session.persistence, "moved_aside", None)
         if moved is not None:
-            self.get_logger().warning(f"persist_dir {directory}: a log this runtime cannot continue was moved to "
-                                      f"{moved}")
+            self.get_logger().warning(f"persist_dir {directory}: the old log (resume off, or one this runtime "
+                                      f"cannot continue) was moved to {moved}, where no resume reads it")
         if report is None:
             self.get_logger().info(f"persisting capsules to {directory} (resume off: starting fresh)")
             return ""
-        if not report.capsule_id:
+        if not report.capsule_id and not report.capsules:  # (a reset before the crash: capsules, none live)
             self.get_logger().info(f"resume: no capsule log in {directory} yet, starting fresh")
             return ""
         self.get_logger().info(f"{report.summary()}; persisting to {directory}")

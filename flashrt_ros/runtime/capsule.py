@@ -90,6 +90,10 @@ class CapsuleStore:
         self._caps: dict[int, _Capsule] = {}  # insertion order = age
         self._what_ifs: dict[int, None] = {}  # the what-if capsules among them, oldest first
         self._next_id = 1
+        # a new id at or past id_watch is shown to on_id_watch first (persistence reserves ids ahead of
+        # their use, durably: persistence.IdReservation); never without persistence
+        self.id_watch: float = float("inf")
+        self.on_id_watch: Callable[[int], None] = lambda cid: None
         self.on_release: Callable[[int], None] = lambda cid: None  # told of every capsule evicted or dropped
         kv.evict_one = self._evict_oldest
 
@@ -162,7 +166,10 @@ class CapsuleStore:
 
     def _add(self, record: int, pages: np.ndarray, parent_id: int, step: int, stamp_ns: int, label: str,
              pin: bool, cid: int | None = None) -> CapsuleInfo:
-        cid = self._next_id if cid is None else cid
+        if cid is None:
+            cid = self._next_id
+            if cid >= self.id_watch:
+                self.on_id_watch(cid)
         info = CapsuleInfo(cid, parent_id, step, stamp_ns, label, pin, self.capsule_nbytes, self.fingerprint)
         self._next_id = max(self._next_id, cid + 1)
         self._caps[info.id] = _Capsule(info, record, pages)
@@ -178,6 +185,11 @@ class CapsuleStore:
         """Every capsule held now came from the persisted log."""
         for cap in self._caps.values():
             cap.info = replace(cap.info, resumed=True)
+
+    @property
+    def next_id(self) -> int:
+        """The id the next new capsule gets."""
+        return self._next_id
 
     def continue_ids_after(self, max_id: int) -> None:
         """New ids start past ``max_id`` (a persisted log's): an id is never reused, across restarts too."""

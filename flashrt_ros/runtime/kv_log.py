@@ -172,7 +172,8 @@ class KvLog:
             sel = (self.tables[row][(t // KV_PAGE) % self.P], t % KV_PAGE)
         with self.backend.activate():
             out = [self.backend.to_host(log[sel]) for pair in zip(self.k, self.v) for log in pair]
-        return np.stack(out, 1).reshape(pos1 - pos0, len(self.k), 2, -1)
+        # d spelled out: a zero-entry record (a snapshot right after a step) has nothing to infer -1 from
+        return np.stack(out, 1).reshape(pos1 - pos0, len(self.k), 2, self.k[0].shape[2])
 
     def write_entry(self, row: int, pos: int, entry: np.ndarray) -> None:
         """Write one position's entries ([n_layers, 2, d]) where the row's table puts it (after prepare_append)."""

@@ -31,6 +31,8 @@ from .persist_format import (
     EMPTY_KV,
     EMPTY_SMALL,
     LIVE,
+    MARKERS,
+    RESET,
     RESYNC,
     LogLayout,
     encode_record,
@@ -178,6 +180,12 @@ class CapsuleLog:
         marker = replace(info, parent_id=0, pinned=False, label="")  # the id and the step say it all
         self._queue.put((time.monotonic(), LIVE, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
 
+    def mark_reset(self, stamp_ns: int = 0) -> None:
+        """The live row was reset to zeros (capsules kept): a marker, so a crash before the next capsule
+        resumes reset. The next record stands alone (its parent is 0)."""
+        marker = _Marker(0, 0, 0, stamp_ns, False, "")
+        self._queue.put((time.monotonic(), RESET, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
+
     # ---- pins (a service thread) ----------------------------------------------------------
     def write_pin(self, info, small: np.ndarray, window: np.ndarray, still_pinned: Callable[[], bool]) -> None:
         """One RESYNC record in its own file, crash-safely: a kill leaves the old file or the new one.
@@ -288,12 +296,13 @@ class CapsuleLog:
             self._mirror[:, :, slots] = kv.transpose(1, 2, 0, 3)
 
     def _write(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int) -> None:
-        if kind == LIVE and self._fd is None:
-            return  # nothing recorded in this run yet: a marker could only name an older run's capsule
-        if kind != LIVE:
+        marker = kind in MARKERS
+        if not marker:
             self._apply_to_mirror(kind, info.step, kv, n)
-        if kind != LIVE and (self._fd is None or self._seg_bytes >= self.settings.segment_mb * MB):
-            self._rotate()  # a marker never opens a segment: each starts with a RESYNC
+        # a marker opens a segment only when none is open (right after a resume: it names a resumed
+        # capsule); a segment's first capsule record is a RESYNC all the same (_rotate sets _resync_next)
+        if self._fd is None or (not marker and self._seg_bytes >= self.settings.segment_mb * MB):
+            self._rotate()
         if kind == DELTA and self._resync_next:
             kind, kv, n = RESYNC, self._mirror, min(info.step, self.layout.kv_window)
         blob = encode_record(kind, info, small, kv, n)
@@ -307,10 +316,10 @@ class CapsuleLog:
             self._seg_bytes = self._good_bytes
             raise
         self._seg_bytes = self._good_bytes = self._seg_bytes + len(blob)
-        if kind == LIVE:
+        self._unsynced += 1  # a marker too: fsynced by the same policy as the records
+        if marker:
             return  # not a capsule: counts, the resync flag and the mirror stay as they were
         self._resync_next = False
-        self._unsynced += 1
         with self._lock:
             self._written += 1
             self._resyncs += kind == RESYNC
@@ -388,6 +397,16 @@ class CapsuleLog:
         self._maybe_fsync(force=True)
         os.close(self._fd)
         self._fd = None
+
+
+@dataclass(frozen=True)
+class _Marker:  # what encode_record needs of a marker that names no capsule
+    id: int
+    parent_id: int
+    step: int
+    stamp_ns: int
+    pinned: bool
+    label: str
 
 
 def _write_all(fd: int, blob: bytes) -> None:

@@ -15,7 +15,9 @@ A DELTA follows the record of its parent, so its window is the parent's plus its
 stands alone: every segment starts with one, and so does the first record written after a drop or after
 the timeline jumped (rollback, a committed replan). A LIVE marker (no state, only INFO) says that capsule
 `id`, recorded earlier, became live without a new capsule (a rollback): a resume makes it live if it is the
-last word. A pin file holds one RESYNC record of a pinned capsule.
+last word. A RESET marker (INFO only, every field 0 but the stamp) says the live row was reset to zeros at
+step 0, the capsules kept: a resume ends there if it is the last word. A pin file holds one RESYNC record of
+a pinned capsule.
 
 Reading validates everything before a byte reaches the runtime: magic, lengths, checksum, label, the
 ``meta`` invariants, the entry count, and finite floats. The first bad record ends a scan; the caller
@@ -40,8 +42,9 @@ SEGMENT_HEAD = struct.Struct("<8sII")  # magic, json length, crc32(json)
 RECORD_HEAD = struct.Struct("<4sB3xII")
 RECORD_MAGIC = b"FRR1"
 INFO = struct.Struct("<QQQqB3xII")
-DELTA, RESYNC, LIVE = 1, 2, 3
-KINDS = {DELTA: "delta", RESYNC: "resync", LIVE: "live"}
+DELTA, RESYNC, LIVE, RESET = 1, 2, 3, 4
+KINDS = {DELTA: "delta", RESYNC: "resync", LIVE: "live", RESET: "reset"}
+MARKERS = (LIVE, RESET)  # no state: they say what became live
 EMPTY_SMALL, EMPTY_KV = np.zeros(0, np.uint8), np.zeros(0, np.float32)
 MAX_SEGMENT_HEADER = 1 << 16
 MAX_ID = 1 << 62  # ids count up from 1: a larger one is forged, and new ids after it would not fit the format
@@ -154,6 +157,10 @@ def _decode(path: Path, blob, at: int, layout: LogLayout, meta_of: Callable[[np.
         raise LogCorrupt(path, at, "record checksum mismatch")
     cid, parent, step, stamp, pinned, n_entries, label_len = INFO.unpack_from(payload, 0)
     off = INFO.size
+    if kind == RESET:  # a marker: the live row went back to zeros at step 0; nothing else
+        if n != off or cid or parent or step or n_entries or label_len or pinned:
+            raise LogCorrupt(path, at, "a reset marker holds its stamp only")
+        return Record(kind, 0, 0, 0, stamp, False, "", EMPTY_SMALL, EMPTY_KV, at, RECORD_HEAD.size + n, path)
     if label_len > 4 * MAX_LABEL_CHARS or not 0 < cid < MAX_ID or parent >= MAX_ID or pinned > 1:
         raise LogCorrupt(path, at, "record info out of range (label, id or pinned)")
     if kind == LIVE:  # a marker: capsule `cid` (recorded before it) became live; nothing else
@@ -224,6 +231,35 @@ def is_torn_header(blob, layout: LogLayout) -> bool:
     """A segment killed while its header was written: a strict prefix of the header this layout writes."""
     head = segment_header_bytes(layout)
     return len(blob) < len(head) and head.startswith(bytes(blob))
+
+
+IDS_NAME = "ids.frl"  # the id reservation: no capsule id at or past its limit was ever handed out
+IDS_MAGIC = b"FRTIDS01"
+IDS = struct.Struct("<8sQI")  # magic, limit, crc32 over magic + limit
+MAX_ID_LIMIT = MAX_ID // 2  # a larger reservation is forged: blocks past it would leave the id range
+
+
+def encode_id_limit(limit: int) -> bytes:
+    head = IDS_MAGIC + struct.pack("<Q", limit)
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def read_id_limit(directory: Path) -> int:
+    """The reserved id limit kept in ``directory`` (0: none). Raises LogCorrupt for a damaged or forged
+    file (it is replaced atomically: a kill never leaves half of one)."""
+    path = Path(directory) / IDS_NAME
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    if len(blob) != IDS.size:
+        raise LogCorrupt(path, 0, f"{len(blob)} bytes: an id reservation holds {IDS.size}")
+    magic, limit, crc = IDS.unpack(blob)
+    if magic != IDS_MAGIC or zlib.crc32(blob[:-4]) != crc:
+        raise LogCorrupt(path, 0, "not a flashrt id reservation (bad magic or checksum)")
+    if not 0 < limit <= MAX_ID_LIMIT:
+        raise LogCorrupt(path, 0, f"id reservation {limit} is out of range")
+    return limit
 
 
 def pin_name(capsule_id: int) -> str:

@@ -1,6 +1,9 @@
 """The Session's side of persistence: which record each new timeline capsule becomes, pins on disk, and
 resuming (persist.py writes, resume.py reads).
 
+Capsule ids are reserved ahead of their use in ``ids.frl`` (IdReservation), so a resume never hands out an
+id that a client may have seen before the crash.
+
 A capsule whose parent is the last queued record becomes a DELTA: its small state and the KV entries of
 the steps since (one per step). Anything else (the first record, a rollback, a committed replan, after a
 drop) becomes a RESYNC with the whole window, gathered on the step thread: a few MiB, once per jump.
@@ -8,7 +11,9 @@ Replan branches nobody committed are what-ifs and are not persisted.
 """
 from __future__ import annotations
 
+import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +22,17 @@ import numpy as np
 
 from .errors import FingerprintMismatch
 from .persist import CapsuleLog, DirLock, PersistDirInUse, PersistSettings, PersistStats
-from .persist_format import DELTA, RESYNC, LogCorrupt, LogLayout, iter_segment_paths
+from .persist_format import (
+    DELTA,
+    IDS_NAME,
+    MAX_ID_LIMIT,
+    RESYNC,
+    LogCorrupt,
+    LogLayout,
+    encode_id_limit,
+    iter_segment_paths,
+    read_id_limit,
+)
 from .resume import ResumeReport, meta_reader, read_log, rebuild
 from .state_bounds import check_log_records
 
@@ -34,6 +49,15 @@ class Persistence:
         self.layout = layout_of(session)
         self.log = CapsuleLog(settings, self.layout, quiet=session.lock, dir_lock=dir_lock)
         self.moved_aside = moved_aside  # where start_fresh put a log this session could not continue
+        try:
+            self.ids = IdReservation(self.log.dir, session.store, self.log.record_error)
+        except OSError as e:
+            self.log.close()
+            raise OSError(f"persist_dir {self.log.dir}: cannot record the capsule id reservation {IDS_NAME} "
+                          f"({e.strerror or e})") from None
+        except BaseException:
+            self.log.close()
+            raise
 
     def _window(self, row_pages: np.ndarray, step: int) -> np.ndarray:
         W = self.layout.kv_window
@@ -67,6 +91,13 @@ class Persistence:
         except Exception as e:  # noqa: BLE001 - a lost marker only means a resume picks the newest capsule
             self.log.record_error(f"live marker of capsule {info.id}", e)
 
+    def on_reset(self) -> None:
+        """Under the session lock, after the live row was reset. Never raises."""
+        try:
+            self.log.mark_reset()
+        except Exception as e:  # noqa: BLE001 - a lost marker only means a resume picks the newest capsule
+            self.log.record_error("reset marker", e)
+
     def pin_job(self, info) -> Callable[[], None]:
         """Under the session lock: copy the pinned capsule to the host. The returned job writes its pin
         file; run it after releasing the lock."""
@@ -85,13 +116,104 @@ class Persistence:
         return self.log.flush(timeout_s)
 
     def close(self) -> None:
+        self.ids.close()
         self.log.close()
+
+
+ID_BLOCK = 1 << 16  # ids reserved at a time; the next block is reserved while half of one is left
+
+
+class IdReservation:
+    """New capsule ids only below a limit kept durably in ``persist_dir/ids.frl``, reserved ahead of their
+    use as a database sequence cache does: after any crash, new ids start at that limit, above every id a
+    client could have seen (what-ifs, a commit's siblings, records the kill lost). The next block is
+    written on its own thread while half of the current one is left, so a step waits for the disk only if
+    half a block of ids went by before one small file was. A disk that refuses the reservation costs an
+    error (persist stats), never a step: ids then go on past the durable limit, and a crash may reuse those."""
+
+    def __init__(self, directory: Path, store, on_error: Callable[[str, Exception], None]):
+        self.dir, self.store, self.on_error = Path(directory), store, on_error
+        self.block = block = ID_BLOCK
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._landed = 0  # the limit the background write made durable (0: none yet)
+        self._closed = False
+        store.continue_ids_after(read_id_limit(self.dir) - 1)
+        self.limit = store.next_id + block
+        self._write(self.limit)  # before any id is handed out; raises: enable fails, nothing handed out
+        store.id_watch, store.on_id_watch = self.limit - block // 2, self._on_watch
+
+    def _write(self, limit: int) -> None:
+        if limit > MAX_ID_LIMIT:
+            raise OSError(f"capsule ids would pass {MAX_ID_LIMIT}: start with a new persist_dir")
+        path = self.dir / IDS_NAME
+        tmp = path.with_name(f".{IDS_NAME}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, encode_id_limit(limit))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _reserve(self, limit: int) -> None:
+        try:
+            self._write(limit)
+            self._landed = limit
+        except OSError as e:
+            self.on_error("capsule id reservation", e)
+
+    def _on_watch(self, cid: int) -> None:
+        """Under the session lock, before id ``cid`` is handed out."""
+        try:
+            with self._lock:
+                if not self._closed:
+                    self._advance(cid)
+        except Exception as e:  # noqa: BLE001 - never fail the snapshot that asked (a thread that cannot start)
+            self.on_error("capsule id reservation", e)
+
+    def _advance(self, cid: int) -> None:
+        """Under both locks: the durable limit past ``cid``, and the next block on its way when due."""
+        t = self._thread
+        if t is not None and (cid >= self.limit or not t.is_alive()):
+            t.join()  # past the durable limit, the reservation in flight must land first
+            self._thread = None
+            self.limit = max(self.limit, self._landed)
+        if cid >= self.limit:  # no reservation landed (the disk failed): once more, here
+            try:
+                self._write(cid + self.block)
+                self.limit = cid + self.block
+            except OSError as e:
+                self.on_error(f"capsule id {cid} handed out past the durable reservation {self.limit} (a "
+                              "crash may reuse it)", e)
+                self.store.id_watch = cid + self.block // 2  # retry later, not on every id
+                return
+        if self._thread is None and self.limit - cid <= self.block // 2:
+            self._thread = threading.Thread(target=self._reserve, args=(self.limit + self.block,),
+                                            name="flashrt-ids", daemon=True)
+            self._thread.start()
+        self.store.id_watch = self.limit if self._thread is not None else self.limit - self.block // 2
+
+    def close(self) -> None:
+        """No more reservations (the directory is about to be released); ids go on unreserved."""
+        with self._lock:
+            self._closed = True
+            self.store.id_watch = float("inf")
+            t = self._thread
+        if t is not None:
+            t.join(30.0)  # as the writer: a disk that hangs does not hang the caller for good
 
 
 def read_for_resume(session, directory: Path):
     """The log in ``directory`` checked against this session (LogContents). Raises FingerprintMismatch
     for a log another config, weights or plan wrote, LogCorrupt for damage a cut cannot fix."""
     try:
+        read_id_limit(directory)  # a damaged reservation refuses here, before the rebuild touches anything
         contents = read_log(directory, layout_of(session), meta_reader(session.arena), keep=session.store.capacity,
                             truncate=True)
         check_log_records(session, contents.records + contents.pins)  # a forged record has a valid crc32
@@ -107,14 +229,16 @@ def resume(session, directory: Path) -> ResumeReport:
 
 
 def start_fresh(session, directory: Path) -> Path | None:
-    """A fresh start next to an old log: new ids continue after the log's, so an id is never reused. A log
-    this session cannot continue (another fingerprint, damage) is moved aside first; returns where."""
+    """A fresh start (resume off) next to an old log: the old segments and pin files move aside, so a
+    later resume never splices them into this run; new ids continue after the old log's, so an id is
+    never reused. Returns where the old log went (None: there was none)."""
     try:
-        contents = read_log(Path(directory), layout_of(session), meta_reader(session.arena), keep=0, truncate=True)
-    except LogCorrupt:
-        return move_aside(directory)
-    session.store.continue_ids_after(contents.max_id)
-    return None
+        contents = read_log(Path(directory), layout_of(session), meta_reader(session.arena), keep=0, truncate=False)
+    except LogCorrupt:  # another fingerprint, damage: its ids are not known, the reservation still holds
+        contents = None
+    if contents is not None:
+        session.store.continue_ids_after(contents.max_id)
+    return move_aside(directory)
 
 
 def move_aside(directory: Path) -> Path | None:

@@ -121,6 +121,8 @@ class Session:
             self._step = 0
             self._live_id = 0
             self.history.reset()
+            if self.persistence is not None:  # a crash before the next capsule resumes reset, not before it
+                self.persistence.on_reset()
 
     # ---- step -----------------------------------------------------------------------------
     def step(self, obs, stamp_ns: int = 0, on_action: Callable[[np.ndarray], None] | None = None) -> StepResult:

@@ -123,11 +123,11 @@ class RecordBounds:
 def check_log_records(session, records) -> None:
     """Every record read for a resume against the session's bounds; LogCorrupt (file, offset, why) for the
     first that breaks them. A forged record has a valid checksum: it is refused, not cut as a torn tail."""
-    from .persist_format import LIVE, RESYNC, LogCorrupt
+    from .persist_format import DELTA, RESYNC, LogCorrupt
 
     check = session.record_bounds.check
     for rec in records:
-        if rec.kind == LIVE:
+        if rec.kind not in (DELTA, RESYNC):  # markers (LIVE, RESET) carry no state
             continue
         try:
             check(rec.small, rec.kv, rec.kind == RESYNC)
