@@ -27,6 +27,7 @@ class NodeStats:
     replans_rejected: int = 0
     replan_deadline_misses: int = 0
     persist_drops_reported: int = 0  # persist drops seen by the last /diagnostics
+    stamps_from_clock: int = 0  # observations without a stamp (zero or none): stamped with the node's clock
     latencies_ms: list = field(default_factory=list)
     step_times: deque = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

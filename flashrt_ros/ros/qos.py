@@ -1,0 +1,70 @@
+"""The QoS of observation, action and policy_step, overridable the ROS way (rclpy's QoSOverridingOptions).
+
+A params file may set, per fully qualified topic (the node's namespace included):
+
+    qos_overrides./robot1/observation.subscription.reliability: reliable   # or best_effort
+    qos_overrides./robot1/observation.subscription.depth: 10
+    qos_overrides./robot1/action.publisher.reliability: best_effort
+    qos_overrides./robot1/policy_step.publisher.depth: 50
+
+history, depth and reliability can be overridden (rclpy's default policies); durability cannot: policy_step
+stays transient-local (step_link explains why) and action volatile (a late controller never gets a stale
+action). The overrides are read-only parameters of the node, resolved once at configure, so a bad value fails
+configure with a message naming it, and the writer policy_step renews after a rollback keeps the same QoS.
+"""
+from __future__ import annotations
+
+from copy import copy
+
+from rclpy.publisher import Publisher
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.qos_overriding_options import QoSOverridingOptions
+from rclpy.subscription import Subscription
+
+from .replan_server import HELD_MAX
+from .step_link import policy_step_qos
+
+ACTION_DEPTH = 10
+
+
+def observation_default(reliable: bool) -> QoSProfile:
+    """Depth HELD_MAX: an executor stalled for a few sensor periods (a loaded CPU) still steps every
+    observation, in order, as a replan does with the ones it holds. ``observation_reliable`` picks reliable
+    (lossless replay) or sensor-data best effort; a qos_overrides reliability wins over it."""
+    reliability = ReliabilityPolicy.RELIABLE if reliable else qos_profile_sensor_data.reliability
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=HELD_MAX, reliability=reliability)
+
+
+def action_default() -> QoSProfile:
+    """Volatile: a controller that joins late never gets a stale action."""
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=ACTION_DEPTH, reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.VOLATILE)
+
+
+def _overridden(node, entity_type, topic: str, profile: QoSProfile) -> QoSProfile:
+    from rclpy.qos_overriding_options import _declare_qos_parameters  # rclpy's own, as create_publisher runs it
+
+    profile = copy(profile)
+    try:
+        _declare_qos_parameters(entity_type, node, node.resolve_topic_name(topic), profile,
+                                QoSOverridingOptions.with_default_policies())
+    except Exception as e:  # noqa: BLE001 - e.g. 'reliabel': say which parameter, as configure reports it
+        raise ValueError(f"qos_overrides for '{node.resolve_topic_name(topic)}': {' '.join(str(e).split())} "
+                         "(reliability: reliable | best_effort; history: keep_last | keep_all; depth: an "
+                         "integer >= 1)") from None
+    if profile.history == HistoryPolicy.KEEP_LAST and profile.depth < 1:
+        raise ValueError(f"qos_overrides for '{node.resolve_topic_name(topic)}': depth must be >= 1 with "
+                         f"keep_last, got {profile.depth}")
+    return profile
+
+
+def resolve_profiles(node, observation_reliable: bool, trajectory: bool) -> dict[str, QoSProfile]:
+    """The QoS each topic is created with: the defaults above, then the params file's qos_overrides."""
+    profiles = {
+        "observation": _overridden(node, Subscription, "observation", observation_default(observation_reliable)),
+        "action": _overridden(node, Publisher, "action", action_default()),
+        "policy_step": _overridden(node, Publisher, "policy_step", policy_step_qos()),
+    }
+    if trajectory:
+        profiles["action_trajectory"] = _overridden(node, Publisher, "action_trajectory", action_default())
+    return profiles
