@@ -42,9 +42,12 @@ def action_default() -> QoSProfile:
 
 
 def _overridden(node, entity_type, topic: str, profile: QoSProfile) -> QoSProfile:
-    from rclpy.qos_overriding_options import _declare_qos_parameters  # rclpy's own, as create_publisher runs it
-
     profile = copy(profile)
+    try:  # rclpy's own, as create_publisher runs it with qos_overriding_options (Galactic and later)
+        from rclpy.qos_overriding_options import _declare_qos_parameters
+    except ImportError:
+        node.get_logger().warning("this rclpy cannot apply qos_overrides: the default QoS is used")
+        return profile
     try:
         _declare_qos_parameters(entity_type, node, node.resolve_topic_name(topic), profile,
                                 QoSOverridingOptions.with_default_policies())
