@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 from ros_harness import Diagnostics, joint_state
+from test_ros_float_array import float_node  # noqa: F401 - the fixture
 
 from conftest import observation_trace
 
@@ -108,3 +109,17 @@ def test_action_joint_names_default_to_generated_names_and_must_fit_action_dim()
     assert action_joint_names(["a", "b"], 2) == ["a", "b"]
     with pytest.raises(ValueError, match="action_joint_names: 2 names for action_dim 7"):
         action_joint_names(["a", "b"], 7)
+
+
+def test_a_float_array_observation_is_stamped_with_the_node_clock_and_counted(float_node):  # noqa: F811
+    from std_msgs.msg import Float32MultiArray
+    planner = float_node
+    diag = Diagnostics(planner)
+    before = time.time_ns()
+    planner.pub.publish(Float32MultiArray(data=observation_trace(1)[0].tolist()))
+    end = time.monotonic() + 10
+    while not planner.steps and time.monotonic() < end:
+        planner.spin(0.01)
+    (step,) = planner.steps
+    assert stamp_ns(step.header.stamp) >= before  # an array has no header: the node's clock
+    diag.until(lambda v: v["steps"] == "1" and v["stamps_from_node_clock"] == "1")
