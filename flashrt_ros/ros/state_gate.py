@@ -24,8 +24,20 @@ def inactive_refusal(state: str) -> str:
     return f"flashrt is {state}: activate it first (ros2 lifecycle set <node> activate)"
 
 
-class NodeInactive(RuntimeError):
-    """Raised by a queued service call that finds the node no longer active when its turn comes."""
+try:  # services.py's refusal type where it has one: answered "<service> refused: ...", logged as a warning
+    from .services import NotServing as _Refusal
+except ImportError:
+    _Refusal = ValueError
+
+
+class NodeInactive(_Refusal):
+    """Raised by a call taken while the node was active that finds it no longer active when its turn comes
+    (queued behind a call waiting for a replan, then the node deactivated): refused, nothing run."""
+
+
+def deactivated_refusal(state: str) -> str:
+    return (f"the node is deactivating (now {state}): a call taken while it was active and not run yet is "
+            "refused; call again once it is active")
 
 
 class GatedCapsuleServices(CapsuleServices):
@@ -34,9 +46,8 @@ class GatedCapsuleServices(CapsuleServices):
 
     def _off_executor(self, name: str, work):
         def gated_work(request, response):
-            refusal = self.node.inactive_refusal()
-            if refusal:
-                raise NodeInactive(refusal)
+            if self.node.inactive_refusal():
+                raise NodeInactive(deactivated_refusal(self.node.lifecycle_state()))
             work(request, response)
 
         inner = super()._off_executor(name, gated_work)
