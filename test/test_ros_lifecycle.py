@@ -128,6 +128,7 @@ BAD_STARTS = {
     "action_joint_names_count": ({"action_joint_names": ["a", "b"]}, None, "action_joint_names"),
     "qos_override_typo": ({"qos_overrides./test/observation.subscription.reliability": "reliabel"}, None,
                           "qos_overrides"),
+    "qos_override_depth_0": ({"qos_overrides./test/policy_step.publisher.depth": 0}, None, "qos_overrides"),
     "missing_params_file": ({}, "/nonexistent/flashrt.yaml", "params file"),
     "invalid_params_file": ({}, "bad.yaml", "params file"),
 }

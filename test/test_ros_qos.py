@@ -70,6 +70,13 @@ def test_params_file_qos_overrides_reach_the_endpoints(ros_domain, tmp_path):
         from ros_harness import call
         values = call(planner, GetParameters, "/test/flashrt/get_parameters", names=list(OVERRIDES)).values
         assert [v.string_value or v.integer_value for v in values] == list(OVERRIDES.values())
+        from rcl_interfaces.srv import DescribeParameters
+        reliability, depth = call(planner, DescribeParameters, "/test/flashrt/describe_parameters", names=[
+            "qos_overrides./test/observation.subscription.reliability",
+            "qos_overrides./test/policy_step.publisher.depth"]).descriptors
+        assert reliability.read_only and "reliable | best_effort" in reliability.description
+        (rng,) = depth.integer_range
+        assert (rng.from_value, rng.step) == (1, 1) and "default 10" in depth.description
     finally:
         planner.close()
         assert proc.stop() == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from copy import copy
 
+from rcl_interfaces.msg import IntegerRange, ParameterDescriptor
 from rclpy.publisher import Publisher
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.qos_overriding_options import QoSOverridingOptions
@@ -41,6 +42,29 @@ def action_default() -> QoSProfile:
                       durability=DurabilityPolicy.VOLATILE)
 
 
+MAX_DEPTH = 100_000
+CHOICES = {"reliability": "reliable | best_effort", "history": "keep_last | keep_all"}
+
+
+def _declare_described(node, entity_type, topic: str, profile: QoSProfile) -> None:
+    """The override parameters as rclpy would declare them, with what they accept in the description and
+    the depth's range in the descriptor (rclpy's own say neither)."""
+    kind = "publisher" if issubclass(entity_type, Publisher) else "subscription"
+    prefix = f"qos_overrides.{node.resolve_topic_name(topic)}.{kind}."
+    defaults = {"history": profile.history.name.lower(), "depth": profile.depth,
+                "reliability": profile.reliability.name.lower()}
+    for policy, default in defaults.items():
+        if node.has_parameter(prefix + policy):
+            continue
+        what = CHOICES.get(policy, f"an integer in [1, {MAX_DEPTH}]")
+        descriptor = ParameterDescriptor(read_only=True, description=(
+            f"{policy} of the {kind} '{node.resolve_topic_name(topic)}': {what} (default {default}); read at "
+            "configure, in the params file"))
+        if policy == "depth":
+            descriptor.integer_range = [IntegerRange(from_value=1, to_value=MAX_DEPTH, step=1)]
+        node.declare_parameter(prefix + policy, default, descriptor)
+
+
 def _overridden(node, entity_type, topic: str, profile: QoSProfile) -> QoSProfile:
     profile = copy(profile)
     try:  # rclpy's own, as create_publisher runs it with qos_overriding_options (Galactic and later)
@@ -49,12 +73,13 @@ def _overridden(node, entity_type, topic: str, profile: QoSProfile) -> QoSProfil
         node.get_logger().warning("this rclpy cannot apply qos_overrides: the default QoS is used")
         return profile
     try:
+        _declare_described(node, entity_type, topic, profile)
         _declare_qos_parameters(entity_type, node, node.resolve_topic_name(topic), profile,
                                 QoSOverridingOptions.with_default_policies())
     except Exception as e:  # noqa: BLE001 - e.g. 'reliabel': say which parameter, as configure reports it
         raise ValueError(f"qos_overrides for '{node.resolve_topic_name(topic)}': {' '.join(str(e).split())} "
-                         "(reliability: reliable | best_effort; history: keep_last | keep_all; depth: an "
-                         "integer >= 1)") from None
+                         f"(reliability: {CHOICES['reliability']}; history: {CHOICES['history']}; depth: an "
+                         f"integer in [1, {MAX_DEPTH}])") from None
     if profile.history == HistoryPolicy.KEEP_LAST and profile.depth < 1:
         raise ValueError(f"qos_overrides for '{node.resolve_topic_name(topic)}': depth must be >= 1 with "
                          f"keep_last, got {profile.depth}")
