@@ -73,6 +73,7 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
         "replans": stats.replans,
         "replans_rejected": stats.replans_rejected,
         "replan_deadline_misses": stats.replan_deadline_misses,
+        "stamps_from_node_clock": stats.stamps_from_clock,
     }
     if usage is not None:
         rate = observed_step_rate_hz(step_times)

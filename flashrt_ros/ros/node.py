@@ -2,9 +2,10 @@
 services and the Replan action; /diagnostics.
 
     on_configure  validate parameters, allocate, load weights, warm up, capture (Session)
-    on_activate   subscribe 'observation', serve services + 'replan', enable the publishers
+    on_activate   subscribe 'observation', enable the publishers, open services + 'replan'
     on_deactivate stop all of that; on_cleanup  release the Session
-    /diagnostics  published in every state, with the lifecycle state
+    services, 'replan' and /diagnostics exist in every state; while not active a call or goal is refused at
+    once, naming the state (state_gate.py). Every transition logs one line.
 
 With ``autostart`` (the default) the node configures and activates itself; without it, a lifecycle
 manager or ``ros2 lifecycle set <node> configure`` then ``... activate`` brings it up.
@@ -20,15 +21,13 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.duration import Duration
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, State, TransitionCallbackReturn
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Float32MultiArray, Float64MultiArray, Header
+from std_msgs.msg import Float32MultiArray, Header
 
 from flashrt_interfaces.msg import PolicyStep
 
@@ -42,10 +41,10 @@ from .capsule_dir import CapsuleDir
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .diagnostics import device_name, diagnostics_message
 from .node_stats import NodeStats
+from .outputs import ActionOutputs, action_joint_names
 from .params import check_node_param, command_line_overrides, declare_all, guard_live_params, read_config
-from .replan_server import HELD_MAX, ReplanServer
-from .services import CapsuleServices
-from .step_link import policy_step_qos
+from .qos import resolve_profiles
+from .state_gate import GatedCapsuleServices, GatedReplanServer, inactive_refusal
 
 NODE_NAME = "flashrt"
 RUNTIME_LOGGER = "flashrt_ros"  # Python logging of the runtime, forwarded to the ROS log
@@ -93,10 +92,13 @@ class FlashRTNode(LifecycleNode):
         self._own: dict = {}
         self._reader: ObservationReader | None = None
         self._capsule_dir: CapsuleDir | None = None
-        self._topic_pubs: dict = {}
+        self._topic_pubs: dict = {}  # policy_step
+        self._outputs: ActionOutputs | None = None
+        self._qos: dict = {}
+        self._active = False  # the gate of services and replan (state_gate)
         self._policy_step_lock = threading.Lock()  # the policy_step writer: publishing vs replacing it
         self._policy_step_history = False  # the writer has published since it was made
-        self._observation_sub = self._capsule_services = self._replan_server = None
+        self._observation_sub = None
         self._last_usage = None
         # /diagnostics is a plain publisher on a timer made here: it reports every lifecycle state,
         # so a supervisor sees an inactive node as inactive instead of as stale.
@@ -106,6 +108,19 @@ class FlashRTNode(LifecycleNode):
         except ValueError:
             period = 1.0  # configure fails and names the parameter
         self._diagnostics_timer = self.create_timer(period, self.publish_diagnostics)
+        # created once, as nav2 servers are: they answer in every state (refusing while not active)
+        self._capsule_services = GatedCapsuleServices(self, None)
+        self._replan_server = GatedReplanServer(self)
+        self._servers_open = True
+
+    def inactive_refusal(self) -> str:
+        """'' while active; otherwise why a service call or replan goal is refused, naming the state."""
+        return "" if self._active else inactive_refusal(self.lifecycle_state())
+
+    def _transition_failed(self, transition: str, err: Exception) -> TransitionCallbackReturn:
+        # rclpy turns an exception in a transition into ERROR without a word: say what happened
+        self.get_logger().error(f"{transition} failed: {type(err).__name__}: {_one_line(err)}")
+        return TransitionCallbackReturn.ERROR
 
     def lifecycle_state(self) -> str:
         try:
@@ -119,6 +134,8 @@ class FlashRTNode(LifecycleNode):
             cfg, own = read_config(self)
             capsule_dir = CapsuleDir(own["capsule_dir"])
             reader = ObservationReader(own["observation_type"], cfg.obs_dim, own["joint_names"])
+            out_names = action_joint_names(own["action_joint_names"], cfg.action_dim)
+            qos = resolve_profiles(self, own["observation_reliable"], own["publish_trajectory"])
             t0 = time.perf_counter()
             session = Session(cfg, own["backend"])
             if own["capsule_hmac_key_file"]:
@@ -131,32 +148,35 @@ class FlashRTNode(LifecycleNode):
         for stale in capsule_dir.sweep_stale_temporaries():
             self.get_logger().warning(f"removed {stale.name} from capsule_dir: the temporary of an export whose "
                                       "process died mid-write")
+        self._capsule_services.capsule_dir, self._qos = capsule_dir, qos
         self.hardware_id = device_name(session.backend)
         usage = session.store_usage()
         self.get_logger().info(
-            f"configured in {(time.perf_counter() - t0) * 1e3:.0f} ms: backend {session.backend.name} on "
+            f"configure: done in {(time.perf_counter() - t0) * 1e3:.0f} ms: backend {session.backend.name} on "
             f"{self.hardware_id}, {len(session.plan.ops)} ops, {usage.capacity} capsule slots, "
-            f"fingerprint {session.fingerprint[:12]}, capsule_dir {capsule_dir.root}")
-        # A lifecycle publisher: nothing goes out on it unless the node is active. policy_step is made on
+            f"fingerprint {session.fingerprint[:12]}, capsule_dir {capsule_dir.root}; now inactive")
+        # Lifecycle publishers: nothing goes out on them unless the node is active. policy_step is made on
         # activate instead (see _renew_policy_step_writer).
-        self._topic_pubs = {"action": self.create_lifecycle_publisher(Float64MultiArray, "action", 10)}
+        self._outputs = ActionOutputs(self, cfg.action_dim, cfg.chunk_len, out_names, own["publish_trajectory"],
+                                      own["control_period_s"], qos)
+        if own["publish_trajectory"] and not own["action_joint_names"]:
+            self.get_logger().warning(f"action_joint_names is unset: 'action_trajectory' names the joints "
+                                      f"{out_names[0]} .. {out_names[-1]}, which no controller knows; set "
+                                      "action_joint_names to the controller's joints")
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
-        msg_type = JointState if self._own["observation_type"] == "joint_state" else Float32MultiArray
-        # [replan] depth HELD_MAX: an executor stalled for a few sensor periods (a loaded CPU) still steps
-        # every observation, in order, as a replan does with the ones it holds
-        if self._own["observation_reliable"]:
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=HELD_MAX, reliability=ReliabilityPolicy.RELIABLE)
-        else:
-            qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=HELD_MAX,
-                             reliability=qos_profile_sensor_data.reliability)
-        super().on_activate(state)  # enables the lifecycle publishers
-        self._renew_policy_step_writer()
-        self._observation_sub = self.create_subscription(msg_type, "observation", self.on_observation, qos)
-        self._capsule_services = CapsuleServices(self, self._capsule_dir)
-        self._replan_server = ReplanServer(self)
-        self.get_logger().info(f"active: stepping on '{self._observation_sub.topic_name}' ({msg_type.__name__})")
+        try:
+            msg_type = JointState if self._own["observation_type"] == "joint_state" else Float32MultiArray
+            super().on_activate(state)  # enables the lifecycle publishers
+            self._renew_policy_step_writer()
+            self._observation_sub = self.create_subscription(msg_type, "observation", self.on_observation,
+                                                             self._qos["observation"])
+        except Exception as e:  # noqa: BLE001 - logged, then rclpy's error processing (on_error)
+            return self._transition_failed("activate", e)
+        self._active = True
+        self.get_logger().info(f"activate: now active, stepping on '{self._observation_sub.topic_name}' "
+                               f"({msg_type.__name__}); services and replan open")
         if msg_type is JointState and not self._own["joint_names"]:
             self.get_logger().warning("joint_names is unset: JointState values are taken in message order and "
                                       "their names are not checked; set joint_names to map joints by name and "
@@ -164,18 +184,17 @@ class FlashRTNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_deactivate(self, state: State | None) -> TransitionCallbackReturn:
-        if self._capsule_services is not None:  # calls queued behind a replan are answered "deactivating"
-            self._capsule_services.destroy()
-        # The replan worker first: it may still publish feedback, which needs a live node and context.
-        if self._replan_server is not None:
-            self._replan_server.destroy()
+        self._active = False  # from here every call and goal is refused
+        # The running replan first: it may still publish feedback, which needs a live node and context.
+        if self._replan_server is not None and not self._replan_server.stop_running("the node is deactivating"):
+            self.get_logger().warning("deactivate: the running replan did not stop in time; it ends on its own")
         if self._observation_sub is not None:
             self.destroy_subscription(self._observation_sub)
-        if self._capsule_services is not None:
-            self._capsule_services.destroy()
-        self._observation_sub = self._capsule_services = self._replan_server = None
+        self._observation_sub = None
         self._renew_policy_step_writer(recreate=False)  # an inactive node offers no steps to late joiners
         super().on_deactivate(state)  # disables the lifecycle publishers
+        if state is not None:  # None: release() on the way out, which logs its own line
+            self.get_logger().info("deactivate: now inactive, not stepping; services and replan refuse calls")
         return TransitionCallbackReturn.SUCCESS
 
     def _start_persistence(self, session: Session, own: dict) -> str:
@@ -229,7 +248,8 @@ class FlashRTNode(LifecycleNode):
                     pass
                 self.destroy_publisher(old)
             if recreate:
-                self._topic_pubs["policy_step"] = self.create_publisher(PolicyStep, "policy_step", policy_step_qos())
+                self._topic_pubs["policy_step"] = self.create_publisher(PolicyStep, "policy_step",
+                                                                        self._qos["policy_step"])
             self._policy_step_history = False
 
     def live_state_replaced(self) -> None:
@@ -261,27 +281,55 @@ class FlashRTNode(LifecycleNode):
                                       "steps from before the rollback or reset")
 
     def on_cleanup(self, state: State | None) -> TransitionCallbackReturn:
-        destroy = getattr(self, "destroy_lifecycle_publisher", self.destroy_publisher)
         for pub in self._topic_pubs.values():
-            destroy(pub)
+            self.destroy_publisher(pub)
         self._topic_pubs = {}
+        if self._outputs is not None:
+            self._outputs.destroy()
+        self._outputs = None
         if self.session is not None:
             self.session.disable_persistence()  # writes what is queued and fsyncs
         self.session = self._reader = self._capsule_dir = None
+        if self._capsule_services is not None:
+            self._capsule_services.capsule_dir = None
         self._last_usage = None
         self.hardware_id = "unconfigured"
+        if state is not None:
+            self.get_logger().info("cleanup: runtime released, now unconfigured")
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: State | None) -> TransitionCallbackReturn:
         self.release()
+        self.get_logger().info(f"shutdown: from {state.label if state is not None else 'unknown'}, services "
+                               "and replan closed, runtime released, now finalized")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: State | None) -> TransitionCallbackReturn:
+        """A transition raised (logged by _transition_failed or not at all by rclpy): free everything and
+        go back to unconfigured, from where configure can be tried again."""
+        self._active = False
+        try:
+            if self._observation_sub is not None:
+                self.on_deactivate(None)
+            if self.session is not None:
+                self.on_cleanup(None)
+        except Exception as e:  # noqa: BLE001 - cannot recover: finalized
+            self.get_logger().error(f"error: recovery failed ({type(e).__name__}: {_one_line(e)}), now finalized")
+            return TransitionCallbackReturn.FAILURE
+        self.get_logger().error(f"error: a transition from {state.label if state is not None else 'unknown'} "
+                                "failed; runtime released, now unconfigured")
         return TransitionCallbackReturn.SUCCESS
 
     def release(self) -> None:
-        """Stop serving and free the runtime, whatever the state (shutdown path)."""
-        if self._observation_sub is not None or self._replan_server is not None:
+        """Stop serving and free the runtime, whatever the state (shutdown path). Idempotent."""
+        if self._observation_sub is not None or self._active:
             self.on_deactivate(None)
-        if self.session is not None:
+        if self.session is not None or self._outputs is not None:
             self.on_cleanup(None)
+        if self._servers_open:
+            self._servers_open = False
+            self._replan_server.destroy("the node is shutting down")
+            self._capsule_services.destroy()
 
     def destroy_node(self):
         logging.getLogger(RUNTIME_LOGGER).removeHandler(self._log_handler)
@@ -317,11 +365,16 @@ class FlashRTNode(LifecycleNode):
             self.get_logger().warning(f"observation rejected: {e}", throttle_duration_sec=1.0)
             return
         header = getattr(msg, "header", None)
-        stamp = header.stamp if header is not None else self.get_clock().now().to_msg()
+        stamp = header.stamp if header is not None else None
+        if stamp is None or (stamp.sec == 0 and stamp.nanosec == 0):  # none (a float array) or never set
+            stamp = self.get_clock().now().to_msg()
+            self.stats.count("stamps_from_clock")
         self.last_stamp_ns = stamp_to_ns(stamp)
 
-        def publish_action(action: np.ndarray) -> None:
-            self._topic_pubs["action"].publish(Float64MultiArray(data=action.astype(np.float64).tolist()))
+        outputs = self._outputs
+        if outputs is None:  # cleaned up meanwhile
+            return
+        publish_action = outputs.publish_action
 
         # the step and its policy_step as one: a rollback comes before both or after both, so a renewed
         # history never starts with a step of the timeline that was left
@@ -352,6 +405,7 @@ class FlashRTNode(LifecycleNode):
             step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(),
             action_chunk=res.chunk.ravel().tolist(), chunk_len=session.cfg.chunk_len,
             step_latency_ms=res.latency_ms)
+        self._outputs.publish_trajectory(msg.header, res.chunk)
         with self._policy_step_lock:
             writer = self._topic_pubs.get("policy_step")
             if writer is not None:  # None: deactivated meanwhile

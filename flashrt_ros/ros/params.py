@@ -76,6 +76,7 @@ NODE_RANGES = {
     "persist_segment_mb": (0.001, 1_048_576.0),
     "persist_budget_mb": (0.001, 1_073_741_824.0),
     "persist_queue_mb": (0.0, 1_048_576.0),
+    "control_period_s": (0.0001, 3600.0),
 }
 
 
@@ -157,6 +158,16 @@ NODE_PARAMS = {
     "persist_queue_mb": (64.0, "records waiting for the disk; past it records are dropped (counted in "
                          "/diagnostics) and the next one written is a whole-window resync point",
                          _ranged, False),
+    # output for ros2_control (outputs.py); QoS overrides: qos.py
+    "publish_trajectory": (False, "also publish the action chunk as trajectory_msgs/JointTrajectory on "
+                           "'action_trajectory' (for joint_trajectory_controller): point k = chunk[k] as positions "
+                           "at time_from_start (k+1) * control_period_s, stamped with the observation's stamp",
+                           _bool, False),
+    "action_joint_names": (None, "names of the action's values, in the policy's output order (one per action_dim): "
+                           "the JointTrajectory's joint_names. Unset: action_0 .. action_<action_dim-1> (a "
+                           "controller will not match them: set this)", _joint_names, False),
+    "control_period_s": (0.01, "time between two actions of the chunk, in s (> 0; 0.01 = 100 Hz): the spacing "
+                         "of the JointTrajectory's time_from_start", _ranged, False),
 }
 LIVE_PARAMS = {n for n, (_, _, _, live) in NODE_PARAMS.items() if live}
 FLOAT_PARAMS = ({n for n, (default, *_) in NODE_PARAMS.items() if isinstance(default, float)}

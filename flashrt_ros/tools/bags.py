@@ -217,12 +217,14 @@ def check_new_output(path: str | Path) -> Path:
     return path
 
 
-def _output_qos():
-    """What the node offers on action / policy_step: reliable, volatile, keep last 10."""
+def _output_qos(transient_local: bool = False):
+    """What the node offers by default (ros/qos.py): reliable, keep last 10; action volatile, policy_step
+    transient-local (step_link.policy_step_qos), so `ros2 bag play` matches the same subscribers."""
     from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 
     zero = QosTime(0, 0)
-    return [Qos(QosHistory.KEEP_LAST, 10, QosReliability.RELIABLE, QosDurability.VOLATILE, zero, zero,
+    durability = QosDurability.TRANSIENT_LOCAL if transient_local else QosDurability.VOLATILE
+    return [Qos(QosHistory.KEEP_LAST, 10, QosReliability.RELIABLE, durability, zero, zero,
                 QosLiveliness.AUTOMATIC, zero, False)]
 
 
@@ -242,10 +244,10 @@ class OutputBag:
             self._writer.open()
         except Exception as e:  # noqa: BLE001 - exists now (a race), permissions, full disk
             raise BagError(f"{self.path}: cannot create output bag ({type(e).__name__}: {e})") from None
-        qos = _output_qos()
-        self._c_action = self._writer.add_connection("/action", F64_ARRAY, typestore=ts, offered_qos_profiles=qos)
+        self._c_action = self._writer.add_connection("/action", F64_ARRAY, typestore=ts,
+                                                     offered_qos_profiles=_output_qos())
         self._c_step = self._writer.add_connection("/policy_step", POLICY_STEP, typestore=ts,
-                                                   offered_qos_profiles=qos)
+                                                   offered_qos_profiles=_output_qos(transient_local=True))
         T = ts.types
         self._time, self._header = T["builtin_interfaces/msg/Time"], T["std_msgs/msg/Header"]
         self._layout, self._f64, self._step = T["std_msgs/msg/MultiArrayLayout"], T[F64_ARRAY], T[POLICY_STEP]

@@ -1,0 +1,125 @@
+"""Output a controller can take: 'action' with its layout (forward_command_controller) and
+'action_trajectory' (joint_trajectory_controller), stamped with the observation's stamp; a zero stamp is
+replaced by the node's clock and counted on /diagnostics."""
+import time
+
+import numpy as np
+import pytest
+from ros_harness import Diagnostics, joint_state
+from test_ros_float_array import float_node  # noqa: F401 - the fixture
+
+from conftest import observation_trace
+
+pytestmark = pytest.mark.ros
+
+JOINTS = [f"arm_joint_{i + 1}" for i in range(7)]
+PERIOD_S = 0.02
+CHUNK_LEN = 8  # config/flashrt.yaml
+
+
+@pytest.fixture
+def node_params():
+    return {"publish_trajectory": True, "action_joint_names": JOINTS, "control_period_s": PERIOD_S}
+
+
+class Outputs:
+    """The controller's side: every action and trajectory the node sends."""
+
+    def __init__(self, planner):
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        from std_msgs.msg import Float64MultiArray
+        from trajectory_msgs.msg import JointTrajectory
+        self.planner, self.actions, self.trajectories = planner, [], []
+        qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        ns = planner.namespace
+        planner.node.create_subscription(Float64MultiArray, f"{ns}/action", self.actions.append, qos)
+        planner.node.create_subscription(JointTrajectory, f"{ns}/action_trajectory", self.trajectories.append, qos)
+
+    def wait(self, n: int, timeout: float = 10.0) -> bool:
+        end = time.monotonic() + timeout
+        while (len(self.actions) < n or len(self.trajectories) < n) and time.monotonic() < end:
+            self.planner.spin(0.01)
+        return len(self.actions) >= n and len(self.trajectories) >= n
+
+    def linked(self, obs) -> None:
+        """Step until both outputs arrive (a volatile writer may miss a reader it has not matched yet)."""
+        for o in obs:
+            self.planner.step(o)
+            if self.wait(1, timeout=2.0):
+                break
+        assert self.actions and self.trajectories, "no action / action_trajectory arrived"
+        self.wait(len(obs) + 1, timeout=0.5)  # whatever else is in flight
+        self.actions.clear()
+        self.trajectories.clear()
+
+
+def stamp_ns(stamp) -> int:
+    return stamp.sec * 10**9 + stamp.nanosec
+
+
+def test_action_and_trajectory_carry_names_sizes_order_stamps_and_times(flashrt):
+    _, planner = flashrt
+    out = Outputs(planner)
+    obs = observation_trace(40)
+    out.linked(obs[:20])
+    steps = []
+    for i, o in enumerate(obs[20:25]):
+        steps.append(planner.step(o))
+        assert out.wait(i + 1), "an output of the step is missing"
+    assert len(out.actions) == len(out.trajectories) == 5
+    for step, action, traj in zip(steps, out.actions, out.trajectories):
+        (dim,) = action.layout.dim
+        assert (dim.label, dim.size, dim.stride, action.layout.data_offset) == ("joints", 7, 7, 0)
+        assert np.asarray(action.data).tobytes() == np.asarray(step.action, np.float32).astype(np.float64).tobytes()
+        assert list(traj.joint_names) == JOINTS
+        assert stamp_ns(traj.header.stamp) == stamp_ns(step.header.stamp) != 0  # the observation's stamp
+        assert len(traj.points) == CHUNK_LEN
+        chunk = np.asarray(step.action_chunk, np.float32).astype(np.float64).reshape(CHUNK_LEN, 7)
+        for k, point in enumerate(traj.points):
+            assert np.asarray(point.positions).tobytes() == chunk[k].tobytes()
+            assert stamp_ns(point.time_from_start) == round((k + 1) * PERIOD_S * 1e9)
+    sent = [planner.stamp - 10_000_000 * (4 - i) for i in range(5)]  # Planner.step's stamps, in order
+    assert [stamp_ns(t.header.stamp) for t in out.trajectories] == sent
+
+
+def test_a_zero_stamp_is_replaced_by_the_node_clock_and_counted(flashrt):
+    _, planner = flashrt
+    diag = Diagnostics(planner)
+    out = Outputs(planner)
+    obs = observation_trace(30)
+    out.linked(obs[:20])
+    n = len(planner.steps)
+    before = time.time_ns()
+    planner.publish(joint_state(obs[20], 0))  # a driver that never sets header.stamp
+    end = time.monotonic() + 10
+    while len(planner.steps) == n and time.monotonic() < end:
+        planner.spin(0.01)
+    step = planner.steps[-1]
+    assert out.wait(1)
+    assert stamp_ns(step.header.stamp) >= before  # the node's clock (system time), not 0
+    assert stamp_ns(out.trajectories[-1].header.stamp) == stamp_ns(step.header.stamp)
+    diag.until(lambda v: v["stamps_from_node_clock"] == "1")
+    stamped = planner.step(obs[21])  # a stamped one is not counted
+    diag.until(lambda v: v["steps"] == str(stamped.step) and v["stamps_from_node_clock"] == "1")
+
+
+def test_action_joint_names_default_to_generated_names_and_must_fit_action_dim():
+    from flashrt_ros.ros.outputs import action_joint_names
+    assert action_joint_names([], 3) == ["action_0", "action_1", "action_2"]
+    assert action_joint_names(["a", "b"], 2) == ["a", "b"]
+    with pytest.raises(ValueError, match="action_joint_names: 2 names for action_dim 7"):
+        action_joint_names(["a", "b"], 7)
+
+
+def test_a_float_array_observation_is_stamped_with_the_node_clock_and_counted(float_node):  # noqa: F811
+    from std_msgs.msg import Float32MultiArray
+    planner = float_node
+    diag = Diagnostics(planner)
+    before = time.time_ns()
+    planner.pub.publish(Float32MultiArray(data=observation_trace(1)[0].tolist()))
+    end = time.monotonic() + 10
+    while not planner.steps and time.monotonic() < end:
+        planner.spin(0.01)
+    (step,) = planner.steps
+    assert stamp_ns(step.header.stamp) >= before  # an array has no header: the node's clock
+    diag.until(lambda v: v["steps"] == "1" and v["stamps_from_node_clock"] == "1")
