@@ -177,12 +177,16 @@ def draw_bench_persist(result: dict):
     over = result["persist_step_overhead"]
     for key, label in (("without", "without persistence"), ("with", "with persistence")):
         cdf(lat, samples[key], f"{label} (p99 {over[f'{key}_persistence_ms']['p99']:.2f} ms)")
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
     lat.set(xscale="log", xlabel="step latency, ms (log)", ylabel="fraction of steps",
             title=f"step at 100 Hz, full window: p99 ratio {over['p99_ratio']:.2f}")
-    for axis in (lat.xaxis.set_major_formatter, lat.xaxis.set_minor_formatter):
-        axis(FormatStrFormatter("%g"))  # a narrow log range gets minor ticks only: label them as numbers
+    lat.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    lo_ms, hi_ms = min(min(v) for v in samples.values()), max(max(v) for v in samples.values())
+    if hi_ms < 10 * lo_ms:  # a narrow log range gets minor ticks only: label them as numbers
+        lat.xaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    else:  # over a decade, labelled minor ticks run into each other
+        lat.xaxis.set_minor_formatter(NullFormatter())
     lat.grid(alpha=0.3, which="both")
     lat.legend(fontsize=8, loc="lower right")
     rounds = result["records_lost_on_kill"]["rounds"]

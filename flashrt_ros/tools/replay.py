@@ -125,6 +125,15 @@ def _parser() -> argparse.ArgumentParser:
                     "(needs matplotlib)")
     ap.add_argument("--joints", type=joint_list, metavar="I,J,...",
                     help="--plot: these action dimensions only (default: all)")
+    corpus = ap.add_argument_group("a corpus of bags (BAG is a directory of bags or a glob; offline only)")
+    corpus.add_argument("-j", "--jobs", type=int, metavar="N",
+                        help="replay N bags at once, each in its own process (default 1); with --ray auto and no "
+                        "cluster running, the CPUs of the local Ray")
+    corpus.add_argument("--ray", metavar="auto|ADDRESS",
+                        help="run each bag as a Ray task instead: auto = the running cluster, else a local Ray; "
+                        "or a cluster address (pip install 'flashrt_ros[ray]')")
+    corpus.add_argument("--reference", metavar="REF_DIR",
+                        help="diff each output against REF_DIR/<bag name> (a previous corpus --output)")
     return ap
 
 
@@ -183,6 +192,14 @@ def _replay(argv) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     check_bag_options(ap, args)
+    from .replay_corpus import corpus_main, is_corpus
+
+    if args.jobs is not None or args.ray or args.reference or is_corpus(args.bag):
+        if args.jobs is not None and not 1 <= args.jobs <= 1024:
+            ap.error("--jobs must be between 1 and 1024")
+        if args.mode != "offline" or args.plot or args.joints:
+            ap.error("a corpus replays offline, without --plot or --joints; replay one bag for those")
+        return corpus_main(args)
     out_path = check_new_output(args.out) if args.out else None  # before any work: never after a long replay
     _check_plot(args.plot)
     if args.json and not Path(args.json).resolve().parent.is_dir():
