@@ -14,7 +14,8 @@ both see the same arrays. Without --config, the installed config (ament share of
 else the source tree's config/flashrt.yaml.
 
 A directory that holds bags (not itself a bag), a glob, or --jobs/--ray/--reference replays a corpus:
-every bag in worker processes, one summary; see `flashrt-replay --jobs 1 --help` (exit codes below too).
+every bag offline in its own worker process (or Ray task), one summary (a table on stdout, --json). Its
+exit code: 0 when every bag's is 0, 1 when any bag's is not, 2 when the corpus is bad input.
 
 exit codes:
   0    ok: every rollback check passed / the two bags are identical

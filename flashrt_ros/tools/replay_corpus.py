@@ -258,7 +258,7 @@ def corpus_main(args) -> int:
              "reference": str(ref_dir / bag_name(b)) if ref_dir else None} for b in bags]
     workers = args.jobs or 1
     progress(f"corpus: {len(jobs)} bags, " + (f"Ray ({args.ray})" if args.ray else f"{workers} worker processes"))
-    t0 = time.monotonic()
+    load_before, t0 = list(os.getloadavg()), time.monotonic()
     rows = run_ray(jobs, args.ray, args.jobs) if args.ray else run_processes(jobs, workers)
     wall = time.monotonic() - t0
     rows.sort(key=lambda r: r["bag"])
@@ -266,7 +266,7 @@ def corpus_main(args) -> int:
     summary = {"corpus": args.bag, "bags": len(rows), "failed": failed,
                "engine": f"ray ({args.ray})" if args.ray else "processes", "workers": None if args.ray else workers,
                "wall_s": round(wall, 3), "bags_per_minute": round(60 * len(rows) / wall, 2) if wall > 0 else None,
-               "load_average": list(os.getloadavg()), "rows": rows}
+               "load_average": {"before": load_before, "after": list(os.getloadavg())}, "rows": rows}
     text, tab = json.dumps(summary, indent=2), table(rows)
     if args.json:
         Path(args.json).write_text(text + "\n")
