@@ -317,4 +317,9 @@ MUTATIONS = [
              "    ax.legend(fontsize=8)\n",
              ["test/test_plots.py::test_bench_runtime_middle_panel_has_every_table_point_and_nothing_overlaps"],
              "the middle panel's legend covers its lines, as in the figure the issue showed"),
+    Mutation("replay_corpus_interrupt_leaves_workers_running", "flashrt_ros/tools/replay_corpus.py",
+             "        running.stop_all()\n",
+             "        pass\n",
+             ["test/test_replay_corpus.py::test_sigterm_stops_every_running_worker_and_leaves_no_unfinished_output"],
+             "SIGTERM to a corpus replay leaves its workers replaying (and writing) after the command said it stopped"),
 ]

@@ -5,6 +5,11 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from fixtures.make_bags import PERIOD_NS, T0_NS, trace, write_joint_bag
@@ -138,3 +143,39 @@ def test_ray_gives_the_rows_of_local_workers(corpus, tmp_path):
     on_ray = json.loads((tmp_path / "ray.json").read_text())
     assert on_ray["engine"] == "ray (auto)" and on_ray["failed"] == ["cut_short"]
     assert without_timing(on_ray["rows"]) == without_timing(local["rows"])
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """The flashrt-replay processes the corpus started (its children), from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent:
+                pids.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
+
+
+def test_sigterm_stops_every_running_worker_and_leaves_no_unfinished_output(tmp_path):
+    bags = tmp_path / "bags"
+    bags.mkdir()
+    for i in range(3):  # long enough that the workers are still running when the signal comes
+        write_joint_trace(bags / f"long{i}", "mcap", trace(20_000, seed=i), T0_NS, PERIOD_NS)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "flashrt_ros.tools.replay", str(bags), "--jobs", "2", "-o",
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while len(workers := _worker_pids(proc.pid)) < 2:  # both workers started
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and "interrupted by SIGTERM" in err, err[-2000:]
+    assert all(not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+               for pid in workers)  # every worker ended with the corpus
+    assert not [p for p in out.iterdir() if p.is_dir()]  # their unfinished output bags were removed

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -75,8 +76,44 @@ def find_bags(spec: str) -> list[Path]:
     return [names[n].resolve() for n in sorted(names)]
 
 
+class Workers:
+    """The worker processes running now, so that an interrupt stops each one and no new one starts after."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._procs: set = set()
+        self._closed = False
+
+    def start(self, cmd: list[str]) -> subprocess.Popen:
+        with self._lock:
+            if self._closed:
+                raise Interrupted(STOP.signum or 15)
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            self._procs.add(proc)
+            return proc
+
+    def done(self, proc) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def stop_all(self, grace_s: float = 10.0) -> None:
+        """SIGTERM each (it removes its unfinished output bag, as flashrt-replay does), then wait for it."""
+        with self._lock:
+            self._closed = True
+            procs = list(self._procs)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 # ---- one bag, in a worker ----------------------------------------------------------------------------------
-def replay_one(job: dict, running: set | None = None) -> dict:
+def replay_one(job: dict, running: Workers | None = None) -> dict:
     """Replay one bag as a separate `flashrt-replay` process (and diff it against its reference); a row.
     Runs in a local worker thread or as a Ray task: everything it needs is in `job`."""
     t0 = time.monotonic()
@@ -103,50 +140,46 @@ def replay_one(job: dict, running: set | None = None) -> dict:
     return row
 
 
-def _run(cmd: list[str], running: set | None) -> tuple[int, str | None]:
-    """(exit code, last stderr line); the process is registered so that an interrupt can stop it."""
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    if running is not None:
-        running.add(proc)
+def _communicate(cmd: list[str], running: Workers | None) -> tuple[int, str, str]:
+    """Run one worker process to its end: (exit code, stdout, stderr)."""
+    running = running or Workers()  # a Ray task: its own registry (Ray cancels the task as a whole)
+    proc = running.start(cmd)
     try:
         out, err = proc.communicate()
     finally:
-        if running is not None:
-            running.discard(proc)
+        running.done(proc)
+    return proc.returncode, out, err
+
+
+def _run(cmd: list[str], running: Workers | None) -> tuple[int, str | None]:
+    """(exit code, last stderr line)."""
+    rc, _, err = _communicate(cmd, running)
     lines = [x for x in err.splitlines() if x.strip() and not x.startswith("[")]  # [hh:mm:ss] lines: progress
-    return proc.returncode, (lines[-1] if lines else None)
+    return rc, (lines[-1] if lines else None)
 
 
-def _compare(row: dict, out: str, reference: str, running: set | None) -> None:
+def _compare(row: dict, out: str, reference: str, running: Workers | None) -> None:
     if not os.path.exists(reference):
         row.update(exit_code=2, reference="missing", error=f"no reference bag {reference}")
         return
-    cmd = [sys.executable, "-m", "flashrt_ros.tools.replay", "diff", out, reference]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if running is not None:
-        running.add(proc)
-    try:
-        stdout, stderr = proc.communicate()
-    finally:
-        if running is not None:
-            running.discard(proc)
-    if proc.returncode in (0, 1):
+    rc, stdout, stderr = _communicate([sys.executable, "-m", "flashrt_ros.tools.replay", "diff", out, reference],
+                                      running)
+    if rc in (0, 1):
         rep = json.loads(stdout)
         row["reference"] = "identical" if rep["identical"] else "different"
         if not rep["identical"]:
             row["first_divergence"] = {"index": rep["first_diverging_index"], "step": rep["first_diverging_step"],
                                        "max_abs_action_diff": rep["max_abs_action_diff"]}
     else:
-        row["error"] = (stderr.strip().splitlines() or [f"diff exited {proc.returncode}"])[-1]
-    if row["exit_code"] == 0 and proc.returncode != 0:
-        row["exit_code"] = proc.returncode  # 1: differs from the reference; 2: the reference is unreadable
+        row["error"] = (stderr.strip().splitlines() or [f"diff exited {rc}"])[-1]
+    if row["exit_code"] == 0 and rc != 0:
+        row["exit_code"] = rc  # 1: differs from the reference; 2: the reference is unreadable
 
 
 # ---- engines ---------------------------------------------------------------------------------------------
 def run_processes(jobs: list[dict], workers: int) -> list[dict]:
     """At most `workers` bags at once, each in its own process. SIGINT/SIGTERM stop every running one."""
-    running: set = set()
+    running = Workers()
     pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="replay")
     futures = {pool.submit(replay_one, j, running): j for j in jobs}
     rows = []
@@ -160,8 +193,7 @@ def run_processes(jobs: list[dict], workers: int) -> list[dict]:
                 progress(f"corpus: {len(rows)}/{len(jobs)} bags ({rows[-1]['bag']}: exit {rows[-1]['exit_code']})")
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
-        for proc in list(running):
-            proc.terminate()
+        running.stop_all()
         raise
     pool.shutdown(wait=True)
     return rows
