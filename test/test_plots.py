@@ -220,6 +220,13 @@ def test_replay_diff_joints_on_the_command_line(tmp_path):
     res = run_tool("replay", "diff", tmp_path / "ra", tmp_path / "rb", "--plot", tmp_path / "bad.png",
                    "--joints", "0,99")
     assert res.returncode == 2 and "not 99" in res.stderr and not (tmp_path / "bad.png").exists()
+    # one replay: a dimension the policy does not have is refused before the run, nothing written
+    res = run_tool("replay", a, "--out", tmp_path / "rc", "--plot", tmp_path / "one.png", "--joints", "7")
+    assert res.returncode == 2 and "action_dim 7" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "rc").exists() and not (tmp_path / "one.png").exists()
+    res = run_tool("replay", a, "--plot", tmp_path / "one.png", "--joints", "6,0")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert_drawn(tmp_path / "one.png")
 
 
 def pyplot_close(fig):
