@@ -95,7 +95,8 @@ def add_bag_options(ap: argparse.ArgumentParser) -> None:
     """The options a bag's replay takes, single or in a corpus; spelled as `ros2 bag` spells them, with
     the earlier spellings kept as aliases (same destination, same checks)."""
     ap.add_argument("--topics", "--topic", dest="topics", nargs="+", metavar="TOPIC",
-                    help="observation topic (default: the only observation-typed topic); one topic")
+                    help="observation topic (default: the only observation-typed topic); one topic. "
+                    "Give BAG before --topics, as with ros2 bag play")
     ap.add_argument("--mode", choices=["offline", "live"], default="offline")
     ap.add_argument("-o", "--output", "--out", dest="out", metavar="OUT",
                     help="write /action and /policy_step to this new bag (refused if it exists)")
