@@ -20,7 +20,8 @@ setup(
     # too (--plot).
     python_requires=">=3.10",
     install_requires=["setuptools", "numpy>=1.21,<3", "pyyaml>=5.4", "safetensors>=0.4"],
-    extras_require={"cuda": ["cupy-cuda12x"], "replay": ["rosbags>=0.11"], "plot": ["matplotlib>=3.5"]},
+    extras_require={"cuda": ["cupy-cuda12x"], "replay": ["rosbags>=0.11"], "plot": ["matplotlib>=3.5"],
+                    "ray": ["ray>=2.9"]},
     classifiers=[f"Programming Language :: Python :: 3.{minor}" for minor in range(10, 14)],
     zip_safe=True,
     maintainer="flashrt maintainers",

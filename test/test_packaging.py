@@ -68,6 +68,7 @@ ROSDEP_KEYS = {"numpy": "python3-numpy", "yaml": "python3-yaml", "rosbags": "pyt
                "pytest": "python3-pytest", "hypothesis": "python3-hypothesis", "matplotlib": "python3-matplotlib",
                "safetensors": None,  # pip (README: Dependencies)
                "cupy": None, "cupyx": None,  # optional, backend: cuda (README)
+               "ray": None,  # optional, flashrt-replay --ray: pip extra flashrt_ros[ray] (README)
                "mcap": None, "mcap_ros2": None}  # test-only independent bag readers, from pip
 
 

@@ -162,7 +162,143 @@ def test_trace_recorder_keeps_bounded_evenly_spaced_rows():
     d = tr.to_dict()
     assert d["steps"] == 1000 and len(d["index"]) <= 64
     assert d["index"][0] == 0 and set(np.diff(d["index"])) == {d["stride"]}
-    assert d["action"][5] == [d["index"][5]] * 4  # rows stay aligned; at most 4 action dims kept
+    assert d["action"][5] == [d["index"][5]] * 6  # rows stay aligned; every action dimension kept
+
+
+# ---- what the figures show (data level: the matplotlib objects, not pixels) --------------------------------
+def _trace(n, dims, offset_from=None, period_ns=10_000_000):
+    from flashrt_ros.tools.plots_runs import TraceRecorder
+
+    tr = TraceRecorder()
+    for i in range(n):
+        a = np.sin(np.arange(dims) + i / 10.0)
+        if offset_from is not None and i >= offset_from:
+            a[0] += 0.5
+        tr.add(i + 1, 1_700_000_000_000_000_000 + i * period_ns, 0.5, a)
+    return tr.to_dict()
+
+
+def _diff_report(n, first):
+    return {"identical": first is None, "a_steps": n, "b_steps": n, "compared": n, "differing_steps": n - first,
+            "first_diverging_index": first, "first_diverging_step": first + 1}
+
+
+def test_replay_diff_draws_every_dimension_over_bag_time_in_seconds():
+    from flashrt_ros.tools.plots_runs import draw_replay_diff
+
+    fig = draw_replay_diff(_diff_report(300, 150), _trace(300, 7), _trace(300, 7, offset_from=150))
+    axes = fig.axes
+    assert len(axes) == 8  # 7 action dimensions + the difference
+    assert [ax.get_ylabel() for ax in axes[:7]] == [f"action[{d}]" for d in range(7)]
+    assert axes[-1].get_xlabel().startswith("bag time, s")
+    for ax in axes[:7]:
+        a, b = (ln for ln in ax.get_lines() if ln.get_label() in ("A", "B"))
+        assert np.allclose(a.get_xdata(), np.arange(300) * 0.01) and len(b.get_xdata()) == 300  # seconds, 100 Hz
+    first = [ln for ln in axes[0].get_lines() if ln.get_label() == "first divergence"]
+    assert len(first) == 1 and first[0].get_xdata()[0] == pytest.approx(1.5)  # index 150 at 100 Hz
+    pyplot_close(fig)
+
+
+def test_replay_diff_joints_draws_only_those_and_refuses_a_missing_one():
+    from flashrt_ros.tools.plots_runs import draw_replay_diff
+
+    a, b = _trace(50, 7), _trace(50, 7, offset_from=20)
+    fig = draw_replay_diff(_diff_report(50, 20), a, b, joints=[3, 0])
+    assert [ax.get_ylabel() for ax in fig.axes[:-1]] == ["action[3]", "action[0]"]
+    pyplot_close(fig)
+    with pytest.raises(ValueError, match="7 dimensions"):
+        draw_replay_diff(_diff_report(50, 20), a, b, joints=[0, 7])
+
+
+def test_replay_diff_joints_on_the_command_line(tmp_path):
+    a, b = make_bags(tmp_path, n=40, diverge_at=20)
+    for bag, out in ((a, "ra"), (b, "rb")):
+        assert run_tool("replay", bag, "--out", tmp_path / out).returncode == 0
+    res = run_tool("replay", "diff", tmp_path / "ra", tmp_path / "rb", "--plot", tmp_path / "d.png", "--joints", "0,3")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert_drawn(tmp_path / "d.png")
+    res = run_tool("replay", "diff", tmp_path / "ra", tmp_path / "rb", "--plot", tmp_path / "bad.png",
+                   "--joints", "0,99")
+    assert res.returncode == 2 and "not 99" in res.stderr and not (tmp_path / "bad.png").exists()
+    # one replay: a dimension the policy does not have is refused before the run, nothing written
+    res = run_tool("replay", a, "--out", tmp_path / "rc", "--plot", tmp_path / "one.png", "--joints", "7")
+    assert res.returncode == 2 and "action_dim 7" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "rc").exists() and not (tmp_path / "one.png").exists()
+    res = run_tool("replay", a, "--plot", tmp_path / "one.png", "--joints", "6,0")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert_drawn(tmp_path / "one.png")
+
+
+def pyplot_close(fig):
+    from flashrt_ros.tools.plots import pyplot
+
+    pyplot().close(fig)
+
+
+def _persist_result(lost):
+    rng = np.random.default_rng(1)
+    return {"samples_ms": {"with": list(rng.gamma(9, 0.15, 300)), "without": list(rng.gamma(9, 0.14, 300))},
+            "persist_step_overhead": {"with_persistence_ms": {"p99": 2.0}, "without_persistence_ms": {"p99": 1.9},
+                                      "p99_ratio": 1.05},
+            "records_lost_on_kill": {"rounds": [{"lost": x} for x in lost]},
+            "resume_ms": {"ms": 1600.0}, "persist_mb_per_s": {"mib_per_s": 1.5}}
+
+
+@pytest.mark.parametrize("lost", [[0, 0, 0, 0, 0], [1, 0, 0, 2, 0]])
+def test_bench_persist_draws_a_visible_point_per_kill_even_when_none_lost(lost):
+    from flashrt_ros.tools.plots import draw_bench_persist
+
+    fig = draw_bench_persist(_persist_result(lost))
+    ax = fig.axes[1]
+    assert "count" in ax.get_ylabel() and ax.get_xlabel().startswith("kill -9")
+    points = [ln for ln in ax.get_lines() if ln.get_marker() not in (None, "None", "")]
+    assert len(points) == 1 and list(points[0].get_ydata()) == lost and len(points[0].get_xdata()) == len(lost)
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    assert lo < min(lost) and max(lost) < hi
+    # every marker lies whole inside the axes (a point on the axis line would be half cut off)
+    radius_px = points[0].get_markersize() / 2 * fig.dpi / 72
+    box = ax.get_window_extent()
+    ys = ax.transData.transform(points[0].get_xydata())[:, 1]
+    assert (ys - radius_px > box.y0).all() and (ys + radius_px < box.y1).all()
+    pyplot_close(fig)
+
+
+def _readme_table_histories_and_speedups():
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("### Rollback + re-plan vs cold recompute"):].split("\n\n")[1]
+    rows = [r.split("|") for r in block.splitlines()[2:]]
+    return [int(r[1]) for r in rows], [r[-2].strip().strip("*") for r in rows]
+
+
+def test_bench_runtime_middle_panel_has_every_table_point_and_nothing_overlaps():
+    from flashrt_ros.tools.plots import draw_bench_runtime
+
+    result = json.loads((ROOT / "docs" / "results" / "cpu_bench_runtime.json").read_text())
+    histories, speedups = _readme_table_histories_and_speedups()
+    fig = draw_bench_runtime(result)
+    ax = fig.axes[1]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    for label in ("cold prefill (tuned, same backend)", "rollback + 8-step re-plan"):
+        assert list(lines[label].get_xdata()) == histories, label  # the figure is the table's run
+    texts = [t for t in ax.texts]
+    assert [t.get_text() for t in texts] == speedups
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    boxes = [t.get_window_extent(renderer) for t in texts]
+    frame = ax.get_window_extent(renderer)
+    points = np.concatenate([ax.transData.transform(ln.get_xydata()) for ln in ax.get_lines()]
+                            + [ax.transData.transform(c.get_offsets()) for c in ax.collections])
+    inside = ((points[:, 0] >= legend.x0) & (points[:, 0] <= legend.x1)
+              & (points[:, 1] >= legend.y0) & (points[:, 1] <= legend.y1))
+    assert not inside.any(), points[inside]  # the legend covers no plotted point
+    for i, b in enumerate(boxes):
+        assert not b.overlaps(legend) and frame.contains(b.x0, b.y0) and frame.contains(b.x1, b.y1), texts[i]
+        assert not any(b.overlaps(o) for o in boxes[i + 1:]), texts[i].get_text()
+    for other in (fig.axes[0], fig.axes[2]):  # nor reaches into the neighbouring panels
+        assert not legend.overlaps(other.get_window_extent(renderer))
+    pyplot_close(fig)
 
 
 # ---- without matplotlib ------------------------------------------------------------------------------------

@@ -63,6 +63,10 @@ def history_ticks(ax, h) -> None:
 
 # ---- flashrt-bench runtime ---------------------------------------------------------------------------
 def bench_runtime(result: dict, path) -> Path:
+    return save(draw_bench_runtime(result), path)
+
+
+def draw_bench_runtime(result: dict):
     """Three panels from `flashrt-bench runtime`: capsule copies against a memcpy over the history;
     rollback + re-plan against cold prefill (log axes, the measured speedups written on); replan time
     per case (branches x horizon @ window), shared window and copy per branch, with the 50 ms line."""
@@ -90,23 +94,25 @@ def bench_runtime(result: dict, path) -> Path:
     replay = [(p["history"], p["cold_replay_ms"]) for p in hist if p.get("cold_replay_ms")]
     if replay:
         ax.plot(*zip(*replay), marker="x", ls=":", label="cold replay (step by step)")
-    for p in hist:
+    for p in hist:  # below the rollback points: the lowest line, nothing under it to collide with
         x = p["speedup_vs_prefill"]
         ax.annotate(f"{x:.{0 if x >= 10 else 1}f}x", (p["history"], p["rollback_replan_ms"]),
-                    textcoords="offset points", xytext=(0, 7), ha="center", fontsize=9, weight="bold")
-    # the paper's points (GPU): where rollback + re-plan would sit at its speedups over this run's cold prefill
+                    textcoords="offset points", xytext=(0, -8), ha="center", va="top", fontsize=9, weight="bold")
+    # the paper's points (GPU): where rollback + re-plan would sit at its speedups over this run's cold prefill;
+    # their values go in the legend, not beside the stars (they sit close to the measured labels)
     paper = [(p["history"], p["cold_prefill_ms"] / PAPER_SPEEDUPS[p["history"]], PAPER_SPEEDUPS[p["history"]])
              for p in hist if p["history"] in PAPER_SPEEDUPS]
     if paper:
         ax.scatter([q[0] for q in paper], [q[1] for q in paper], marker="*", s=110, color="tab:purple", zorder=3,
-                   label="the paper's speedup (GPU), on this cold prefill")
-        for hx, ms, k in paper:
-            ax.annotate(f"paper {k:g}x", (hx, ms), textcoords="offset points", xytext=(0, -13), ha="center",
-                        fontsize=8, color="tab:purple")
+                   label="the paper's GPU speedup on this cold prefill: "
+                   + ", ".join(f"{k:g}x at {hx}" for hx, _, k in paper))
     ax.set(xscale="log", yscale="log", xlabel="history = kv_window (steps)", ylabel="ms (median)",
            title="rollback + re-plan vs cold recompute\n(labels: speedup vs tuned cold prefill, same backend)")
     history_ticks(ax, h)
-    ax.legend(fontsize=8)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo / 2.5, hi)  # room for the speedup labels under the lowest points
+    # under the panel, below its x label: inside, it covered the lines at every layout tried
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, frameon=False)
 
     ax = axes[2]
     cases = list(result.get("replan_ms") or {})
@@ -123,7 +129,7 @@ def bench_runtime(result: dict, path) -> Path:
     ax.set(xlabel="branches x horizon @ kv_window (error bar: p99)", ylabel="ms", title="replan, window full")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return save(fig, path)
+    return fig
 
 
 # ---- flashrt-bench ros -------------------------------------------------------------------------------
@@ -157,6 +163,10 @@ def bench_ros(result: dict, path) -> Path:
 
 
 def bench_persist(result: dict, path) -> Path:
+    return save(draw_bench_persist(result), path)
+
+
+def draw_bench_persist(result: dict):
     """`flashrt-bench persist`: step latency with and without the capsule log (CDFs, same run), and the
     records lost at each kill -9 (needs samples_ms, kept when --plot is given)."""
     plt = pyplot()
@@ -167,22 +177,33 @@ def bench_persist(result: dict, path) -> Path:
     over = result["persist_step_overhead"]
     for key, label in (("without", "without persistence"), ("with", "with persistence")):
         cdf(lat, samples[key], f"{label} (p99 {over[f'{key}_persistence_ms']['p99']:.2f} ms)")
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
     lat.set(xscale="log", xlabel="step latency, ms (log)", ylabel="fraction of steps",
             title=f"step at 100 Hz, full window: p99 ratio {over['p99_ratio']:.2f}")
-    for axis in (lat.xaxis.set_major_formatter, lat.xaxis.set_minor_formatter):
-        axis(FormatStrFormatter("%g"))  # a narrow log range gets minor ticks only: label them as numbers
+    lat.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    lo_ms, hi_ms = min(min(v) for v in samples.values()), max(max(v) for v in samples.values())
+    if hi_ms < 10 * lo_ms:  # a narrow log range gets minor ticks only: label them as numbers
+        lat.xaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    else:  # over a decade, labelled minor ticks run into each other
+        lat.xaxis.set_minor_formatter(NullFormatter())
     lat.grid(alpha=0.3, which="both")
     lat.legend(fontsize=8, loc="lower right")
     rounds = result["records_lost_on_kill"]["rounds"]
-    lost.bar(range(1, len(rounds) + 1), [r["lost"] for r in rounds], color="tab:red")
-    lost.set(xlabel="kill -9", ylabel="records lost", ylim=(0, max(2, max(r["lost"] for r in rounds) + 1)),
+    # markers on stems, not bars: a bar of height 0 draws nothing, and 0 lost is the result that matters
+    x = list(range(1, len(rounds) + 1))
+    y = [r["lost"] for r in rounds]
+    top = max(2, max(y, default=0) + 1)
+    lost.vlines(x, 0, y, color="tab:red", lw=2)
+    lost.plot(x, y, "o", color="tab:red", ms=8, label="records lost")
+    lost.axhline(0, color="0.5", lw=0.8, zorder=0)
+    lost.set(xlabel="kill -9 (round)", ylabel="records lost (count)", ylim=(-0.12 * top, top),
+             xlim=(0.4, len(rounds) + 0.6),
              title=f"resume {result['resume_ms']['ms'] / 1e3:.1f} s, "
                    f"{result['persist_mb_per_s']['mib_per_s']:.2f} MiB/s")
-    lost.set_xticks(range(1, len(rounds) + 1))
+    lost.set_xticks(x)
     lost.yaxis.get_major_locator().set_params(integer=True)
-    return save(fig, path)
+    return fig
 
 
 def draw_bench(which: str, result: dict, path) -> Path:

@@ -9,8 +9,7 @@ import numpy as np
 
 from .plots import BUDGET_MS, budget_line, pyplot, save
 
-MAX_ACTION_DIMS = 4  # traces kept and drawn per figure: more is unreadable
-DIFF_DIMS = 2  # A and B of each: twice the lines
+MAX_ACTION_DIMS = 64  # dimensions a trace keeps (a robot's joints); --joints picks which are drawn
 
 
 class TraceRecorder:
@@ -123,61 +122,95 @@ def runtime_demo(summary: dict, path) -> Path:
 
 
 # ---- flashrt-replay ----------------------------------------------------------------------------------
-def replay_run(summary: dict, path) -> Path:
+def seconds(trace: dict, t0_ns: int) -> np.ndarray:
+    """Bag time of each kept row, in seconds from t0_ns (float64: ns stamps of today lose nothing at 1 µs)."""
+    return (np.asarray(trace["stamp_ns"], dtype=np.int64) - t0_ns) / 1e9
+
+
+def pick_dims(n_dims: int, joints: list[int] | None) -> list[int]:
+    """Every action dimension, or the --joints choice; a dimension the run does not have is an error."""
+    if joints is None:
+        return list(range(n_dims))
+    missing = [j for j in joints if j >= n_dims]
+    if missing:
+        raise ValueError(f"--joints {','.join(map(str, joints))}: the actions have {n_dims} dimensions "
+                         f"(0..{n_dims - 1}), not {','.join(map(str, missing))}")
+    return list(joints)
+
+
+def replay_run(summary: dict, path, joints: list[int] | None = None) -> Path:
+    return save(draw_replay_run(summary, joints), path)
+
+
+def draw_replay_run(summary: dict, joints: list[int] | None = None):
     """One replay: the recorded actions over bag time, and the step latency."""
     tr = summary.get("trace")
     if not tr or not tr["index"]:
         raise ValueError("the replay summary has no per-step trace (run flashrt-replay with --plot)")
     plt = pyplot()
-    t = (np.asarray(tr["stamp_ns"], dtype=np.float64) - tr["stamp_ns"][0]) / 1e9
+    t = seconds(tr, tr["stamp_ns"][0])
     act = np.asarray(tr["action"])
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1.5]})
-    for d in range(act.shape[1]):
+    for d in pick_dims(act.shape[1], joints):
         a1.plot(t, act[:, d], lw=0.9, label=f"action[{d}]")
-    a1.set(ylabel="action", title=f"flashrt-replay {summary.get('mode', '')}: {summary.get('steps')} steps from "
+    a1.set(ylabel="action (policy output units)",
+           title=f"flashrt-replay {summary.get('mode', '')}: {summary.get('steps')} steps from "
            f"{Path(str(summary.get('bag', '?'))).name}" + (f" (every {tr['stride']}th shown)" if tr["stride"] > 1
                                                            else ""))
-    a1.legend(fontsize=8, loc="upper right")
+    a1.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     a2.plot(t, tr["latency_ms"], lw=0.6, color="tab:gray")
-    a2.set(xlabel="bag time, s", ylabel="step latency, ms")
+    a2.set(xlabel="bag time, s (from the first step)", ylabel="step latency, ms")
     fig.tight_layout()
-    return save(fig, path)
+    return fig
 
 
-def replay_diff(report: dict, trace_a: dict, trace_b: dict, path) -> Path:
-    """Two replays step by step: their action traces (A solid, B dashed), the largest per-step difference,
-    and the first divergence marked."""
+def replay_diff(report: dict, trace_a: dict, trace_b: dict, path, joints: list[int] | None = None) -> Path:
+    return save(draw_replay_diff(report, trace_a, trace_b, joints), path)
+
+
+def draw_replay_diff(report: dict, trace_a: dict, trace_b: dict, joints: list[int] | None = None):
+    """Two replays over bag time: one panel per action dimension (A solid, B dashed; all, or --joints), the
+    largest per-step difference, and the first divergence marked in each."""
     plt = pyplot()
-    fig, (a1, a2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1.5]})
-    xa, xb = np.asarray(trace_a["index"]), np.asarray(trace_b["index"])
     act_a, act_b = np.asarray(trace_a["action"]), np.asarray(trace_b["action"])
-    for d in range(min(DIFF_DIMS, act_a.shape[1]) if act_a.ndim == 2 else 0):
-        line, = a1.plot(xa, act_a[:, d], lw=1.2, label=f"A action[{d}]")
+    n_dims = act_a.shape[1] if act_a.ndim == 2 else 0
+    dims = pick_dims(n_dims, joints)
+    stamps = [tr["stamp_ns"][0] for tr in (trace_a, trace_b) if tr["stamp_ns"]]
+    t0 = min(stamps) if stamps else 0
+    ta, tb = seconds(trace_a, t0), seconds(trace_b, t0)
+    fig, axes = plt.subplots(len(dims) + 1, 1, figsize=(11, 2.5 + 1.35 * (len(dims) + 1)), sharex=True,
+                             gridspec_kw={"height_ratios": [2] * len(dims) + [1.5]}, squeeze=False)
+    axes = list(axes[:, 0])
+    for ax, d in zip(axes, dims):
+        ax.plot(ta, act_a[:, d], lw=1.1, color="tab:blue", label="A")
         if act_b.ndim == 2 and d < act_b.shape[1]:
-            a1.plot(xb, act_b[:, d], lw=1.2, ls="--", color=line.get_color(), label=f"B action[{d}]")
+            ax.plot(tb, act_b[:, d], lw=1.1, ls="--", color="tab:orange", label="B")
+        ax.set_ylabel(f"action[{d}]", fontsize=9)
+    xa, xb = np.asarray(trace_a["index"]), np.asarray(trace_b["index"])
     common, ia, ib = np.intersect1d(xa, xb, return_indices=True)  # the two may keep different strides
+    dax = axes[-1]
     if common.size and act_a.ndim == act_b.ndim == 2 and act_a.shape[1] == act_b.shape[1]:
         diff = np.abs(act_a[ia].astype(np.float64) - act_b[ib]).max(axis=1)
-        a2.plot(common, np.where(diff > 0, diff, np.nan), color="tab:red", lw=0.9, label="max |A - B| (0 not shown)")
+        dax.plot(ta[ia], np.where(diff > 0, diff, np.nan), color="tab:red", lw=0.9,
+                 label="max |A - B| over all dimensions (0 not shown)")
         if (diff > 0).any():
-            a2.set_yscale("log")
+            dax.set_yscale("log")
     first = report.get("first_diverging_index")
-    for ax in (a1, a2):
-        if first is not None:
-            ax.axvline(first, color="tab:red", ls=":", lw=1.5,
-                       label="first divergence" if ax is a1 else None)
-    if first is not None:
-        a1.annotate(f"first divergence: index {first}"
-                    + (f" (step {report['first_diverging_step']})" if report.get("first_diverging_step") else ""),
-                    (first, 1), xycoords=("data", "axes fraction"), xytext=(4, -14), textcoords="offset points",
-                    color="tab:red", fontsize=9)
+    if first is not None and xa.size:
+        t_first = float(np.interp(first, xa, ta))  # the trace may keep every 2nd, 4th, ... row
+        for ax in axes:
+            ax.axvline(t_first, color="tab:red", ls=":", lw=1.5, label="first divergence" if ax is axes[0] else None)
+        step = report.get("first_diverging_step")
+        axes[0].annotate(f"first divergence: {t_first:.3f} s, index {first}" + (f" (step {step})" if step else ""),
+                         (t_first, 1), xycoords=("data", "axes fraction"), xytext=(4, -12),
+                         textcoords="offset points", color="tab:red", fontsize=9)
     verdict = "identical" if report.get("identical") else (f"{report.get('differing_steps')} of "
                                                            f"{report.get('compared')} steps differ")
-    a1.set(ylabel="action", title=f"flashrt-replay diff: {verdict} ({report.get('a_steps')} vs "
-           f"{report.get('b_steps')} steps)")
-    a1.legend(fontsize=7, loc="upper right", ncol=2)
-    a2.set(xlabel="step index", ylabel="max |action diff|")
-    if a2.get_legend_handles_labels()[0]:
-        a2.legend(fontsize=8, loc="upper right")
+    axes[0].set_title(f"flashrt-replay diff: {verdict} ({report.get('a_steps')} vs {report.get('b_steps')} steps); "
+                      "A solid, B dashed; actions in policy output units")
+    axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    dax.set(xlabel="bag time, s (from the first step)", ylabel="max |A - B|")
+    if dax.get_legend_handles_labels()[0]:
+        dax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    return save(fig, path)
+    return fig

@@ -1,13 +1,21 @@
 """flashrt-replay: run a recorded bag through the policy and record what it did; diff two such runs.
 
-    flashrt-replay BAG [--topic T] [--mode offline|live] [--out OUT_BAG] [--storage mcap|sqlite3]
-                   [--rollback-every N --rollback-depth D] [--rate R] [--max-gap S] [--config PARAMS]
-                   [--max-decompressed-mb MB] [--json PATH] [--plot FILE.png]
-    flashrt-replay diff A B [--plot FILE.png]
+    flashrt-replay BAG [--topics T] [--mode offline|live] [-o OUT_BAG] [--storage mcap|sqlite3]
+                   [--rollback-every N --rollback-depth D] [-r RATE] [--start-offset S] [--max-gap S]
+                   [--config PARAMS] [--max-decompressed-mb MB] [--json PATH] [--plot FILE.png [--joints 0,3]]
+    flashrt-replay DIR_OR_GLOB --jobs N [-o OUT_DIR] [--reference REF_DIR] [...]   (a corpus: `--jobs` or see below)
+    flashrt-replay diff A B [--plot FILE.png [--joints 0,3]]
+
+Flags as `ros2 bag` spells them: -o/--output (alias --out), --topics (alias --topic; one observation
+topic), -r/--rate (alias --rate), --start-offset (seconds after the bag's first message).
 
 Offline and live runs convert messages with the node's own converter and the config's joint_names, so
 both see the same arrays. Without --config, the installed config (ament share of flashrt_ros) is used,
 else the source tree's config/flashrt.yaml.
+
+A directory that holds bags (not itself a bag), a glob, or --jobs/--ray/--reference replays a corpus:
+every bag offline in its own worker process (or Ray task), one summary (a table on stdout, --json). Its
+exit code: 0 when every bag's is 0, 1 when any bag's is not, 2 when the corpus is bad input.
 
 exit codes:
   0    ok: every rollback check passed / the two bags are identical
@@ -65,7 +73,7 @@ def run_offline(args, src, ts, cfg: ReplayConfig, sink: StepSink) -> dict:
     from ..runtime import Session
 
     session = Session(cfg.policy, args.backend)
-    stream = ObservationStream(src, ts, cfg)
+    stream = ObservationStream(src, ts, cfg, args.start_offset)
     checks = RollbackChecks(args.rollback_every, args.rollback_depth)
     t0 = time.perf_counter()
     with STOP.deferred():  # a signal stops the run between two messages, never inside a bag write
@@ -83,17 +91,22 @@ def run_offline(args, src, ts, cfg: ReplayConfig, sink: StepSink) -> dict:
     return sink.summary(stream, checks, time.perf_counter() - t0)
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="flashrt-replay", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bag", help="rosbag2 directory, or one .mcap / .db3 file")
-    ap.add_argument("--topic", help="observation topic (default: the only observation-typed topic)")
+def add_bag_options(ap: argparse.ArgumentParser) -> None:
+    """The options a bag's replay takes, single or in a corpus; spelled as `ros2 bag` spells them, with
+    the earlier spellings kept as aliases (same destination, same checks)."""
+    ap.add_argument("--topics", "--topic", dest="topics", nargs="+", metavar="TOPIC",
+                    help="observation topic (default: the only observation-typed topic); one topic. "
+                    "Give BAG before --topics, as with ros2 bag play")
     ap.add_argument("--mode", choices=["offline", "live"], default="offline")
-    ap.add_argument("--out", help="write /action and /policy_step to this new bag (refused if it exists)")
-    ap.add_argument("--storage", choices=STORAGES, default="mcap", help="storage of --out")
+    ap.add_argument("-o", "--output", "--out", dest="out", metavar="OUT",
+                    help="write /action and /policy_step to this new bag (refused if it exists)")
+    ap.add_argument("--storage", choices=STORAGES, default="mcap", help="storage of --output")
     ap.add_argument("--rollback-every", type=int, default=0, metavar="N")
     ap.add_argument("--rollback-depth", type=int, default=20, metavar="D")
-    ap.add_argument("--rate", type=float, default=1.0, help="live: playback speed (0 = as fast as flow control)")
+    ap.add_argument("-r", "--rate", type=float, default=1.0,
+                    help="live: playback speed (0 = as fast as flow control)")
+    ap.add_argument("--start-offset", type=float, default=0.0, metavar="S",
+                    help="start this many seconds after the bag's first message (as ros2 bag play)")
     ap.add_argument("--max-gap", type=float, default=1.0, metavar="S",
                     help="live: longest wait between two messages, in seconds of bag time (default 1.0)")
     ap.add_argument("--config", help="params file (default: the installed or source config/flashrt.yaml)")
@@ -101,10 +114,57 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-decompressed-mb", type=float, default=DEFAULT_MAX_DECOMPRESSED_MB, metavar="MB",
                     help="most MCAP chunk data decompressed at once (default %(default)g); a file that needs more "
                     "is refused as bad input")
+
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="flashrt-replay", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bag", help="rosbag2 directory, or one .mcap / .db3 file")
+    add_bag_options(ap)
     ap.add_argument("--json", help="write the summary here too")
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the actions and step latency over bag time "
                     "(needs matplotlib)")
+    ap.add_argument("--joints", type=joint_list, metavar="I,J,...",
+                    help="--plot: these action dimensions only (default: all)")
+    corpus = ap.add_argument_group("a corpus of bags (BAG is a directory of bags or a glob; offline only)")
+    corpus.add_argument("-j", "--jobs", type=int, metavar="N",
+                        help="replay N bags at once, each in its own process (default 1); with --ray auto and no "
+                        "cluster running, the CPUs of the local Ray")
+    corpus.add_argument("--ray", metavar="auto|ADDRESS",
+                        help="run each bag as a Ray task instead: auto = the running cluster, else a local Ray; "
+                        "or a cluster address (pip install 'flashrt_ros[ray]')")
+    corpus.add_argument("--reference", metavar="REF_DIR",
+                        help="diff each output against REF_DIR/<bag name> (a previous corpus --output)")
     return ap
+
+
+def joint_list(text: str) -> list[int]:
+    """--joints 0,3,5: action dimensions, each once, in the order given."""
+    try:
+        dims = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected action dimensions as 0,3,5") from None
+    if not dims or min(dims) < 0 or len(set(dims)) != len(dims):
+        raise argparse.ArgumentTypeError(f"{text!r}: dimensions must be >= 0, each given once")
+    return dims
+
+
+def check_bag_options(ap: argparse.ArgumentParser, args) -> None:
+    """Argument errors (exit 2, argparse's usage line) before any work."""
+    if args.rollback_every < 0 or args.rollback_depth < 1 or (args.rollback_every
+                                                              and args.rollback_depth > args.rollback_every):
+        ap.error("--rollback-every must be >= 0 and 1 <= --rollback-depth <= --rollback-every")
+    if not (args.rate >= 0 and args.max_gap >= 0) or not np.isfinite([args.rate, args.max_gap]).all():
+        ap.error("--rate and --max-gap must be finite and >= 0")
+    if not (0 <= args.start_offset < 1e9):  # also refuses NaN
+        ap.error("--start-offset must be a finite number of seconds >= 0")
+    if not (0 < args.max_decompressed_mb < 2**20):
+        ap.error("--max-decompressed-mb must be > 0 and below 1 TiB")
+    if args.topics and len(args.topics) > 1:
+        ap.error(f"--topics: flashrt-replay steps the policy on one observation topic, got {len(args.topics)} "
+                 f"({' '.join(args.topics)}); name one")
+    args.topic = args.topics[0] if args.topics else None
 
 
 def _check_plot(path: str | None) -> None:
@@ -133,13 +193,15 @@ class RecordingSink(StepSink):
 def _replay(argv) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    if args.rollback_every < 0 or args.rollback_depth < 1 or (args.rollback_every
-                                                              and args.rollback_depth > args.rollback_every):
-        ap.error("--rollback-every must be >= 0 and 1 <= --rollback-depth <= --rollback-every")
-    if not (args.rate >= 0 and args.max_gap >= 0) or not np.isfinite([args.rate, args.max_gap]).all():
-        ap.error("--rate and --max-gap must be finite and >= 0")
-    if not (0 < args.max_decompressed_mb < 2**20):
-        ap.error("--max-decompressed-mb must be > 0 and below 1 TiB")
+    check_bag_options(ap, args)
+    from .replay_corpus import corpus_main, is_corpus
+
+    if args.jobs is not None or args.ray or args.reference or is_corpus(args.bag):
+        if args.jobs is not None and not 1 <= args.jobs <= 1024:
+            ap.error("--jobs must be between 1 and 1024")
+        if args.mode != "offline" or args.plot or args.joints:
+            ap.error("a corpus replays offline, without --plot or --joints; replay one bag for those")
+        return corpus_main(args)
     out_path = check_new_output(args.out) if args.out else None  # before any work: never after a long replay
     _check_plot(args.plot)
     if args.json and not Path(args.json).resolve().parent.is_dir():
@@ -147,6 +209,9 @@ def _replay(argv) -> int:
     ts = typestore()
     cfg = ReplayConfig(args.config)
     args.config = str(cfg.path)  # live mode starts the node with this same file
+    if args.joints and max(args.joints) >= cfg.policy.action_dim:
+        raise BagError(f"--joints {max(args.joints)}: the policy has action_dim {cfg.policy.action_dim} "
+                       f"(dimensions 0..{cfg.policy.action_dim - 1})")
     src = open_observations(args.bag, args.topic, args.max_decompressed_mb)
     for note in src.notes:
         progress(f"warning: {note}")
@@ -161,6 +226,9 @@ def _replay(argv) -> int:
         else:
             from .replay_live import run_live
             summary = run_live(args, src, ts, cfg, sink)
+        if summary["messages"] == 0 and summary.get("skipped_before_start_offset"):
+            raise BagError(f"{args.bag}: --start-offset {args.start_offset:g} s skips every message of {src.topic} "
+                           f"({summary['skipped_before_start_offset']}); give a smaller offset")
         if summary["messages"] == 0:
             raise BagError(f"{args.bag}: topic {src.topic} holds no messages")
         finished = summary["steps"] > 0
@@ -182,7 +250,8 @@ def _replay(argv) -> int:
         Path(args.json).write_text(text + "\n")
     if args.plot and summary["steps"]:
         from .plots_runs import replay_run
-        replay_run({**summary, "trace": sink.trace.to_dict()}, args.plot)  # the trace stays out of the JSON
+        # the trace stays out of the JSON
+        replay_run({**summary, "trace": sink.trace.to_dict()}, args.plot, args.joints)
     print(text)
     if summary["steps"] == 0:
         reasons = summary["rejected"]["reasons"]
@@ -256,7 +325,9 @@ def diff_main(argv) -> int:
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--plot", metavar="FILE.png", help="also draw both action traces with the first divergence "
-                    "marked (needs matplotlib)")
+                    "marked, over bag time (needs matplotlib)")
+    ap.add_argument("--joints", type=joint_list, metavar="I,J,...",
+                    help="--plot: these action dimensions only (default: all)")
     args = ap.parse_args(argv)
     _check_plot(args.plot)
     ts = typestore()
@@ -305,7 +376,10 @@ def diff_main(argv) -> int:
           file=sys.stderr)
     if traces is not None:
         from .plots_runs import replay_diff
-        replay_diff(report, traces[0].to_dict(), traces[1].to_dict(), args.plot)
+        try:
+            replay_diff(report, traces[0].to_dict(), traces[1].to_dict(), args.plot, args.joints)
+        except ValueError as e:  # a --joints dimension the bags do not have: bad arguments
+            raise BagError(str(e)) from None
     return EXIT_OK if identical else EXIT_FAILED
 
 

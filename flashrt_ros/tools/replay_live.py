@@ -164,7 +164,7 @@ def _stream(args, src, ts, cfg, sink, node, proc) -> dict:
                 raise NodeFailed(f"live: the node did not answer an observation within {ANSWER_TIMEOUT_S} s")
         return got.pop()
 
-    stream = ObservationStream(src, ts, cfg)
+    stream = ObservationStream(src, ts, cfg, args.start_offset)
     checks = RollbackChecks(args.rollback_every, args.rollback_depth)
     pacer = Pacer(args.rate, args.max_gap)
     t0 = time.perf_counter()

@@ -72,6 +72,23 @@ class StopSignals:
 STOP = StopSignals()
 
 
+def bag_start_ns(files) -> int:
+    """The earliest message time over every topic of the bag's storage files (rosbag2's starting_time)."""
+    from rosbags.rosbag2 import Reader
+
+    starts = []
+    for f in files:
+        try:
+            with Reader(f) as reader:
+                if reader.message_count:
+                    starts.append(reader.start_time)
+        except BagError:
+            raise
+        except Exception as e:  # noqa: BLE001 - rosbags raises many kinds for damaged files
+            raise BagError(f"{f}: cannot read bag ({type(e).__name__}: {e})") from None
+    return min(starts, default=0)
+
+
 # ---- config -------------------------------------------------------------------------------------------
 def default_config_path() -> Path:
     """The installed config (ament share of flashrt_ros), else the source tree's."""
@@ -147,8 +164,11 @@ class ObservationStream:
     the first one's are counted (joint_order_changes): only joint_names maps every message by name.
     Yields (bag stamp ns, observation stamp ns, frame_id, message, observation)."""
 
-    def __init__(self, src, ts, cfg: ReplayConfig):
+    def __init__(self, src, ts, cfg: ReplayConfig, start_offset_s: float = 0.0):
         self.src, self.ts = src, ts
+        # as `ros2 bag play --start-offset`: seconds after the bag's first message (any topic)
+        self.start_ns = bag_start_ns(src.files) + round(start_offset_s * 1e9) if start_offset_s > 0 else None
+        self.skipped = 0  # messages before the start offset: neither counted nor converted
         self.obs_type = observation_type(src.msgtype)
         self.obs_dim, self.joint_names = cfg.policy.obs_dim, cfg.joint_names
         self.reader = ObservationReader(self.obs_type, self.obs_dim, self.joint_names)
@@ -160,6 +180,9 @@ class ObservationStream:
 
     def __iter__(self):
         for stamp, msg, err in iter_messages(self.src, self.ts):
+            if self.start_ns is not None and stamp < self.start_ns:
+                self.skipped += 1
+                continue
             self.messages += 1
             if err is None:
                 err, obs, stamp_ns = self._convert(msg, stamp)
@@ -192,6 +215,9 @@ class ObservationStream:
                 progress(f"warning: message {self.messages}: JointState names {names[:8]} differ from the first "
                          f"message's {self.first_names[:8]}; set joint_names in --config so every message is "
                          "mapped by name to one order")
+
+    def start_summary(self) -> dict:
+        return {} if self.start_ns is None else {"skipped_before_start_offset": self.skipped}
 
     def order_summary(self) -> dict | None:
         if not self.order_changes:
@@ -271,4 +297,5 @@ class StepSink:
                 "actions_sha256": self._sha.hexdigest(), "step_latency_ms": self.latency.percentiles(50, 99),
                 "rollback_checks": {"run": checks.run, "passed": checks.passed}, "wall_s": round(wall_s, 3),
                 "steps_per_s": round(self.steps / wall_s, 1) if wall_s > 0 else None,
+                **stream.start_summary(),
                 **({"joint_order_changes": order} if (order := stream.order_summary()) else {})}

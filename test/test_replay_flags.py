@@ -1,0 +1,101 @@
+"""flashrt-replay takes the flags as `ros2 bag` spells them (-o/--output, --topics, -r/--rate, --start-offset),
+and the earlier spellings still mean the same thing: same parse, same run, same refusals and exit codes."""
+import pytest
+from fixtures.make_bags import PERIOD_NS, T0_NS, trace, write_joint_bag
+from fixtures.replay_cli import replay
+
+from flashrt_ros.tools.bags import read_policy_steps, typestore, write_joint_trace
+from flashrt_ros.tools.replay import _parser, check_bag_options
+
+STEPS = 120
+
+
+@pytest.fixture(scope="module")
+def bags(tmp_path_factory):
+    d = tmp_path_factory.mktemp("flags")
+    return {"one": write_joint_trace(d / "one.mcap", "mcap", trace(STEPS), T0_NS, PERIOD_NS),
+            "two_topics": write_joint_bag(d / "two_topics", "mcap", 40, extra_topics={"/other_joints":
+                                                                                       "sensor_msgs/msg/JointState"})}
+
+
+def parsed(*argv) -> dict:
+    ap = _parser()
+    args = ap.parse_args(["bag.mcap", *argv])
+    check_bag_options(ap, args)
+    return vars(args)
+
+
+@pytest.mark.parametrize("new, old", [
+    (["-o", "x"], ["--out", "x"]), (["--output", "x"], ["--out", "x"]),
+    (["--topics", "/j"], ["--topic", "/j"]),
+    (["-r", "2.5"], ["--rate", "2.5"]),
+])
+def test_each_ros2_bag_spelling_parses_exactly_as_the_old_one(new, old):
+    assert parsed(*new) == parsed(*old)
+
+
+def test_start_offset_defaults_to_the_whole_bag():
+    assert parsed()["start_offset"] == 0.0 and parsed("--start-offset", "1.5")["start_offset"] == 1.5
+
+
+def test_output_in_every_spelling_writes_the_same_bag(bags, tmp_path):
+    runs = {}
+    for flag in ("-o", "--output", "--out"):
+        out = tmp_path / flag.strip("-")
+        summary, _ = replay(bags["one"], flag, out, "--rollback-every", 40, "--rollback-depth", 10)
+        assert summary["out"] == str(out) and summary["steps"] == STEPS
+        steps = read_policy_steps(out, typestore())
+        runs[flag] = ([(m.step, bytes(m.action.tobytes())) for m in steps],
+                      {k: summary[k] for k in ("steps", "messages", "actions_sha256", "rollback_checks")})
+    assert runs["-o"] == runs["--output"] == runs["--out"]
+
+
+@pytest.mark.parametrize("flag", ["-o", "--output", "--out"])
+def test_an_existing_output_is_refused_with_exit_2_in_every_spelling(bags, tmp_path, flag):
+    out = tmp_path / "exists"
+    out.mkdir()
+    (out / "keep").write_bytes(b"mine")
+    _, res = replay(bags["one"], flag, out, expect=2)
+    assert "exists" in res.stderr and [p.name for p in out.iterdir()] == ["keep"]
+    assert (out / "keep").read_bytes() == b"mine"
+
+
+@pytest.mark.parametrize("flag", ["--topics", "--topic"])
+def test_topics_and_topic_pick_the_same_observation_topic(bags, flag):
+    summary, _ = replay(bags["two_topics"], flag, "/other_joints")
+    assert summary["topic"] == "/other_joints" and summary["steps"] == 40
+
+
+def test_more_than_one_topic_is_refused_naming_them(bags):
+    _, res = replay(bags["two_topics"], "--topics", "/joint_states", "/other_joints", expect=2)
+    assert "one observation topic" in res.stderr and "/joint_states /other_joints" in res.stderr
+
+
+@pytest.mark.parametrize("flag", ["-r", "--rate"])
+def test_a_negative_rate_is_refused_in_both_spellings(bags, flag):
+    _, res = replay(bags["one"], flag, "-1", expect=2)
+    assert "--rate" in res.stderr
+
+
+def test_start_offset_starts_that_many_seconds_into_the_bag(bags, tmp_path):
+    out = tmp_path / "late"
+    summary, _ = replay(bags["one"], "--start-offset", "0.5", "-o", out)
+    skipped = round(0.5e9 / PERIOD_NS)
+    assert summary["skipped_before_start_offset"] == skipped and summary["steps"] == STEPS - skipped
+    steps = read_policy_steps(out, typestore())
+    first = steps[0].header.stamp
+    assert first.sec * 10**9 + first.nanosec == T0_NS + skipped * PERIOD_NS
+
+
+@pytest.mark.parametrize("offset, says", [("-1", "--start-offset"), ("nan", "--start-offset"),
+                                          ("5", "skips every message")])
+def test_a_start_offset_outside_the_bag_is_bad_input(bags, tmp_path, offset, says):
+    out = tmp_path / "o"
+    _, res = replay(bags["one"], "--start-offset", offset, "-o", out, expect=2)
+    assert says in res.stderr and not out.exists()
+
+
+def test_help_lists_the_ros2_bag_spellings_and_the_exit_codes():
+    _, res = replay("--help")
+    for flag in ("-o OUT", "--output", "--topics", "-r RATE", "--start-offset", "--jobs", "--ray", "exit codes:"):
+        assert flag in res.stdout, flag
