@@ -136,6 +136,7 @@ class FlashRTNode(LifecycleNode):
         try:
             cfg, own = read_config(self)
             capsule_dir = CapsuleDir(own["capsule_dir"])
+            capsule_dir.refuse_overlap(own["persist_dir"])
             reader = ObservationReader(own["observation_type"], cfg.obs_dim, own["joint_names"])
             t0 = time.perf_counter()
             session = Session(cfg, own["backend"])
