@@ -88,3 +88,35 @@ def test_an_untrusted_or_overlapping_persist_dir_fails_configure_with_one_line(r
         errors = [ln for ln in out.splitlines() if "configure failed" in ln]
         assert len(errors) == 1 and want in errors[0], (name, out[-3000:])
     assert not list((tmp_path / "theirs").iterdir()) and not list((tmp_path / "shared").iterdir())
+
+
+def test_a_set_pin_whose_file_would_not_fit_persist_budget_mb_is_refused_and_changes_nothing(ros_domain, tmp_path):
+    from flashrt_ros.runtime.persist import MB, SEGMENT_MIN_RECORDS, whole_window_bytes
+    from flashrt_ros.runtime.persist_format import segment_header_bytes
+    from flashrt_ros.runtime.persistence import layout_of
+
+    layout = layout_of(reference_session())
+    pin_mb = (len(segment_header_bytes(layout)) + whole_window_bytes(layout)) / MB
+    segment_mb = round(SEGMENT_MIN_RECORDS * whole_window_bytes(layout) / MB + 0.1, 2)
+    persist = tmp_path / "persist"
+    proc = NodeProcess(ros_domain, tmp_path / "node.log", capsule_dir=str(tmp_path / "capsules"),
+                       persist_dir=str(persist), persist_segment_mb=segment_mb,
+                       persist_budget_mb=round(2 * segment_mb + 2.5 * pin_mb, 2))
+    planner = Planner()
+    try:
+        planner.wait_ready(60.0)
+        planner.run(observation_trace(20))
+        assert planner.client.set_pin(3).success and planner.client.set_pin(6).success
+        before = planner.client.list_capsules()
+        r = planner.client.set_pin(9)
+        assert not r.success and "persist_budget_mb" in r.message and "unpin" in r.message, r.message
+        r = planner.client.snapshot(label="kept", pin=True)
+        assert not r.success and "persist_budget_mb" in r.message, r.message
+        after = planner.client.list_capsules()
+        assert [(c.id, c.pinned) for c in after.capsules] == [(c.id, c.pinned) for c in before.capsules]
+        assert after.live_capsule_id == before.live_capsule_id
+    finally:
+        planner.close()
+        rc = proc.stop()
+    assert rc == 0, proc.output()[-3000:]
+    assert sorted(p.name for p in persist.glob("pin-*.frl")) == [f"pin-{c:016d}.frl" for c in (3, 6)]

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import StoreFullOfPins
 from .persist_format import (
     DELTA,
     EMPTY_KV,
@@ -129,7 +130,7 @@ class PersistDirUnsafe(OSError):
     """The persist_dir is not a directory, or another user could write into it (private_dir.py)."""
 
 
-class PinNotPersistable(OSError):
+class PinNotPersistable(StoreFullOfPins):
     """A pin refused before anything changed: its file would not fit in persist_budget_mb."""
 
 
