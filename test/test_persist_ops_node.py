@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 import numpy as np
 import pytest
@@ -77,8 +78,11 @@ def test_an_untrusted_or_overlapping_persist_dir_fails_configure_with_one_line(r
         for name, (params, _) in cases.items():
             params = {"capsule_dir": str(tmp_path / f"capsules_{name}"), **params}
             procs[name] = NodeProcess(ros_domain, tmp_path / f"{name}.log", namespace=f"/{name}", **params)
-        for proc in procs.values():
-            proc.proc.wait(120)
+        end = time.monotonic() + 120
+        while any(p.proc.poll() is None for p in procs.values()) and time.monotonic() < end:
+            started = [n for n, p in procs.items() if "active: stepping" in p.output()]
+            assert not started, f"configured and serving: {started}"
+            time.sleep(0.2)
     finally:
         for proc in procs.values():
             proc.stop()
