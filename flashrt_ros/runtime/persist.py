@@ -266,8 +266,10 @@ class CapsuleLog:
             RESYNC, replace(info, pinned=True), small, window, min(info.step, self.layout.kv_window))
         tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")  # pins of one capsule may race
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # never through a link, never blocked on a FIFO planted at the name (it fails, and is counted)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
             try:
+                os.set_blocking(fd, True)
                 _write_all(fd, blob)
                 os.fsync(fd)
             finally:
