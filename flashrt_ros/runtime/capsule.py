@@ -247,7 +247,10 @@ class CapsuleStore:
         """A reference to every page of the capsule's window, so a file writer can gather it without the
         session lock (an entry never changes while its page is referenced); counted like a pin's pages
         until release_pages. None, holding nothing, when that would take pages a pin could not (the
-        caller then copies under the lock)."""
+        caller then copies under the lock). Also None on a device backend: there the gather is a fast device
+        copy on the runtime stream, which must not interleave with a replan runner's graph capture."""
+        if self.backend.xp is not np:
+            return None
         pages = self._cap(cid).pages.copy()
         held = {int(p) for t in [*self._pinned_tables(), *self._held, pages] for p in t if p >= 0}
         if len(held) + self.reserve_pages > self.kv.n_pages:

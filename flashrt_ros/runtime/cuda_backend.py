@@ -7,8 +7,6 @@ download go through pinned host buffers.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from .launch import gru_scan as launch_gru_scan
@@ -63,7 +61,6 @@ class CupyBackend:
         self.stream = cupy.cuda.Stream(non_blocking=True)  # capture is impossible on the default stream
         self._modules: dict[str, object] = {}
         self._pinned: dict[tuple, np.ndarray] = {}
-        self._pinned_lock = threading.Lock()  # a file writer gathers a held window off the session lock
         self._kdir = kernel_dir()
 
     # ---- memory ---------------------------------------------------------------------------
@@ -96,22 +93,20 @@ class CupyBackend:
         if not arr.flags.c_contiguous:
             with self.stream:
                 arr = self.xp.ascontiguousarray(arr)
-        with self._pinned_lock:
-            pinned = self._pin(arr.shape, arr.dtype)
-            arr.get(stream=self.stream, out=pinned)  # blocking: waits for the stream
-            return pinned.copy()
+        pinned = self._pin(arr.shape, arr.dtype)
+        arr.get(stream=self.stream, out=pinned)  # blocking: waits for the stream
+        return pinned.copy()
 
     def from_host(self, dst, src) -> None:
         src = np.ascontiguousarray(src, dtype=dst.dtype).reshape(dst.shape)
-        with self._pinned_lock:
-            pinned = self._pin(src.shape, src.dtype)
-            pinned[...] = src
-            if dst.flags.c_contiguous:
-                dst.set(pinned, stream=self.stream)
-            else:
-                with self.stream:
-                    dst[...] = self.xp.asarray(pinned)
-            self.stream.synchronize()  # the pinned buffer is reused by the next upload
+        pinned = self._pin(src.shape, src.dtype)
+        pinned[...] = src
+        if dst.flags.c_contiguous:
+            dst.set(pinned, stream=self.stream)
+        else:
+            with self.stream:
+                dst[...] = self.xp.asarray(pinned)
+        self.stream.synchronize()  # the pinned buffer is reused by the next upload
 
     def sync(self) -> None:
         self.stream.synchronize()
