@@ -75,7 +75,7 @@ class Persistence:
         """Under the session lock, before a pin changes anything: PinNotPersistable when its file would not
         fit in the disk budget. ``capsule_id`` 0: a new capsule (a pinned snapshot)."""
         store = self.session.store
-        if capsule_id and store.is_pinned(capsule_id):
+        if capsule_id and store.get(capsule_id).pinned:  # an unknown id is refused as such first
             return  # pinned already: its file is counted
         self.log.check_pin_room(len(store.list(pinned_only=True)) + 1)
 
