@@ -308,13 +308,14 @@ class Session:
 
     # ---- files ----------------------------------------------------------------------------
     def export_capsule(self, capsule_id: int, path: str | Path) -> str:
-        """Write a self-contained capsule file; returns its sha256. The capsule is copied to the host
-        under the lock; the file is written after the lock is released (steps go on meanwhile)."""
+        """Write a self-contained capsule file; returns its sha256. Under the lock only its small state is
+        copied and its KV pages held; the window is gathered and the file written after the lock is
+        released (steps go on meanwhile)."""
         with self.lock:
             cid = capsule_id or self._live_id
             info = self.store.get(cid)
             pages = self.store.hold_pages(cid)  # the window is gathered after the lock is released
-            if pages is None:  # holding them could starve the live step: copy now instead
+            if pages is None:  # a device backend, or holding them could starve the live step: copy now
                 payload = self.store.export_payload(cid)
             else:
                 small = self.backend.to_host(self.store.record(cid))
