@@ -124,3 +124,27 @@ def test_a_set_pin_whose_file_would_not_fit_persist_budget_mb_is_refused_and_cha
         rc = proc.stop()
     assert rc == 0, proc.output()[-3000:]
     assert sorted(p.name for p in persist.glob("pin-*.frl")) == [f"pin-{c:016d}.frl" for c in (3, 6)]
+
+
+def test_a_node_restarted_on_mismatched_logs_keeps_only_the_newest_moved_aside_logs(ros_domain, tmp_path):
+    from flashrt_ros.runtime.persist import PersistSettings
+    from flashrt_ros.runtime.persistence import STALE_KEEP
+
+    persist = tmp_path / "persist"
+    for run in range(STALE_KEEP + 1):
+        other = reference_session(seed=run + 1)  # another fingerprint than the node's
+        other.enable_persistence(PersistSettings(persist, fsync_every_ms=0.0))
+        other.step(observation_trace(1)[0])
+        other.disable_persistence()
+        proc = NodeProcess(ros_domain, tmp_path / f"node{run}.log", capsule_dir=str(tmp_path / "capsules"),
+                           persist_dir=str(persist), resume=True, resume_fresh_on_mismatch=True)
+        try:
+            end = time.monotonic() + 120
+            while "active: stepping" not in proc.output() and proc.proc.poll() is None and time.monotonic() < end:
+                time.sleep(0.2)
+        finally:
+            rc = proc.stop()
+        out = proc.output()
+        assert rc == 0 and "moved to" in out, out[-3000:]
+    assert len(list(persist.glob("stale-*"))) == STALE_KEEP
+    assert "deleted stale-" in out and f"only the newest {STALE_KEEP}" in out, out[-3000:]
