@@ -1,17 +1,18 @@
 """The capsule directory: where export_capsule writes and import_capsule reads, and nowhere else.
 
 A client names a file, never a path: one component of a conservative character set (convert.
-check_file_name). The directory is created with mode 0700, a directory owned by another user is
-refused, and a name whose final path leaves the directory (a symbolic link planted inside it) is
-refused on export and import alike.
+check_file_name). The directory follows runtime/private_dir.py's rules (created with mode 0700; one
+owned by another user, or writable by group or others, is refused), a name whose final path leaves the
+directory (a symbolic link planted inside it) is refused on export and import alike, and the directory
+may not overlap persist_dir (an export could overwrite the open log segment).
 """
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from ..runtime.capsule_file import sweep_stale_temporaries
+from ..runtime.private_dir import check_private_dir, overlapping
 from .convert import check_file_name
 
 
@@ -28,18 +29,16 @@ class CapsuleDir:
         self.root = Path(os.path.realpath(Path(directory).expanduser()))
 
     def _checked_root(self, create: bool) -> Path:
-        if create and not self.root.exists():
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            st = os.lstat(self.root)
-        except FileNotFoundError:
-            raise CapsuleDirError(f"capsule_dir {self.root} does not exist (nothing exported yet)") from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise CapsuleDirError(f"capsule_dir {self.root} is not a directory")
-        if st.st_uid != os.geteuid():
-            raise CapsuleDirError(f"capsule_dir {self.root} is owned by uid {st.st_uid}, not by this node's "
-                                  f"user ({os.geteuid()}): refused")
-        return self.root
+        if not create and not os.path.lexists(self.root):
+            raise CapsuleDirError(f"capsule_dir {self.root} does not exist (nothing exported yet)")
+        return check_private_dir(self.root, "capsule_dir", create, CapsuleDirError)
+
+    def refuse_overlap(self, persist_dir: str) -> None:
+        """At configure: the capsule files and the capsule log in one tree would let an export overwrite
+        a log segment or a pin file, and a resume read an exported file as part of the log."""
+        if persist_dir and overlapping(self.root, Path(persist_dir).expanduser()):
+            raise CapsuleDirError(f"capsule_dir {self.root} and persist_dir {persist_dir} overlap (one is, or is "
+                                  "inside, the other): give each its own directory")
 
     def sweep_stale_temporaries(self) -> list[Path]:
         """Remove what exports killed mid-write left (``.<name>.<pid>.tmp`` of dead processes)."""

@@ -133,6 +133,7 @@ class FlashRTNode(LifecycleNode):
         try:
             cfg, own = read_config(self)
             capsule_dir = CapsuleDir(own["capsule_dir"])
+            capsule_dir.refuse_overlap(own["persist_dir"])
             reader = ObservationReader(own["observation_type"], cfg.obs_dim, own["joint_names"])
             out_names = action_joint_names(own["action_joint_names"], cfg.action_dim)
             qos = resolve_profiles(self, own["observation_reliable"], own["publish_trajectory"])

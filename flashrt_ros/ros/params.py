@@ -151,12 +151,15 @@ NODE_PARAMS = {
                          "loses only what is still queued, a power cut what is not fsynced yet",
                          _ranged, False),
     "persist_fsync_records": (0, "also fsync after this many records (0 = no count trigger)", _ranged, False),
-    "persist_segment_mb": (64.0, "segment file size; each segment starts with a whole-window record",
+    "persist_segment_mb": (64.0, "segment file size; each segment starts with a whole-window record, so it is "
+                           "raised at configure to hold at least 4 of them",
                            _ranged, False),
     "persist_budget_mb": (2048.0, "disk budget of the log (segments and pin files): the oldest segments are "
-                          "removed first, pinned capsules last; at least two segments", _ranged, False),
+                          "removed first, a pinned capsule's file never (a pin that would not fit beside two "
+                          "segments is refused); at least two segments", _ranged, False),
     "persist_queue_mb": (64.0, "records waiting for the disk; past it records are dropped (counted in "
-                         "/diagnostics) and the next one written is a whole-window resync point",
+                         "/diagnostics) and the next one written is a whole-window resync point; raised at "
+                         "configure to hold at least 3 whole-window records",
                          _ranged, False),
     # output for ros2_control (outputs.py); QoS overrides: qos.py
     "publish_trajectory": (False, "also publish the action chunk as trajectory_msgs/JointTrajectory on "

@@ -89,6 +89,7 @@ class CapsuleStore:
         self._free = deque(range(capacity))
         self._caps: dict[int, _Capsule] = {}  # insertion order = age
         self._what_ifs: dict[int, None] = {}  # the what-if capsules among them, oldest first
+        self._held: list[np.ndarray] = []  # page tables read outside the session lock (hold_pages)
         self._next_id = 1
         # a new id at or past id_watch is shown to on_id_watch first (persistence reserves ids ahead of
         # their use, durably: persistence.IdReservation); never without persistence
@@ -254,13 +255,36 @@ class CapsuleStore:
         self._cap(cid)
         self._release(cid)
 
+    def hold_pages(self, cid: int) -> np.ndarray | None:
+        """A reference to every page of the capsule's window, so a file writer can gather it without the
+        session lock (an entry never changes while its page is referenced); counted like a pin's pages
+        until release_pages. None, holding nothing, when that would take pages a pin could not (the
+        caller then copies under the lock). Also None on a device backend: there the gather is a fast device
+        copy on the runtime stream, which must not interleave with a replan runner's graph capture."""
+        if self.backend.xp is not np:
+            return None
+        pages = self._cap(cid).pages.copy()
+        held = {int(p) for t in [*self._pinned_tables(), *self._held, pages] for p in t if p >= 0}
+        if len(held) + self.reserve_pages > self.kv.n_pages:
+            return None
+        self.kv.incref(pages)
+        self._held.append(pages)
+        return pages
+
+    def release_pages(self, pages: np.ndarray) -> None:
+        self._held = [t for t in self._held if t is not pages]
+        self.kv.decref(pages)
+
+    def _pinned_tables(self) -> list[np.ndarray]:
+        return [c.pages for c in self._caps.values() if c.info.pinned]
+
     def check_pin_allowed(self, pages: np.ndarray | None = None) -> None:
         """Refuse a pin (before anything changes) that could starve the live step or a replan."""
         pinned = [c for c in self._caps.values() if c.info.pinned]
         if len(pinned) + 1 > self.capacity - self.reserve_records:
             raise StoreFullOfPins(f"pin refused: {len(pinned)} of {self.capacity} capsules are pinned and "
                                   f"{self.reserve_records} must stay free for the live step and a replan; unpin one")
-        held = {int(p) for c in pinned for p in c.pages if p >= 0}
+        held = {int(p) for t in [*self._pinned_tables(), *self._held] for p in t if p >= 0}
         if pages is not None:
             held |= {int(p) for p in pages if p >= 0}
         if len(held) + self.reserve_pages > self.kv.n_pages:
@@ -272,7 +296,7 @@ class CapsuleStore:
         """Refuse up front (LogFull, nothing changed) an operation that needs more fresh log pages than
         evicting every unpinned capsule could give: it would otherwise throw the rollback history away
         and fail anyway. ``keep``: page tables that stay held besides the pins and the rows."""
-        held = [c.pages for c in self._caps.values() if c.info.pinned] + list(keep)
+        held = self._pinned_tables() + self._held + list(keep)
         have = self.kv.pages_obtainable(held)
         if pages_needed > have:
             raise LogFull(f"{what} needs {pages_needed} KV log pages and at most {have} can be freed (the rest "
@@ -329,9 +353,14 @@ class CapsuleStore:
     # ---- files ----------------------------------------------------------------------------
     def export_payload(self, cid: int) -> CapsulePayload:
         """A host copy of the capsule, ready for write_capsule_file (no file I/O here)."""
-        info = asdict(self.get(cid))
-        info.pop("resumed")  # how this process got it, not part of the state
-        return CapsulePayload(self.materialize(cid), info)
+        cap = self._cap(cid)
+        return self.payload_of(cap.info, self.backend.to_host(self.records[cap.record]), cap.pages)
+
+    def payload_of(self, info: CapsuleInfo, small_row: np.ndarray, pages: np.ndarray) -> CapsulePayload:
+        """export_payload from a host copy of the small state and held pages: safe without the session lock."""
+        fields = asdict(info)
+        fields.pop("resumed")  # how this process got it, not part of the state
+        return CapsulePayload(self.materialize_row(small_row, pages), fields)
 
     def read_file(self, path: str | Path) -> CapsulePayload:
         """Validate a capsule file completely; touches nothing (safe without the session lock)."""

@@ -9,12 +9,20 @@ policy, rotates segments and removes the oldest ones past the disk budget.
 The writer keeps a host mirror of the last record's window. With it, the writer turns a DELTA into a
 RESYNC by itself where it must: at the start of each segment, and after a failed write (a full disk), so
 neither costs the step anything. Pin files (``pin-<id>.frl``, one RESYNC each, written crash-safely) keep
-pinned capsules; retention removes them last.
+pinned capsules; they count in the disk budget, a pin that would not fit is refused up front, and retention
+never removes the file of a capsule still pinned.
+
+Sizes are checked against the whole-window record (RESYNC) of the layout: the queue holds at least
+QUEUE_MIN_RECORDS of them (a smaller queue could never take one, and the log would write nothing), and a
+segment at least SEGMENT_MIN_RECORDS (each segment starts with one: smaller segments would make every
+record a whole window, and the writer fall behind).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import math
 import os
 import queue
@@ -26,12 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import StoreFullOfPins
 from .persist_format import (
     DELTA,
     EMPTY_KV,
     EMPTY_SMALL,
     LIVE,
     MARKERS,
+    RECORD_HEAD,
     RESET,
     RESYNC,
     LogLayout,
@@ -40,12 +50,18 @@ from .persist_format import (
     pin_name,
     segment_header_bytes,
 )
+from .private_dir import check_private_dir
+
+log = logging.getLogger(__name__)
 
 MB = 2**20
 # Before a batch the writer waits for the runtime to be idle (its lock free), so its Python work (encode,
 # checksum) runs between steps instead of taking the GIL from one mid-step. Never longer than this: a
 # runtime stepping back to back, or a caller that waits on the writer with the lock held, only delays it.
 QUIET_WAIT_S = 0.003
+QUEUE_MIN_RECORDS = 3  # whole-window records the queue always has room for (back-to-back rollbacks)
+SEGMENT_MIN_RECORDS = 4  # whole-window records a segment holds at least: its opening one costs <= 1/4 of it
+NAME_TRIES = 64  # names skipped (taken by something that is not a segment) before a rotation gives up
 PARAMS = {"fsync_every_records": "persist_fsync_records", "fsync_every_ms": "persist_fsync_ms",
           "segment_mb": "persist_segment_mb", "budget_mb": "persist_budget_mb", "queue_mb": "persist_queue_mb"}
 
@@ -66,6 +82,29 @@ class PersistSettings:
         if self.segment_mb <= 0 or self.budget_mb < 2 * self.segment_mb:
             raise ValueError(f"persist_budget_mb: {self.budget_mb:g} must hold at least two segments of "
                              f"persist_segment_mb ({self.segment_mb:g} > 0)")
+
+    def sized_for(self, layout: LogLayout) -> PersistSettings:
+        """These settings with the queue and the segment raised to their minimum for ``layout`` (logged);
+        ValueError naming persist_budget_mb when the budget cannot hold two such segments."""
+        record_mb = whole_window_bytes(layout) / MB
+        raised = {}
+        for field, n in (("queue_mb", QUEUE_MIN_RECORDS), ("segment_mb", SEGMENT_MIN_RECORDS)):
+            need = math.ceil(n * record_mb * 100) / 100
+            if getattr(self, field) < need:
+                raised[field] = need
+                log.warning(f"{PARAMS[field]} {getattr(self, field):g} raised to {need:g}: it must hold {n} "
+                            f"whole-window records ({record_mb:.2f} MiB each at kv_window {layout.kv_window})")
+        if self.budget_mb < 2 * raised.get("segment_mb", self.segment_mb):
+            raise ValueError(f"persist_budget_mb: {self.budget_mb:g} must hold at least two segments of "
+                             f"{raised.get('segment_mb', self.segment_mb):g} MB (a segment holds at least "
+                             f"{SEGMENT_MIN_RECORDS} whole-window records of {record_mb:.2f} MiB at kv_window "
+                             f"{layout.kv_window}); raise persist_budget_mb or lower kv_window")
+        return replace(self, **raised) if raised else self
+
+
+def whole_window_bytes(layout: LogLayout) -> int:
+    """The largest record: a RESYNC with the longest label (a pin file is this plus a segment header)."""
+    return RECORD_HEAD.size + layout.max_payload()
 
 
 @dataclass(frozen=True)
@@ -89,12 +128,28 @@ class PersistDirInUse(OSError):
     """Another writer (this process or another) holds the persist_dir."""
 
 
+class PersistDirUnsafe(OSError):
+    """The persist_dir is not a directory, or another user could write into it (private_dir.py)."""
+
+
+class PinNotPersistable(StoreFullOfPins):
+    """A pin refused before anything changed: its file would not fit in persist_budget_mb."""
+
+
+def check_persist_dir(directory: Path) -> Path:
+    """Create (mode 0700) or check the persist_dir by capsule_dir's rules: a log someone else can write
+    to could be forged, and one someone else can read leaks the robot's state."""
+    return check_private_dir(Path(os.path.realpath(Path(directory).expanduser())), "persist_dir", True,
+                             PersistDirUnsafe)
+
+
 class DirLock:
     """An exclusive flock on the persist_dir itself for one writer's whole life, taken before a resume reads
     (and cuts) the log: a second session would truncate the segment the first is writing as a torn tail,
     and interleave its segments with the first's. The kernel drops it when the process dies."""
 
     def __init__(self, directory: Path):
+        check_persist_dir(directory)
         self._fd: int | None = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -111,13 +166,15 @@ class DirLock:
 
 
 class CapsuleLog:
-    def __init__(self, settings: PersistSettings, layout: LogLayout, quiet=None, dir_lock: DirLock | None = None):
+    def __init__(self, settings: PersistSettings, layout: LogLayout, quiet=None, dir_lock: DirLock | None = None,
+                 is_pinned: Callable[[int], bool] = lambda cid: False):
         """``quiet``: a lock the runtime holds while it steps (the session lock), or None. ``dir_lock``: the
         directory's DirLock, taken by the caller before it read the log (taken here when None); released
-        by close()."""
-        self.settings, self.layout, self.quiet = settings, layout, quiet
+        by close(). ``is_pinned(id)``: whether a capsule is pinned now (safe without the session lock):
+        retention never removes such a capsule's pin file."""
+        settings = settings.sized_for(layout)
+        self.settings, self.layout, self.quiet, self.is_pinned = settings, layout, quiet, is_pinned
         self.dir = Path(settings.directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self._dir_lock = dir_lock or DirLock(self.dir)
         self._queue: queue.Queue = queue.Queue()
         self._queue_bytes = 0
@@ -187,6 +244,27 @@ class CapsuleLog:
         self._queue.put((time.monotonic(), RESET, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
 
     # ---- pins (a service thread) ----------------------------------------------------------
+    @property
+    def pin_file_bytes(self) -> int:
+        """The most one pin file takes (a segment header and a whole-window record)."""
+        return len(segment_header_bytes(self.layout)) + whole_window_bytes(self.layout)
+
+    def check_pin_room(self, pinned_after: int) -> None:
+        """Refuse (PinNotPersistable) a pin that would leave ``pinned_after`` pin files: they must fit in the
+        disk budget beside two segments, because retention never removes a pinned capsule's file."""
+        s = self.settings
+        room = s.budget_mb * MB - 2 * s.segment_mb * MB
+        if pinned_after * self.pin_file_bytes > room:
+            fits = max(0, int(room // self.pin_file_bytes))
+            raise PinNotPersistable(
+                f"pin refused: persist_budget_mb {s.budget_mb:g} keeps {fits} pin files of "
+                f"{self.pin_file_bytes / MB:.2f} MiB beside two log segments of {s.segment_mb:g} MB, and "
+                f"{pinned_after} would be needed; unpin a capsule or raise persist_budget_mb")
+
+    def has_pin_file(self, capsule_id: int) -> bool:
+        with self._lock:
+            return self.dir / pin_name(capsule_id) in self._pins
+
     def write_pin(self, info, small: np.ndarray, window: np.ndarray, still_pinned: Callable[[], bool]) -> None:
         """One RESYNC record in its own file, crash-safely: a kill leaves the old file or the new one.
         ``still_pinned`` is asked under the pin lock right before the file takes its name: an unpin or a
@@ -196,8 +274,10 @@ class CapsuleLog:
             RESYNC, replace(info, pinned=True), small, window, min(info.step, self.layout.kv_window))
         tmp = path.with_name(f".{path.name}.{threading.get_ident()}.tmp")  # pins of one capsule may race
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # never through a link, never blocked on a FIFO planted at the name (it fails, and is counted)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
             try:
+                os.set_blocking(fd, True)
                 _write_all(fd, blob)
                 os.fsync(fd)
             finally:
@@ -331,18 +411,32 @@ class CapsuleLog:
             self._dropped += 1
         self.record_error("writing", e)
 
+    def _open_next_segment(self) -> tuple[int, Path]:
+        """A new file at the next free segment name. A name taken by anything (a FIFO, a directory, a link,
+        an old file) is skipped and counted, never opened: O_EXCL creates or fails, so a FIFO never blocks
+        the writer, and a later name serves."""
+        for _ in range(NAME_TRIES):
+            path = self.dir / f"seg-{self._next_seg:08d}.frl"
+            self._next_seg += 1
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+            except FileExistsError as e:
+                self.record_error(f"segment name {path.name} is taken by something else: skipped", e)
+                continue
+            os.set_blocking(fd, True)  # a regular file we just created: writes complete
+            return fd, path
+        raise OSError(errno.EEXIST, f"{NAME_TRIES} segment names in a row are taken in {self.dir}")
+
     def _rotate(self) -> None:
         self._sync_and_close()
-        path = self.dir / f"seg-{self._next_seg:08d}.frl"
+        fd, path = self._open_next_segment()
         head = segment_header_bytes(self.layout)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             _write_all(fd, head)
         except OSError:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        self._next_seg += 1
         self._fd, self._seg_path = fd, path
         self._seg_bytes = self._good_bytes = len(head)
         self._resync_next = True  # every segment starts with a record that stands alone
@@ -352,8 +446,10 @@ class CapsuleLog:
         self._retain()
 
     def _retain(self) -> None:
-        """Oldest segments first, then the oldest pins; never the open segment. Under the pin lock: a pin
-        file being renamed into place is never counted and then deleted underneath it."""
+        """Oldest segments first, then the oldest pin files of capsules no longer pinned (a former run's);
+        never the open segment, never a pinned capsule's file (check_pin_room keeps those within the
+        budget). Under the pin lock: a pin file being renamed into place is never counted and then
+        deleted underneath it."""
         budget = self.settings.budget_mb * MB
         with self._pin_lock:
             with self._lock:
@@ -367,10 +463,15 @@ class CapsuleLog:
                 for path in sorted(self._pins):
                     if total <= budget:
                         break
-                    total -= self._pins.pop(path)
-                    victims.append(path)
+                    if not self._pin_is_live(path):
+                        total -= self._pins.pop(path)
+                        victims.append(path)
             for path in victims:
                 path.unlink(missing_ok=True)
+
+    def _pin_is_live(self, path: Path) -> bool:
+        digits = path.stem[4:]
+        return not digits.isdigit() or self.is_pinned(int(digits))  # a name that is no id: keep, never guess
 
     def _maybe_fsync(self, idle: bool = False, force: bool = False) -> None:
         s = self.settings

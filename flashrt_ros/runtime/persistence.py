@@ -11,6 +11,7 @@ Replan branches nobody committed are what-ifs and are not persisted.
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -36,6 +37,9 @@ from .persist_format import (
 from .resume import ResumeReport, meta_reader, read_log, rebuild
 from .state_bounds import check_log_records
 
+log = logging.getLogger(__name__)
+STALE_KEEP = 3  # stale-* directories kept by move_aside, newest first; older ones are deleted (logged)
+
 
 def layout_of(session) -> LogLayout:
     cfg = session.cfg
@@ -47,7 +51,8 @@ class Persistence:
                  moved_aside: Path | None = None):
         self.session = session
         self.layout = layout_of(session)
-        self.log = CapsuleLog(settings, self.layout, quiet=session.lock, dir_lock=dir_lock)
+        self.log = CapsuleLog(settings, self.layout, quiet=session.lock, dir_lock=dir_lock,
+                              is_pinned=session.store.is_pinned)
         self.moved_aside = moved_aside  # where start_fresh put a log this session could not continue
         try:
             self.ids = IdReservation(self.log.dir, session.store, self.log.record_error)
@@ -98,13 +103,34 @@ class Persistence:
         except Exception as e:  # noqa: BLE001 - a lost marker only means a resume picks the newest capsule
             self.log.record_error("reset marker", e)
 
+    def check_pin_room(self, capsule_id: int) -> None:
+        """Under the session lock, before a pin changes anything: PinNotPersistable when its file would not
+        fit in the disk budget. ``capsule_id`` 0: a new capsule (a pinned snapshot)."""
+        store = self.session.store
+        if capsule_id and store.get(capsule_id).pinned:  # an unknown id is refused as such first
+            return  # pinned already: its file is counted
+        self.log.check_pin_room(len(store.list(pinned_only=True)) + 1)
+
     def pin_job(self, info) -> Callable[[], None]:
-        """Under the session lock: copy the pinned capsule to the host. The returned job writes its pin
-        file; run it after releasing the lock."""
+        """Under the session lock: copy the pinned capsule's small state and hold its window's pages. The
+        returned job gathers the window and writes the pin file; run it after releasing the lock (a long
+        window is copied while steps go on). A capsule whose pin file is on disk already gets none."""
         s = self.session
+        if self.log.has_pin_file(info.id):
+            return lambda: None  # a capsule never changes: the file written for it still holds
         small = s.backend.to_host(s.store.record(info.id))
-        window = self._window(s.store.pages_of(info.id), info.step)
-        return lambda: self.log.write_pin(info, small, window, lambda: s.store.is_pinned(info.id))
+        pages = s.store.hold_pages(info.id)  # None: holding would take pages a pin may not; copy now
+        window = self._window(s.store.pages_of(info.id), info.step) if pages is None else None
+
+        def job() -> None:
+            try:
+                win = window if pages is None else self._window(pages, info.step)
+                self.log.write_pin(info, small, win, lambda: s.store.is_pinned(info.id))
+            finally:
+                if pages is not None:
+                    with s.lock:
+                        s.store.release_pages(pages)
+        return job
 
     def on_unpinned(self, capsule_id: int) -> None:
         self.log.remove_pin(capsule_id, lambda: self.session.store.is_pinned(capsule_id))
@@ -242,17 +268,28 @@ def start_fresh(session, directory: Path) -> Path | None:
 
 
 def move_aside(directory: Path) -> Path | None:
-    """Move every segment and pin file into ``directory/stale-<unix time>/`` (kept, never deleted); None if
-    there was nothing to move."""
+    """Move every segment and pin file into ``directory/stale-<unix time>/``; None if there was nothing to
+    move. The newest STALE_KEEP such directories are kept, older ones deleted (and logged): a node that
+    keeps starting on mismatched logs must not fill the disk."""
     directory = Path(directory)
     files = list(iter_segment_paths(directory)) + list(iter_segment_paths(directory, "pin-"))
     if not files:
         return None
     dest = directory / f"stale-{time.time_ns()}"
-    dest.mkdir()
+    dest.mkdir(mode=0o700)
     for f in files:
         shutil.move(str(f), dest / f.name)
+    _bound_stale(directory)
     return dest
+
+
+def _bound_stale(directory: Path) -> None:
+    stale = sorted((p for p in directory.glob("stale-*") if p.name[6:].isdigit() and p.is_dir()
+                    and not p.is_symlink()), key=lambda p: int(p.name[6:]))
+    for old in stale[:-STALE_KEEP]:
+        shutil.rmtree(old, ignore_errors=True)
+        log.warning(f"persist_dir {directory}: deleted {old.name}, a log moved aside earlier (only the newest "
+                    f"{STALE_KEEP} moved-aside logs are kept)")
 
 
 __all__ = ["DirLock", "PersistDirInUse", "Persistence", "PersistSettings", "PersistStats", "ResumeReport",

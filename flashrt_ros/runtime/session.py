@@ -171,6 +171,8 @@ class Session:
     def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
         check_label(label)
         with self.lock:
+            if pin and self.persistence is not None:
+                self.persistence.check_pin_room(0)  # before anything changes
             info = self._snapshot_live(stamp_ns, label, pin)
             job = self.persistence.pin_job(info) if pin and self.persistence is not None else None
         if job is not None:
@@ -190,6 +192,8 @@ class Session:
     def pin(self, capsule_id: int) -> CapsuleInfo:
         """Keep a capsule until unpinned; refused (StoreFullOfPins) before pins could starve the live step."""
         with self.lock:
+            if self.persistence is not None:
+                self.persistence.check_pin_room(capsule_id)  # before anything changes
             info = self.store.pin(capsule_id)
             job = self.persistence.pin_job(info) if self.persistence is not None else None
         if job is not None:
@@ -323,10 +327,23 @@ class Session:
 
     # ---- files ----------------------------------------------------------------------------
     def export_capsule(self, capsule_id: int, path: str | Path) -> str:
-        """Write a self-contained capsule file; returns its sha256. The capsule is copied to the host
-        under the lock; the file is written after the lock is released (steps go on meanwhile)."""
+        """Write a self-contained capsule file; returns its sha256. Under the lock only its small state is
+        copied and its KV pages held; the window is gathered and the file written after the lock is
+        released (steps go on meanwhile)."""
         with self.lock:
-            payload = self.store.export_payload(capsule_id or self._live_id)
+            cid = capsule_id or self._live_id
+            info = self.store.get(cid)
+            pages = self.store.hold_pages(cid)  # the window is gathered after the lock is released
+            if pages is None:  # a device backend, or holding them could starve the live step: copy now
+                payload = self.store.export_payload(cid)
+            else:
+                small = self.backend.to_host(self.store.record(cid))
+        if pages is not None:
+            try:
+                payload = self.store.payload_of(info, small, pages)
+            finally:
+                with self.lock:
+                    self.store.release_pages(pages)
         return write_capsule_file(payload, path, self.capsule_hmac_key)
 
     def import_capsule(self, path: str | Path, restore: bool = False) -> CapsuleInfo:
@@ -348,16 +365,14 @@ class Session:
         ResumeReport (None without resume). Raises FingerprintMismatch / LogCorrupt, touching nothing,
         when the log cannot be resumed; ResumeDoesNotFit, the session left reset, when a sound log needs a
         bigger capsule store than this one."""
-        from .persistence import DirLock, Persistence, start_fresh
+        from .persistence import DirLock, Persistence, layout_of, start_fresh
         from .persistence import resume as resume_from
 
         if self.persistence is not None:
             raise RuntimeError("persistence is already enabled")
+        settings = settings.sized_for(layout_of(self))  # a budget too small for this window fails here
         directory = Path(settings.directory)
-        try:  # before a resume resets anything: a persist_dir that is a file fails here, state untouched
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise OSError(f"persist_dir {directory}: cannot hold the capsule log ({e.strerror or e})") from None
+        # made (0700) or checked before a resume resets anything: state untouched when it fails
         lock = DirLock(directory)  # before the log is read: a resume cuts tails, another writer's too
         try:
             report = moved = None
