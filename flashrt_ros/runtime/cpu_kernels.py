@@ -3,7 +3,7 @@ which runs a whole encoded plan (all ops, all rows of a range) in one nogil call
 
 Every reduction runs per row in an order fixed by the code and the config alone: a GEMV sums over its
 input index in order (vectorised across outputs, each with its own accumulator), an attention score sums
-its head's channels in SCORE_LANES interleaved partials combined in a fixed tree, chunks are the page slots
+its head's channels in order, softmax sums run over slots in order, chunks are the page slots
 by absolute position and combine in slot order. Nothing depends on the batch size or on which rows share a
 page, so a branch of a batch is byte-identical to that row stepped alone. No ``fastmath``: the compiler may
 vectorise across independent accumulators but never reassociate a sum. Nothing here allocates.
@@ -41,7 +41,6 @@ MAX_ARGS = 15
 DIM0 = 1 + ARG_COLS * MAX_ARGS  # first column of the op's integer dimensions
 N_DIMS = 6
 REG_STATE, REG_STATE_I64, REG_WORK, REG_WEIGHT, REG_LOG = range(5)
-SCORE_LANES = 8  # partial sums per attention score (head_dim % 8 == 0); a fixed tree combines them
 
 _F0, _F1 = np.float32(0.0), np.float32(1.0)
 _EPS, _FLOOR, _NEG_BIG = np.float32(RMS_EPS), np.float32(SCORE_FLOOR), np.float32(-3e38)
@@ -67,9 +66,9 @@ def gemv(x, w, y, n_in, n_out):
         y[j] = _F0
     for i in range(n_in):
         xi = x[i]
-        base = i * n_out
+        wi = w[i * n_out:(i + 1) * n_out]
         for j in range(n_out):
-            y[j] += xi * w[base + j]
+            y[j] += xi * wi[j]
 
 
 @njit(cache=True, nogil=True)
@@ -157,24 +156,25 @@ def kv_write(qkv, log, k_off, v_off, meta, pages, n_pages, P, d):
 
 
 @njit(cache=True, nogil=True)
-def _score(q, log, at, hd):
-    """q . k over one head's hd channels: SCORE_LANES partials in channel order, then a fixed tree."""
-    if hd % SCORE_LANES != 0:
-        s = _F0
-        for e in range(hd):
-            s += q[e] * log[at + e]
-        return s
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = _F0
-    for e in range(0, hd, SCORE_LANES):
-        a0 += q[e] * log[at + e]
-        a1 += q[e + 1] * log[at + e + 1]
-        a2 += q[e + 2] * log[at + e + 2]
-        a3 += q[e + 3] * log[at + e + 3]
-        a4 += q[e + 4] * log[at + e + 4]
-        a5 += q[e + 5] * log[at + e + 5]
-        a6 += q[e + 6] * log[at + e + 6]
-        a7 += q[e + 7] * log[at + e + 7]
-    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+def _dot(q, k, n):
+    """q . k summed in index order (the CPU overlaps the independent sums of neighbouring slots)."""
+    s = _F0
+    for e in range(n):
+        s += q[e] * k[e]
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _slots_in_window(j, lo, R, count):
+    """[t0, t1): the slots of page slot j inside the window. Slot t is ring index j * KV_PAGE + t, inside when
+    (index - lo) mod R < count; R - count >= KV_PAGE, so that is one contiguous run of slots."""
+    ring0 = (j * KV_PAGE - lo) % R  # window offset of slot 0
+    if ring0 < count:
+        return 0, min(KV_PAGE, count - ring0)
+    t0 = R - ring0  # the first slot that wraps to window offset 0
+    if t0 < KV_PAGE:
+        return t0, min(KV_PAGE, t0 + count)
+    return 0, 0
 
 
 @njit(cache=True, nogil=True)
@@ -194,33 +194,27 @@ def attn_decode(qkv, log, k_off, v_off, meta, pages, out, scores, cm, cl, cacc, 
             page = pages[j] % n_pages
             sc = scores[(h * P + j) * KV_PAGE:(h * P + j + 1) * KV_PAGE]
             acc = cacc[(h * P + j) * hd:(h * P + j + 1) * hd]
-            m = _NEG_BIG
-            any_valid = False
-            ring0 = (j * KV_PAGE - lo) % R  # window index of slot 0; slot t is in the window iff its index < count
-            for t in range(KV_PAGE):
-                v = ring0 + t
-                if v >= R:
-                    v -= R
-                if v < count:
-                    s = _score(q, log, k_off + (page * KV_PAGE + t) * d + q0, hd) * scale
-                    sc[t] = s
-                    if not any_valid or s > m:
-                        m = max(s, _NEG_BIG)
-                    any_valid = True
             for e in range(hd):
                 acc[e] = _F0
+            t0, t1 = _slots_in_window(j, lo, R, count)
+            m = _NEG_BIG
             lsum = _F0
-            if any_valid:
-                for t in range(KV_PAGE):
-                    v = ring0 + t
-                    if v >= R:
-                        v -= R
-                    if v < count:
-                        p = np.exp(max(sc[t] - m, _FLOOR))
-                        lsum += p
-                        at = v_off + (page * KV_PAGE + t) * d + q0
-                        for e in range(hd):
-                            acc[e] += p * log[at + e]
+            if t0 < t1:
+                for t in range(t0, t1):
+                    at = k_off + (page * KV_PAGE + t) * d + q0
+                    sc[t] = _dot(q, log[at:at + hd], hd) * scale
+                for t in range(t0, t1):
+                    m = max(m, sc[t])
+                for t in range(t0, t1):
+                    p = np.exp(max(sc[t] - m, _FLOOR))
+                    sc[t] = p
+                    lsum += p
+                for t in range(t0, t1):
+                    p = sc[t]
+                    at = v_off + (page * KV_PAGE + t) * d + q0
+                    v = log[at:at + hd]  # a slice: the compiler then vectorises across channels
+                    for e in range(hd):
+                        acc[e] += p * v[e]
                 m_all = max(m_all, m)
             cm[h * P + j] = m
             cl[h * P + j] = lsum
