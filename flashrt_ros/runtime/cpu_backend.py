@@ -43,7 +43,7 @@ def _kernels():
 def _warm_up(ck) -> None:
     """One call on an empty program: compiles (or loads) run_program for the arena's argument types."""
     f = np.zeros(1, np.float32)
-    ck.run_program(np.zeros((0, ck.DIM0 + ck.N_DIMS), np.int64), np.zeros(0), f, np.zeros(1, np.int64), f, f, f, 0)
+    ck.run_program(np.zeros((0, ck.DIM0 + ck.N_DIMS), np.int64), np.zeros(0), f, np.zeros(1, np.int64), f, f, f, f, 0)
 
 
 def compile_seconds() -> float | None:
@@ -60,6 +60,9 @@ class CompiledReplay:
         self._regions = (arena.state.reshape(-1).view(np.float32), arena.state.reshape(-1).view(np.int64),
                          arena.work.view(np.float32), arena.weight_slab.view(np.float32),
                          arena.log_slab.view(np.float32))
+        d = max(arena.placements[n].spec.shape[-1] for n in arena.placements if n.startswith("k_log.")) \
+            if any(n.startswith("k_log.") for n in arena.placements) else 1
+        self._kt = np.zeros(ck.T_BLOCK * d, np.float32)  # the attention's transposed keys, allocated here once
         bases = {ck.REG_STATE: arena.state, ck.REG_WORK: arena.work, ck.REG_WEIGHT: arena.weight_slab,
                  ck.REG_LOG: arena.log_slab}
         self.prog = np.zeros((len(plan.ops), ck.DIM0 + ck.N_DIMS), np.int64)
@@ -80,11 +83,13 @@ class CompiledReplay:
                 self.prog[o, 1 + ck.ARG_COLS * i:1 + ck.ARG_COLS * (i + 1)] = (
                     ck.REG_STATE_I64 if spec.dtype == "int64" else region, off + start * stride, stride,
                     prod(spec.shape))
+            if op.kernel == "attn_decode":  # its kernel indexes q and its scratch in the work slab directly
+                assert all(self.prog[o, 1 + ck.ARG_COLS * i] == ck.REG_WORK for i in (0, 5, 6, 7, 8, 9))
             dims, self.fconst[o] = _dims(op, arena)
             self.prog[o, ck.DIM0:ck.DIM0 + len(dims)] = dims
 
     def replay(self) -> None:
-        self._run(self.prog, self.fconst, *self._regions, self.rows)
+        self._run(self.prog, self.fconst, *self._regions, self._kt, self.rows)
 
 
 def _dims(op, arena) -> tuple[list[int], float]:
