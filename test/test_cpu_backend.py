@@ -86,3 +86,14 @@ def test_the_backend_names_itself_and_an_unknown_name_lists_the_choices():
     assert select("cpu").name == "cpu"
     with pytest.raises(ValueError, match="auto, numpy, cpu, cuda"):
         select("gpu")
+
+
+def test_live_steps_and_replans_share_the_one_signature_compiled_at_construction():
+    """A second signature would compile (seconds) in the middle of a mission, at the first replan."""
+    from flashrt_ros.runtime import cpu_kernels
+
+    s = Session(small_config(mixer="ssm"), backend="cpu")
+    for o in observation_trace(20):
+        s.step(o)
+    s.replan(None, np.ones((3, 4, 14), np.float32))
+    assert len(cpu_kernels.run_program.signatures) == 1
