@@ -1,6 +1,6 @@
 """Backends: where buffers live and how a bound plan replays.
 
-``NumpyBackend`` is the reference and the CPU default. ``CpuBackend`` (cpu_backend.py) runs the same plan
+``NumpyBackend`` is the reference. ``CpuBackend`` (cpu_backend.py) runs the same plan
 compiled, one nogil call per step. ``CupyBackend`` (cuda_backend.py) runs it as CUDA C kernels captured into
 CUDA graphs. ``select("auto" | "numpy" | "cpu" | "cuda")``.
 """
@@ -84,9 +84,10 @@ def cpu_backend():
 
 
 def select(name: str = "auto"):
-    """'numpy', 'cpu' (compiled, numba), 'cuda', or 'auto' (CUDA when usable, NumPy otherwise). Logs the choice."""
+    """'numpy', 'cpu' (compiled, numba), 'cuda', or 'auto' (CUDA when usable, else the compiled CPU backend,
+    else NumPy). Logs the choice and, for auto, why a faster backend was passed over."""
     if name not in BACKENDS:
-        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {name!r}")
+        raise ValueError(f"backend: expected auto, numpy, cpu or cuda, got {name!r}")
     if name == "numpy":
         return NumpyBackend()
     if name == "cpu":
@@ -99,5 +100,10 @@ def select(name: str = "auto"):
         return CupyBackend()
     if name == "cuda":
         raise BackendUnavailable(f"backend 'cuda' requested but unavailable: {why_not}")
-    log.info("backend: numpy (auto; CUDA unavailable: %s)", why_not)
-    return NumpyBackend()
+    try:
+        backend = cpu_backend()
+    except Exception as e:  # noqa: BLE001 - numba missing or unable to compile here: the reference still runs
+        log.warning("backend: numpy (auto; CUDA unavailable: %s; compiled CPU backend unavailable: %s)", why_not, e)
+        return NumpyBackend()
+    log.info("backend: cpu (auto; CUDA unavailable: %s)", why_not)
+    return backend
