@@ -97,3 +97,4 @@ def test_live_steps_and_replans_share_the_one_signature_compiled_at_construction
         s.step(o)
     s.replan(None, np.ones((3, 4, 14), np.float32))
     assert len(cpu_kernels.run_program.signatures) == 1
+    assert cpu_kernels.run_program.targetoptions["nogil"]  # the live step and a replan can overlap
