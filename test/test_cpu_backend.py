@@ -98,3 +98,17 @@ def test_live_steps_and_replans_share_the_one_signature_compiled_at_construction
     s.replan(None, np.ones((3, 4, 14), np.float32))
     assert len(cpu_kernels.run_program.signatures) == 1
     assert cpu_kernels.run_program.targetoptions["nogil"]  # the live step and a replan can overlap
+
+
+def test_a_forged_position_and_page_table_give_wrong_numbers_never_an_access_outside_the_arena():
+    """Indices come from meta and kv_pages reduced modulo their extent, as in the CUDA kernels."""
+    s = Session(small_config(), backend="cpu")
+    for o in observation_trace(10):
+        s.step(o)
+    arena, before = s.arena, s.arena.state.copy()
+    weights = s.arena.weight_slab.tobytes()
+    arena["meta"][0] = [-(1 << 63), (1 << 63) - 1, -5, -(1 << 62), 0, 0, 0, 0]
+    arena["kv_pages"][0] = [-(1 << 63), (1 << 63) - 1]
+    arena["obs"][0] = 0.5
+    s._live.replay()  # a crash here would take the test process with it
+    assert arena.weight_slab.tobytes() == weights and arena.state[1:].tobytes() == before[1:].tobytes()
