@@ -44,8 +44,9 @@ def _kernels():
 
 def _warm_up(ck) -> None:
     """One call on an empty program: compiles (or loads) run_program for the arena's argument types."""
+    from . import cpu_program as cp
     f = np.zeros(1, np.float32)
-    ck.run_program(np.zeros((0, ck.DIM0 + ck.N_DIMS), np.int64), np.zeros(0), f, np.zeros(1, np.int64), f, f, f, f, 0)
+    ck.run_program(np.zeros((0, cp.DIM0 + cp.N_DIMS), np.int64), np.zeros(0), f, np.zeros(1, np.int64), f, f, f, 0)
 
 
 def compile_seconds() -> float | None:
@@ -57,41 +58,42 @@ class CompiledReplay:
 
     def __init__(self, plan, arena, start: int, count: int):
         ck = _kernels()
+        from . import cpu_program as cp
         self._run = ck.run_program
         self.rows = count
         self._regions = (arena.state.reshape(-1).view(np.float32), arena.state.reshape(-1).view(np.int64),
                          arena.work.view(np.float32), arena.weight_slab.view(np.float32),
                          arena.log_slab.view(np.float32))
-        d = max(arena.placements[n].spec.shape[-1] for n in arena.placements if n.startswith("k_log.")) \
-            if any(n.startswith("k_log.") for n in arena.placements) else 1
-        self._kt = np.zeros(ck.T_BLOCK * d, np.float32)  # the attention's transposed keys, allocated here once
-        bases = {ck.REG_STATE: arena.state, ck.REG_WORK: arena.work, ck.REG_WEIGHT: arena.weight_slab,
-                 ck.REG_LOG: arena.log_slab}
-        self.prog = np.zeros((len(plan.ops), ck.DIM0 + ck.N_DIMS), np.int64)
+        bases = {cp.REG_STATE: arena.state, cp.REG_WORK: arena.work, cp.REG_WEIGHT: arena.weight_slab,
+                 cp.REG_LOG: arena.log_slab}
+        self.prog = np.zeros((len(plan.ops), cp.DIM0 + cp.N_DIMS), np.int64)
         self.fconst = np.zeros(len(plan.ops), np.float64)
         for o, op in enumerate(plan.ops):
             views = [arena[a][start:start + count] if arena.placements[a].spec.per_row else arena[a]
                      for a in op.args]
             op.spec.spec.bind(views, op.const_dict(), contiguity=False)  # the twin's shape checks, once at bind
+            if len(op.args) > cp.MAX_ARGS:
+                raise ValueError(f"backend cpu: {op.kernel} takes {len(op.args)} buffers, the program holds "
+                                 f"{cp.MAX_ARGS}; raise cpu_program.MAX_ARGS")
             self.prog[o, 0] = ck.KERNELS[op.kernel]
             for i, a in enumerate(op.args):
                 spec = arena.placements[a].spec
-                region = (ck.REG_STATE if spec.is_state else ck.REG_LOG if spec.role == "kv"
-                          else ck.REG_WEIGHT if spec.role == "weight" else ck.REG_WORK)
+                region = (cp.REG_STATE if spec.is_state else cp.REG_LOG if spec.role == "kv"
+                          else cp.REG_WEIGHT if spec.role == "weight" else cp.REG_WORK)
                 item = np.dtype(spec.dtype).itemsize
                 arr = arena[a]
                 off = (arr.ctypes.data - bases[region].ctypes.data) // item
                 stride = arr.strides[0] // item if spec.per_row else 0
-                self.prog[o, 1 + ck.ARG_COLS * i:1 + ck.ARG_COLS * (i + 1)] = (
-                    ck.REG_STATE_I64 if spec.dtype == "int64" else region, off + start * stride, stride,
+                self.prog[o, 1 + cp.ARG_COLS * i:1 + cp.ARG_COLS * (i + 1)] = (
+                    cp.REG_STATE_I64 if spec.dtype == "int64" else region, off + start * stride, stride,
                     prod(spec.shape))
             if op.kernel == "attn_decode":  # its kernel indexes q and its scratch in the work slab directly
-                assert all(self.prog[o, 1 + ck.ARG_COLS * i] == ck.REG_WORK for i in (0, 5, 6, 7, 8, 9))
+                assert all(self.prog[o, 1 + cp.ARG_COLS * i] == cp.REG_WORK for i in (0, 5, 6, 7, 8, 9))
             dims, self.fconst[o] = _dims(op, arena)
-            self.prog[o, ck.DIM0:ck.DIM0 + len(dims)] = dims
+            self.prog[o, cp.DIM0:cp.DIM0 + len(dims)] = dims
 
     def replay(self) -> None:
-        self._run(self.prog, self.fconst, *self._regions, self._kt, self.rows)
+        self._run(self.prog, self.fconst, *self._regions, self.rows)
 
 
 def _dims(op, arena) -> tuple[list[int], float]:
