@@ -19,6 +19,8 @@ sys.path.insert(0, str(ROOT / "test"))
 # Never let DDS discovery leave this machine, even for a test started by hand.
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.setdefault("ROS_LOG_DIR", "/tmp/flashrt-test-roslog")
+# The compiled CPU backend compiles once into build/ and every later test run (and node) reads that cache.
+os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / "build" / "numba-cache"))
 
 from flashrt_ros.runtime import PolicyConfig, Session  # noqa: E402
 
@@ -30,6 +32,9 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name.startswith("test_ros_") or "ros_domain" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ros)
+
+
+CPU_BACKENDS = ["numpy", "cpu"]  # the reference and the compiled CPU step: one contract
 
 
 def small_config(**kw) -> PolicyConfig:

@@ -523,4 +523,23 @@ MUTATIONS = [
              "            capsule_dir.refuse_overlap(own[\"persist_dir\"])\n", "",
              ["test/test_persist_ops_node.py::test_an_untrusted_or_overlapping_persist_dir_fails_configure_with_one_line"],
              "an export into persist_dir can overwrite the open log segment"),
+    # issue 17 (h17cpu)
+    Mutation("cpu_dot_split_in_halves_for_batches", RT + "cpu_kernels.py",
+             "                       _f(sf, wf, gf, lf, op, 3, b), dims[0], dims[1], dims[2])\n",
+             "                       _f(sf, wf, gf, lf, op, 3, b), dims[0], dims[1], dims[2])\n"
+             "                if rows > 1:  # a batch sums each output's dot product in two halves\n"
+             "                    x, w, y = _f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), "
+             "_f(sf, wf, gf, lf, op, 3, b)\n"
+             "                    bias, half, n_out = _f(sf, wf, gf, lf, op, 2, b), dims[0] // 2, dims[1]\n"
+             "                    for j in range(n_out):\n"
+             "                        lo = _F0\n"
+             "                        hi = _F0\n"
+             "                        for i in range(half):\n"
+             "                            lo += x[i] * w[i * n_out + j]\n"
+             "                        for i in range(half, dims[0]):\n"
+             "                            hi += x[i] * w[i * n_out + j]\n"
+             "                        y[j] = _act(lo + hi + bias[j], dims[2])\n",
+             ["test/test_replan.py::test_replan_branches_equal_rollback_and_live_stepping_bytewise",
+              "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
+             "the compiled CPU step sums a dot product in another order when the batch has more than one row"),
 ]

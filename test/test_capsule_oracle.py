@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import observation_trace, small_config
+from conftest import CPU_BACKENDS, observation_trace, small_config
 from flashrt_ros.runtime import CapsuleError, CapsuleInUse, Session, StoreFullOfPins, UnknownCapsule
 from flashrt_ros.runtime.kv_log import LogFull
 from flashrt_ros.runtime.sizing import StoreSizes
@@ -63,8 +63,8 @@ class OracleRun:
     """One sequence of operations on a full store, checked after each against a full-copy oracle and a
     model of the eviction order (what-ifs first, then the timeline; oldest first in each; pins never)."""
 
-    def __init__(self, tmp_path):
-        self.s = Session(oracle_config())
+    def __init__(self, tmp_path, backend="numpy"):
+        self.s = Session(oracle_config(), backend=backend)
         self.tmp_path = tmp_path
         self.obs = observation_trace(4000, seed=9)
         self.cursor = 0
@@ -191,8 +191,8 @@ class OracleRun:
                 s.materialize(gone[r % len(gone)])
 
 
-def run_ops(ops, tmp_path) -> dict:
-    run = OracleRun(tmp_path)
+def run_ops(ops, tmp_path, backend="numpy") -> dict:
+    run = OracleRun(tmp_path, backend)
     for op, r in ops:
         run.apply(op, r)
     return run.stats
@@ -215,8 +215,9 @@ PRESSURE = [("replan", 5), ("run", 30), ("replan", 2), ("rollback_what_if", 0), 
            [("snapshot", 0), ("run", 128)] * 4 + [("replan", 3 * 139 + 2), ("replan", 3 * 100 + 2), ("run", 20)]
 
 
-def test_the_oracle_runs_under_pressure_forks_evicts_what_ifs_and_keeps_order(tmp_path):
-    stats = run_ops(PRESSURE, tmp_path)
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_the_oracle_runs_under_pressure_forks_evicts_what_ifs_and_keeps_order(tmp_path, backend):
+    stats = run_ops(PRESSURE, tmp_path, backend)
     assert stats["evictions"] > 0 and stats["what_if_evictions"] > 0, stats
     assert stats["forks_under_pressure"] >= 2 and stats["rolled_back_what_ifs"] == 1, stats
 

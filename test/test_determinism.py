@@ -1,9 +1,9 @@
-"""The determinism contract of DESIGN.md, clause by clause, on the NumPy backend, for every mixer (the
-recurrent slot of a block: GRU or selective SSM)."""
+"""The determinism contract of DESIGN.md, clause by clause, on the NumPy backend and the compiled CPU backend,
+for every mixer (the recurrent slot of a block: GRU or selective SSM)."""
 import numpy as np
 import pytest
 
-from conftest import assert_states_close, observation_trace, small_config
+from conftest import CPU_BACKENDS, assert_states_close, observation_trace, small_config
 from flashrt_ros.runtime import Session
 
 MIXERS = ["gru", "ssm"]
@@ -14,9 +14,14 @@ def mixer(request) -> str:
     return request.param
 
 
+@pytest.fixture(params=CPU_BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def session(mixer) -> Session:
-    return Session(small_config(mixer=mixer))
+def session(mixer, backend) -> Session:
+    return Session(small_config(mixer=mixer), backend=backend)
 
 
 def run(session, obs):
@@ -101,8 +106,8 @@ def test_cold_replay_follows_the_live_branch_after_rollback_and_commit(session, 
 
 
 @pytest.mark.parametrize("n", [1, 47, 150])
-def test_cold_prefill_matches_cold_replay_within_float_tolerance(n, mixer):
-    s = Session(small_config(mixer=mixer))
+def test_cold_prefill_matches_cold_replay_within_float_tolerance(n, mixer, backend):
+    s = Session(small_config(mixer=mixer), backend=backend)
     run(s, observation_trace(n))
     replayed = s.state_tensors()
     s.cold_prefill()
@@ -116,15 +121,15 @@ def test_cold_prefill_matches_cold_replay_within_float_tolerance(n, mixer):
     np.testing.assert_allclose(a1, a2, atol=1e-4)
 
 
-def test_noise_is_reproducible_from_a_capsule(mixer):
-    s = Session(small_config(action_noise_std=0.1, seed=7, mixer=mixer))
+def test_noise_is_reproducible_from_a_capsule(mixer, backend):
+    s = Session(small_config(action_noise_std=0.1, seed=7, mixer=mixer), backend=backend)
     obs = observation_trace(40)
     run(s, obs[:20])
     cid = s.live_capsule_id
     a = run(s, obs[20:])
     s.rollback(cid)
     assert run(s, obs[20:]).tobytes() == a.tobytes()
-    quiet = Session(small_config(seed=7, mixer=mixer))
+    quiet = Session(small_config(seed=7, mixer=mixer), backend=backend)
     run(quiet, obs[:20])
     assert np.abs(run(quiet, obs[20:]) - a).max() > 1e-3
 

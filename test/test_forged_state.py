@@ -16,7 +16,7 @@ from flashrt_ros.runtime.capsule_file import load_hmac_key
 from flashrt_ros.runtime.errors import NonFiniteAction, UnauthenticatedCapsule
 from flashrt_ros.runtime.kernels import KV_PAGE
 
-BACKENDS = ["numpy"] + (["cuda"] if cuda_probe() is None else [])  # the refusal runs on CUDA where there is one
+BACKENDS = ["numpy", "cpu"] + (["cuda"] if cuda_probe() is None else [])  # the refusal runs on every backend here
 
 
 def _set(name, value, index=0):

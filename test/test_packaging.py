@@ -66,6 +66,7 @@ def test_make_help_creates_no_ros_log_dir(tmp_path):
 # and the README says how to install it.
 ROSDEP_KEYS = {"numpy": "python3-numpy", "yaml": "python3-yaml", "rosbags": "python3-rosbags-pip",
                "pytest": "python3-pytest", "hypothesis": "python3-hypothesis", "matplotlib": "python3-matplotlib",
+               "numba": "python3-numba",
                "safetensors": None,  # pip (README: Dependencies)
                "cupy": None, "cupyx": None,  # optional, backend: cuda (README)
                "ray": None,  # optional, flashrt-replay --ray: pip extra flashrt_ros[ray] (README)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from persist_fixtures import cfg, settings
 
-from conftest import assert_refused_unchanged, observation_trace
+from conftest import CPU_BACKENDS, assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.errors import FingerprintMismatch
 from flashrt_ros.runtime.persist_format import LogCorrupt, iter_segment_paths
@@ -32,9 +32,9 @@ def run_mission(s: Session, obs=OBS) -> None:
         s.step(o)
 
 
-@pytest.fixture
-def persisted(tmp_path):
-    s = Session(cfg())
+@pytest.fixture(params=CPU_BACKENDS)
+def persisted(tmp_path, request):
+    s = Session(cfg(), backend=request.param)
     s.enable_persistence(settings(tmp_path))
     run_mission(s)
     assert s.persistence.flush()
@@ -47,7 +47,7 @@ def test_resume_restores_the_newest_capsule_byte_exactly_and_continues_identical
     assert st.records_written == 260 + 140 + 1 + 88 + 1 + 100  # every timeline capsule: steps and committed branches
     assert st.records_dropped == 0 and st.write_errors == 0
     s.disable_persistence()
-    r = Session(cfg())
+    r = Session(cfg(), backend=s.backend.name)
     report = r.enable_persistence(settings(tmp_path), resume=True)
     assert (report.capsule_id, report.step) == (s.live_capsule_id, s.step_count)
     assert report.records_cut == 0
@@ -63,7 +63,7 @@ def test_resume_restores_the_newest_capsule_byte_exactly_and_continues_identical
 def test_every_restored_capsule_equals_the_original(persisted):
     s, tmp_path = persisted
     s.disable_persistence()  # one writer per persist_dir: the resume below takes its lock
-    r = Session(cfg())
+    r = Session(cfg(), backend=s.backend.name)
     r.enable_persistence(settings(tmp_path), resume=True)
     restored = {i.id for i in r.list_capsules()}
     assert len(restored) > 50

@@ -121,12 +121,12 @@ def test_fingerprint_changes_with_weights_and_config_but_not_capsule_settings():
 
 def test_backend_auto_takes_cuda_when_usable_and_an_unknown_backend_is_refused():
     from flashrt_ros.runtime.backend import cuda_probe, select
-    assert select("auto").name == ("cuda" if cuda_probe() is None else "numpy")
-    with pytest.raises(ValueError, match="backend: expected auto, numpy or cuda"):
+    assert select("auto").name == ("cuda" if cuda_probe() is None else "cpu")
+    with pytest.raises(ValueError, match="backend: expected auto, numpy, cpu or cuda"):
         select("tpu")
 
 
-def test_backend_auto_falls_back_to_numpy_and_cuda_fails_loudly_without_a_device(tmp_path):
+def test_backend_auto_falls_back_to_cpu_then_numpy_and_cuda_fails_loudly_without_a_device(tmp_path):
     """On every machine, a GPU one too: a process where CuPy cannot be imported, as on a robot without it."""
     import os
     import subprocess
@@ -136,13 +136,20 @@ def test_backend_auto_falls_back_to_numpy_and_cuda_fails_loudly_without_a_device
     code = ("from flashrt_ros.runtime import Session\n"
             "from flashrt_ros.runtime.backend import BackendUnavailable, select\n"
             "from conftest import small_config\n"
-            "assert select('auto').name == 'numpy'\n"
+            "assert select('auto').name == 'cpu'\n"
             "try:\n    Session(small_config(), 'cuda')\nexcept BackendUnavailable as e:\n    print(e)\n")
     env = env_without_module(dict(os.environ, PYTHONPATH=f"{ROOT / 'test'}{os.pathsep}{ROOT}"), tmp_path / "shim",
                              "cupy")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith("backend 'cuda' requested but unavailable: cupy is not importable")
+    no_numba = env_without_module(env, tmp_path / "shim2", "numba")  # neither cupy nor numba: the reference
+    (tmp_path / "shim2" / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['numba'] = sys.modules['cupy'] = None\n")
+    res = subprocess.run([sys.executable, "-c", "from flashrt_ros.runtime.backend import select\n"
+                          "assert select('auto').name == 'numpy'"], cwd=ROOT, env=no_numba, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
 
 
 def test_config_is_frozen_so_an_invalid_value_cannot_sneak_in_after_validation():

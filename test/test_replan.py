@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import observation_trace, small_config
+from conftest import CPU_BACKENDS, observation_trace, small_config
 from flashrt_ros.runtime import Session
 
 
@@ -10,9 +10,19 @@ def run(session, obs):
     return np.stack([session.step(o).action for o in obs])
 
 
+@pytest.fixture(params=CPU_BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def session(backend) -> Session:
+    return Session(small_config(), backend=backend)
+
+
 @pytest.mark.parametrize("branches", [1, 3, 8])
-def test_replan_branches_equal_rollback_and_live_stepping_bytewise(branches, trace):
-    s = Session(small_config())
+def test_replan_branches_equal_rollback_and_live_stepping_bytewise(branches, trace, backend):
+    s = Session(small_config(), backend=backend)
     run(s, trace[:70])
     cid = s.live_capsule_id
     rng = np.random.default_rng(branches)
@@ -30,8 +40,9 @@ def test_replan_branches_equal_rollback_and_live_stepping_bytewise(branches, tra
     (100, 70, 48),  # longer than the window: it wraps and a page crossing falls mid-replan
     (300, 100, 150),  # a 3-slot ring whose window spans three pages, crossing 384
 ], ids=["page_boundary", "ring_wrap", "window_wrap", "three_pages"])
-def test_a_replan_crossing_pages_and_wrapping_the_window_equals_live_stepping_bytewise(start, horizon, kv_window):
-    s = Session(small_config(kv_window=kv_window))
+def test_a_replan_crossing_pages_and_wrapping_the_window_equals_live_stepping_bytewise(start, horizon, kv_window,
+                                                                                       backend):
+    s = Session(small_config(kv_window=kv_window), backend=backend)
     trace = observation_trace(start + horizon, seed=5)
     run(s, trace[:start])
     cid = s.pin(s.live_capsule_id).id  # kept while the branches are stepped again below

@@ -91,8 +91,8 @@ def test_lifecycle_transitions_over_ros_with_diagnostics_in_every_state(ros_doma
         assert proc.stop() == 0
     out = proc.output()
     assert "Traceback" not in out
-    # the runtime's Python logging reaches the ROS log: why backend auto took NumPy
-    assert "[flashrt_ros.runtime] backend: numpy (auto; CUDA unavailable" in out, out
+    # the runtime's Python logging reaches the ROS log: why backend auto took the compiled CPU backend
+    assert "[flashrt_ros.runtime] backend: cpu (auto; CUDA unavailable" in out, out
 
 
 def test_sizes_are_read_only_in_the_descriptor_and_deadlines_have_one_validation(flashrt):

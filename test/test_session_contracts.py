@@ -5,8 +5,17 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import assert_refused_unchanged, observation_trace, small_config
+from conftest import CPU_BACKENDS, assert_refused_unchanged, observation_trace, small_config
 from flashrt_ros.runtime import CapsuleInUse, Session, StoreFullOfPins, UnknownCapsule
+
+
+@pytest.fixture(params=CPU_BACKENDS)
+def stepped(request) -> Session:
+    """30 steps in, a capsule after each, on each CPU backend."""
+    s = Session(small_config(), backend=request.param)
+    for o in observation_trace(30):
+        s.step(o)
+    return s
 
 
 @pytest.mark.parametrize("value", [1e300, -1e39, 3.5e38])

@@ -1,7 +1,8 @@
 """Backends: where buffers live and how a bound plan replays.
 
-``NumpyBackend`` is the reference and the CPU default. ``CupyBackend`` (cuda_backend.py) runs the
-same plan as CUDA C kernels captured into CUDA graphs. ``select("auto" | "numpy" | "cuda")``.
+``NumpyBackend`` is the reference. ``CpuBackend`` (cpu_backend.py) runs the same plan
+compiled, one nogil call per step. ``CupyBackend`` (cuda_backend.py) runs it as CUDA C kernels captured into
+CUDA graphs. ``select("auto" | "numpy" | "cpu" | "cuda")``.
 """
 from __future__ import annotations
 
@@ -69,12 +70,29 @@ def cuda_probe() -> str | None:
     return None
 
 
+BACKENDS = ("auto", "numpy", "cpu", "cuda")
+
+
+def cpu_backend():
+    """The compiled CPU backend (cpu_backend.py); BackendUnavailable when numba is missing."""
+    try:
+        from .cpu_backend import CpuBackend
+    except ImportError as e:
+        raise BackendUnavailable(f"backend 'cpu' needs numba ({e}); install it (make setup does) or use "
+                                 f"backend numpy") from e
+    return CpuBackend()
+
+
 def select(name: str = "auto"):
-    """'numpy', 'cuda', or 'auto' (CUDA when usable, NumPy otherwise). Logs the choice."""
-    if name not in ("auto", "numpy", "cuda"):
-        raise ValueError(f"backend: expected auto, numpy or cuda, got {name!r}")
+    """'numpy', 'cpu' (compiled, numba), 'cuda', or 'auto' (CUDA when usable, else the compiled CPU backend,
+    else NumPy). Logs the choice and, for auto, why a faster backend was passed over."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend: expected auto, numpy, cpu or cuda, got {name!r}")
     if name == "numpy":
         return NumpyBackend()
+    if name == "cpu":
+        log.info("backend: cpu (requested)")
+        return cpu_backend()
     why_not = cuda_probe()
     if why_not is None:
         from .cuda_backend import CupyBackend
@@ -82,5 +100,10 @@ def select(name: str = "auto"):
         return CupyBackend()
     if name == "cuda":
         raise BackendUnavailable(f"backend 'cuda' requested but unavailable: {why_not}")
-    log.info("backend: numpy (auto; CUDA unavailable: %s)", why_not)
-    return NumpyBackend()
+    try:
+        backend = cpu_backend()
+    except Exception as e:  # noqa: BLE001 - numba missing or unable to compile here: the reference still runs
+        log.warning("backend: numpy (auto; CUDA unavailable: %s; compiled CPU backend unavailable: %s)", why_not, e)
+        return NumpyBackend()
+    log.info("backend: cpu (auto; CUDA unavailable: %s)", why_not)
+    return backend
