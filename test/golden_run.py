@@ -104,7 +104,8 @@ def compute() -> dict[str, dict[str, str]]:
 
 if __name__ == "__main__":
     got = compute()
-    if "--write" in sys.argv:
+    if "--write" in sys.argv:  # other numpy builds' prefill hashes (test_golden.py) are kept as they were
+        got["prefill_state_by_numpy"] = json.loads(GOLDEN.read_text()).get("prefill_state_by_numpy", {})
         GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
         print(f"wrote {GOLDEN}")
     else:

@@ -4,16 +4,24 @@ default config and two small ones (a wrapping window, exploration noise). test/g
 says how the hashes are made and how to regenerate them for an intended change."""
 import json
 
+import numpy as np
 import pytest
 from golden_run import GOLDEN, RUNS, golden_run
 
 WANT = json.loads(GOLDEN.read_text())
+# Cold prefill runs multi-row GEMMs through numpy's BLAS, whose blocking (so its rounding) changes with the
+# numpy/OpenBLAS build: its bytes are fixed per build, not across them. The runs' own hashes are from the
+# dev venv (constraints.txt); other builds' prefill hashes, also computed on c220c38, are listed by numpy version.
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_fixed_run_is_byte_identical_to_the_checked_in_hashes(name):
     changes, steps = RUNS[name]
     got = golden_run(changes, steps)
-    assert set(got) == set(WANT[name])
-    changed = sorted(k for k in got if got[k] != WANT[name][k])
+    want = dict(WANT[name])
+    other_build = WANT["prefill_state_by_numpy"].get(np.__version__)
+    if other_build is not None:
+        want["prefill_state"] = other_build[name]
+    assert set(got) == set(want)
+    changed = sorted(k for k in got if got[k] != want[k])
     assert not changed, f"{name}: these outputs changed bytes: {changed}"
