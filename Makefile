@@ -43,7 +43,7 @@ help:
 	@echo "make plots       the README's figures from short real runs -> docs/img/ (a few minutes)"
 	@echo "make reproduce   rerun every benchmark behind a README number: README value, fresh value, ratio"
 	@echo "                 (out/reproduce_<table>.json; REPRODUCE_ARGS=\"--tables history\" for a subset)"
-	@echo "make lint        ruff"
+	@echo "make lint        ruff + the layer order (import-linter, .importlinter)"
 	@echo "make gpu-check   GPU tests + benchmarks (needs a CUDA device)"
 	@echo "make mutate      break the code on purpose, one named mutation at a time; each must be caught"
 
@@ -67,6 +67,7 @@ demo: $(SETUP_STAMP) $(IFACE_STAMP)
 
 test: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(VENV)/bin/ruff check -q flashrt_ros test launch scripts
+	$(VENV)/bin/lint-imports --no-cache
 	$(WITH_ROS_LOG) $(PY) -m pytest -q test
 
 # ---- the robot's stack: Python 3.10 (JetPack 6 / Humble) with numpy 1.x, no ROS wheels -------------
@@ -107,8 +108,10 @@ test-jazzy: $(JAZZY_STAMP) $(JAZZY_IFACE_STAMP)
 	$(JAZZY_VENV)/bin/python -c 'import rclpy, importlib.metadata as m; print("test-jazzy: rclpy", m.version("ros-rclpy"))'
 	$(WITH_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q $(JAZZY_TESTS)
 
+# ruff, then the layer order (.importlinter): a wrong-way import fails here.
 lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff check flashrt_ros test launch scripts
+	$(VENV)/bin/lint-imports --no-cache
 
 # Not part of `make test` (it reruns test files once per mutation, a few minutes): test/mutations.py
 mutate: $(SETUP_STAMP) $(IFACE_STAMP)

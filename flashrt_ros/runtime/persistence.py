@@ -35,7 +35,6 @@ from .persist_format import (
     read_id_limit,
 )
 from .resume import ResumeReport, meta_reader, read_log, rebuild
-from .state_bounds import check_log_records
 
 log = logging.getLogger(__name__)
 STALE_KEEP = 3  # stale-* directories kept by move_aside, newest first; older ones are deleted (logged)
@@ -290,6 +289,19 @@ def _bound_stale(directory: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         log.warning(f"persist_dir {directory}: deleted {old.name}, a log moved aside earlier (only the newest "
                     f"{STALE_KEEP} moved-aside logs are kept)")
+
+
+def check_log_records(session, records) -> None:
+    """Every record read for a resume against the session's bounds; LogCorrupt (file, offset, why) for the
+    first that breaks them. A forged record has a valid checksum: it is refused, not cut as a torn tail."""
+    check = session.record_bounds.check
+    for rec in records:
+        if rec.kind not in (DELTA, RESYNC):  # markers (LIVE, RESET) carry no state
+            continue
+        try:
+            check(rec.small, rec.kv, rec.kind == RESYNC)
+        except ValueError as e:
+            raise LogCorrupt(rec.path, rec.offset, f"capsule {rec.id}: {e}") from None
 
 
 __all__ = ["DirLock", "PersistDirInUse", "Persistence", "PersistSettings", "PersistStats", "ResumeReport",

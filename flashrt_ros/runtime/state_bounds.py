@@ -120,19 +120,4 @@ class RecordBounds:
         self.bounds.check_entries(kv, whole_window)
 
 
-def check_log_records(session, records) -> None:
-    """Every record read for a resume against the session's bounds; LogCorrupt (file, offset, why) for the
-    first that breaks them. A forged record has a valid checksum: it is refused, not cut as a torn tail."""
-    from .persist_format import DELTA, RESYNC, LogCorrupt
-
-    check = session.record_bounds.check
-    for rec in records:
-        if rec.kind not in (DELTA, RESYNC):  # markers (LIVE, RESET) carry no state
-            continue
-        try:
-            check(rec.small, rec.kv, rec.kind == RESYNC)
-        except ValueError as e:
-            raise LogCorrupt(rec.path, rec.offset, f"capsule {rec.id}: {e}") from None
-
-
-__all__ = ["RecordBounds", "StateBounds", "check_log_records", "kv_limits"]
+__all__ = ["RecordBounds", "StateBounds", "kv_limits"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .common import write_json
 from .machine import load_average, with_machine
@@ -70,9 +71,17 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     if getattr(args, "plot", None):
-        from .plots import draw_bench
         draw_bench(args.which, result, args.plot)
     return 0
+
+
+def draw_bench(which: str, result: dict, path) -> Path:
+    """The figure of one `flashrt-bench` subcommand (here, not in plots: the figure modules import plots)."""
+    if which == "capsules":
+        from .plots_lineage import capsule_lineage
+        return capsule_lineage(result, path)
+    from . import plots
+    return {"runtime": plots.bench_runtime, "ros": plots.bench_ros, "persist": plots.bench_persist}[which](result, path)
 
 
 if __name__ == "__main__":

@@ -204,11 +204,3 @@ def draw_bench_persist(result: dict):
     lost.set_xticks(x)
     lost.yaxis.get_major_locator().set_params(integer=True)
     return fig
-
-
-def draw_bench(which: str, result: dict, path) -> Path:
-    """The figure of one `flashrt-bench` subcommand."""
-    if which == "capsules":
-        from .plots_lineage import capsule_lineage
-        return capsule_lineage(result, path)
-    return {"runtime": bench_runtime, "ros": bench_ros, "persist": bench_persist}[which](result, path)
