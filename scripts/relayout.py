@@ -53,6 +53,11 @@ MOVES = {
     # runtime/engine: runs a plan (numpy / cuda backends, the CUDA launch table, NVRTC, the capture check)
     "runtime/backend.py": "runtime/engine/backend.py",
     "runtime/cuda_backend.py": "runtime/engine/cuda_backend.py",
+    "runtime/cpu_backend.py": "runtime/engine/cpu_backend.py",
+    "runtime/cpu_kernels.py": "runtime/engine/cpu_kernels.py",
+    "runtime/cpu_program.py": "runtime/engine/cpu_program.py",
+    "runtime/cpu_attention.py": "runtime/engine/cpu_attention.py",
+    "runtime/private_dir.py": "runtime/state/private_dir.py",
     "runtime/launch.py": "runtime/engine/launch_table.py",
     "runtime/nvrtc.py": "runtime/engine/nvrtc.py",
     "runtime/capture_check.py": "runtime/engine/capture_check.py",
@@ -84,6 +89,7 @@ MOVES = {
     "tools/replay_stream.py": "tools/replay/stream.py",
     "tools/bags.py": "tools/replay/bags.py",
     "tools/mcap_limits.py": "tools/replay/mcap_limits.py",
+    "tools/replay_corpus.py": "tools/replay/corpus.py",
     # tools/demo: flashrt-demo and its processes
     "tools/demo.py": "tools/demo/cli.py",
     "tools/demo_mission.py": "tools/demo/mission.py",
