@@ -32,9 +32,9 @@ setup(
     entry_points={
         "console_scripts": [
             "flashrt_node = flashrt_ros.ros.node:main",
-            "flashrt-bench = flashrt_ros.tools.bench:main",
-            "flashrt-demo = flashrt_ros.tools.demo:main",
-            "flashrt-replay = flashrt_ros.tools.replay:main",
+            "flashrt-bench = flashrt_ros.tools.bench.cli:main",
+            "flashrt-demo = flashrt_ros.tools.demo.cli:main",
+            "flashrt-replay = flashrt_ros.tools.replay.cli:main",
         ],
     },
 )

@@ -7,7 +7,7 @@
 #include "common.cuh"
 
 // ATTN_THREADS (threads per block, exactly), ATTN_MAX_HD and KV_PAGE (entries per log page = keys per
-// attention split) come from runtime/kernel_spec.py as -D flags.
+// attention split) come from runtime/model/kernel_spec.py as -D flags.
 
 typedef unsigned long long u64;
 

@@ -1,7 +1,7 @@
 // Included by every kernel file. Under nvcc / NVRTC it only adds helpers; for the CPU test build
 // the shim header (test/cuda_on_cpu/cpu_shim.h) is force-included first and defines CUDA_CPU_SHIM.
 //
-// Conventions (argument lists: flashrt_ros/runtime/kernel_spec.py, checked by test_kernel_specs.py):
+// Conventions (argument lists: flashrt_ros/runtime/model/kernel_spec.py, checked by test_kernel_specs.py):
 //  - float32 everywhere, int64 meta; no cuBLAS (CuPy refuses it inside a graph capture).
 //  - batched buffers are passed as (pointer to row 0, row stride in elements): state rows are views
 //    into one slab, so their row stride is the slab row, not the buffer size.
@@ -19,9 +19,9 @@
 #endif
 
 // The constants shared with Python (META_*, ACT_*, KV_PAGE, ATTN_*, GRU_SCAN_MAX_H, RMS_EPS, SCORE_FLOOR,
-// ENSEMBLE_DECAY) are defined once, in runtime/kernel_spec.py, and passed as -D flags (cuda_defines()).
+// ENSEMBLE_DECAY) are defined once, in runtime/model/kernel_spec.py, and passed as -D flags (cuda_defines()).
 #if !defined(META_STEP) || !defined(ACT_SILU) || !defined(KV_PAGE) || !defined(ENSEMBLE_DECAY)
-#error "kernel constants missing: compile with flashrt_ros.runtime.kernel_spec.cuda_defines() as flags"
+#error "kernel constants missing: compile with flashrt_ros.runtime.model.kernel_spec.cuda_defines() as flags"
 #endif
 
 typedef long long i64;

@@ -73,11 +73,11 @@ extern "C" __global__ void gru_commit_f32(float* __restrict__ h, i64 h_rs, const
 // GRU over a whole sequence for cold prefill: hs[t] = GRU(x_t, hs[t-1]), h0 = 0, with the input gates
 // gi[n, 3H] (b_ih included) precomputed by one GEMM. One persistent block runs all n steps (one launch).
 // Thread (j, s) = (tid / S, tid % S), S a power of two <= 32 (the host picks it: gru_scan_geometry in
-// runtime/launch.py), keeps rows i = s, s + S, ... of unit j's three W_hh columns in registers
+// runtime/engine/launch_table.py), keeps rows i = s, s + S, ... of unit j's three W_hh columns in registers
 // (GRU_SCAN_REG per gate; rows past those are read from global). The S lanes of a unit are adjacent in
 // one warp: a fixed xor tree sums their partial dot products, and lane s = 0 applies the gates. h is
 // double-buffered in shared memory, so one barrier per step suffices.
-// GRU_SCAN_MAX_H comes from runtime/kernel_spec.py (a -D flag); a multiple of 32
+// GRU_SCAN_MAX_H comes from runtime/model/kernel_spec.py (a -D flag); a multiple of 32
 #define GRU_SCAN_THREADS GRU_SCAN_MAX_H   // blockDim.x <= this (H * S rounded up to a warp)
 #define GRU_SCAN_REG 22     // 3 x 22 weights: 128 registers at 512 threads with no spill (ptxas -v, sm_87 and sm_90)
 extern "C" __global__ __launch_bounds__(GRU_SCAN_THREADS) void gru_scan_f32(

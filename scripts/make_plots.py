@@ -31,7 +31,7 @@ def main(argv) -> int:
     js.mkdir(parents=True, exist_ok=True)
     tool("flashrt-bench", "capsules", "--json", js / "capsules.json", "--plot", img / "capsule_lineage.png")
     # the Results table's own run (`make bench`, every history it lists), so figure and table agree point by point
-    from flashrt_ros.tools.plots import bench_persist, bench_runtime
+    from flashrt_ros.tools.plots.figures import bench_persist, bench_runtime
 
     bench_runtime(json.loads((ROOT / "docs" / "results" / "cpu_bench_runtime.json").read_text()),
                   img / "bench_runtime.png")
@@ -41,8 +41,8 @@ def main(argv) -> int:
                   img / "bench_persist.png")
     tool("flashrt-demo", "--duration", "15", "--json", js / "mission.json", "--plot", img / "mission.png")
 
-    from flashrt_ros.tools.bags import write_joint_trace
     from flashrt_ros.tools.common import synthetic_trace
+    from flashrt_ros.tools.replay.bags import write_joint_trace
 
     with tempfile.TemporaryDirectory(prefix="flashrt-plots.") as tmp:
         tmp = Path(tmp)

@@ -99,7 +99,7 @@ def machine_line(machine: dict | None) -> str:
 
 
 def gpu_unavailable() -> str | None:
-    from flashrt_ros.runtime.backend import cuda_probe
+    from flashrt_ros.runtime.engine.backend import cuda_probe
     return cuda_probe()
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from flashrt_ros.runtime import capsule_file
-from flashrt_ros.runtime.kernels import META_KV_LEN
+from flashrt_ros.runtime.model.kernels import META_KV_LEN
+from flashrt_ros.runtime.state import capsule_file
 
 
 def read_capsule(path: Path) -> tuple[dict, dict]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import shutil
 
 from conftest import small_config
-from flashrt_ros.runtime.persist import PersistSettings
+from flashrt_ros.runtime.persist.writer import PersistSettings
 
 
 def settings(tmp_path, **kw) -> PersistSettings:

@@ -13,9 +13,9 @@ import pytest
 
 from conftest import ROOT
 from flashrt_ros.runtime import PolicyConfig
-from flashrt_ros.runtime.backend import cuda_probe
-from flashrt_ros.runtime.sizing import StoreSizes
-from flashrt_ros.tools import bench_gpu
+from flashrt_ros.runtime.engine.backend import cuda_probe
+from flashrt_ros.runtime.state.sizing import StoreSizes
+from flashrt_ros.tools.bench import gpu as bench_gpu
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from flashrt_ros.tools.bench import main as bench_main
+from flashrt_ros.tools.bench.cli import main as bench_main
 from flashrt_ros.tools.machine import machine_info
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from flashrt_ros.runtime.persist import MB, PersistSettings
+from flashrt_ros.runtime.persist.writer import MB, PersistSettings
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from safetensors.numpy import save
 
 from conftest import assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import CorruptCapsule
-from flashrt_ros.runtime.capsule_file import FORMAT, _digest, state_digest
-from flashrt_ros.runtime.kernels import META_KV_LEN, META_POS, META_STEP
+from flashrt_ros.runtime.model.kernels import META_KV_LEN, META_POS, META_STEP
+from flashrt_ros.runtime.state.capsule_file import FORMAT, _digest, state_digest
 
 
 def refused(s, fn, match):
@@ -121,7 +121,7 @@ def test_the_temporaries_of_dead_exports_are_swept_and_those_of_live_processes_k
     import subprocess
     import sys
 
-    from flashrt_ros.runtime.capsule_file import sweep_stale_temporaries
+    from flashrt_ros.runtime.state.capsule_file import sweep_stale_temporaries
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

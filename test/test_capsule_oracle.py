@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from conftest import CPU_BACKENDS, observation_trace, small_config
 from flashrt_ros.runtime import CapsuleError, CapsuleInUse, Session, StoreFullOfPins, UnknownCapsule
-from flashrt_ros.runtime.kv_log import LogFull
-from flashrt_ros.runtime.sizing import StoreSizes
+from flashrt_ros.runtime.state.kv_log import LogFull
+from flashrt_ros.runtime.state.sizing import StoreSizes
 
 
 def wrapping_config(records: int = 200, log_pages: int = 16, **kw):

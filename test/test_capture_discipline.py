@@ -6,9 +6,9 @@ import pytest
 
 from conftest import observation_trace, small_config
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime import launch as launch_mod
-from flashrt_ros.runtime.capture_check import CaptureCheckBackend, CaptureViolation
-from flashrt_ros.runtime.kernels import KV_PAGE, META_KV_LEN, META_RNG, REGISTRY, window_pages
+from flashrt_ros.runtime.engine import launch_table as launch_mod
+from flashrt_ros.runtime.engine.capture_check import CaptureCheckBackend, CaptureViolation
+from flashrt_ros.runtime.model.kernels import KV_PAGE, META_KV_LEN, META_RNG, REGISTRY, window_pages
 
 
 def checked_session(**kw):

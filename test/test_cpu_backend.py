@@ -6,7 +6,7 @@ import pytest
 
 from conftest import observation_trace, small_config
 from flashrt_ros.runtime import PolicyConfig, Session
-from flashrt_ros.runtime.backend import select
+from flashrt_ros.runtime.engine.backend import select
 
 # Against the NumPy reference: another summation order per dot product (BLAS vs in-order loops), so the
 # bytes differ; measured over 300 steps the differences stay below 1e-6 on actions and 1e-5 on the state.
@@ -90,7 +90,7 @@ def test_the_backend_names_itself_and_an_unknown_name_lists_the_choices():
 
 def test_live_steps_and_replans_share_the_one_signature_compiled_at_construction():
     """A second signature would compile (seconds) in the middle of a mission, at the first replan."""
-    from flashrt_ros.runtime import cpu_kernels
+    from flashrt_ros.runtime.engine import cpu_kernels
 
     s = Session(small_config(mixer="ssm"), backend="cpu")
     for o in observation_trace(20):

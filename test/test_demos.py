@@ -33,7 +33,7 @@ def test_mission_demo_runs_three_processes_and_exits_cleanly(ros_domain, tmp_pat
 
 @pytest.mark.parametrize("steps", [2, 40, 50])
 def test_short_runtime_demo_rolls_back_within_its_trace(steps, tmp_path, capsys):
-    from flashrt_ros.tools import demo
+    from flashrt_ros.tools.demo import cli as demo
 
     demo.main(["--runtime", "--steps", str(steps), "--json", str(tmp_path / "d.json")])
     s = json.loads((tmp_path / "d.json").read_text())
@@ -55,7 +55,7 @@ def test_demo_refuses_a_run_too_short_to_work_with_one_line(args, message):
 
 def test_runtime_demo_compares_a_deadline_cut_replan_over_the_steps_it_did(tmp_path, monkeypatch):
     from flashrt_ros.runtime import Session
-    from flashrt_ros.tools import demo
+    from flashrt_ros.tools.demo import cli as demo
 
     replan = Session.replan
     monkeypatch.setattr(Session, "replan", lambda self, *a, **kw: replan(self, *a, **{**kw, "deadline_ms": 1e-6}))

@@ -1,6 +1,6 @@
 """Forged state (issue 15, 7.4): a checksum anyone can recompute does not make a state safe.
 
-A state no run of the policy can produce is refused at import (state_bounds.py); a step whose action
+A state no run of the policy can produce is refused at import (state/bounds.py); a step whose action
 comes out non-finite is refused with the live state byte-identical; files can carry an HMAC.
 """
 import os
@@ -11,10 +11,10 @@ from capsule_craft import craft, read_capsule
 
 from conftest import assert_refused_unchanged, observation_trace, small_config
 from flashrt_ros.runtime import CorruptCapsule, PolicyConfig, Session
-from flashrt_ros.runtime.backend import cuda_probe
-from flashrt_ros.runtime.capsule_file import load_hmac_key
+from flashrt_ros.runtime.engine.backend import cuda_probe
 from flashrt_ros.runtime.errors import NonFiniteAction, UnauthenticatedCapsule
-from flashrt_ros.runtime.kernels import KV_PAGE
+from flashrt_ros.runtime.model.kernels import KV_PAGE
+from flashrt_ros.runtime.state.capsule_file import load_hmac_key
 
 BACKENDS = ["numpy", "cpu"] + (["cuda"] if cuda_probe() is None else [])  # the refusal runs on every backend here
 

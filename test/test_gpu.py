@@ -5,9 +5,9 @@ import pytest
 
 from conftest import assert_states_close, observation_trace, small_config
 from flashrt_ros.runtime import PolicyConfig, Session, UnknownCapsule
-from flashrt_ros.runtime.backend import cuda_probe
-from flashrt_ros.runtime.kernels import KV_PAGE
-from flashrt_ros.runtime.sizing import StoreSizes
+from flashrt_ros.runtime.engine.backend import cuda_probe
+from flashrt_ros.runtime.model.kernels import KV_PAGE
+from flashrt_ros.runtime.state.sizing import StoreSizes
 
 NO_GPU = cuda_probe()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NO_GPU is not None, reason=f"no CUDA device: {NO_GPU}")]
@@ -152,7 +152,7 @@ def test_cuda_window_across_pages_replans_batch_invariant_and_restores_byte_exac
 
 
 def test_cuda_resume_from_the_capsule_log_is_byte_exact_and_continues_identically(tmp_path):
-    from flashrt_ros.runtime.persist import PersistSettings
+    from flashrt_ros.runtime.persist.writer import PersistSettings
 
     cfg = small_config(kv_window=300)  # a window of 3 pages, wrapped below
     obs = observation_trace(800)

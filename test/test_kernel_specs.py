@@ -1,4 +1,4 @@
-"""One spec per kernel (runtime/kernel_spec.py): every extern "C" signature in kernels/*.cu is the one
+"""One spec per kernel (runtime/model/kernel_spec.py): every extern "C" signature in kernels/*.cu is the one
 its spec generates (types, const-ness, names, order), every twin takes its spec's parameters, and the
 constants shared by Python and CUDA are defined once, in Python, never copied into a .cu file."""
 import re
@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashrt_ros.runtime import kernels as K
-from flashrt_ros.runtime.kernel_spec import CUDA_CONSTANTS, SPECS, cuda_defines
-from flashrt_ros.runtime.launch import kernel_dir
+from flashrt_ros.runtime.engine.launch_table import kernel_dir
+from flashrt_ros.runtime.model import kernels as K
+from flashrt_ros.runtime.model.kernel_spec import CUDA_CONSTANTS, SPECS, cuda_defines
 
 _FN = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s+)?void\s+(\w+)\s*\(([^)]*)\)')
 
@@ -59,10 +59,10 @@ def test_shared_constants_are_never_defined_in_the_cuda_sources():
 
 
 def test_shared_constants_are_assigned_in_one_python_module():
-    root = Path(K.__file__).resolve().parents[1]
+    root = Path(K.__file__).resolve().parents[2]  # flashrt_ros/
     pattern = re.compile(rf"^\s*(?:{'|'.join(CUDA_CONSTANTS)})(?:\s*,\s*\w+)*\s*=(?!=)", re.M)  # an assignment
     owners = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if pattern.search(p.read_text()))
-    assert owners == ["runtime/kernel_spec.py"]
+    assert owners == ["runtime/model/kernel_spec.py"]
 
 
 def test_twin_arguments_are_checked_against_the_spec_at_bind():

@@ -11,8 +11,8 @@ import pytest
 from cuda_on_cpu.cpu_module import CpuRawModule, ShimError
 from cuda_on_cpu.shim_backend import module
 
-from flashrt_ros.runtime import kernels as K
-from flashrt_ros.runtime.launch import LAUNCHERS, kernel_dir
+from flashrt_ros.runtime.engine.launch_table import LAUNCHERS, kernel_dir
+from flashrt_ros.runtime.model import kernels as K
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 ONLY_NUMPY_SCRATCH = {"tmp", "gi", "gh", "ms", "scores", "chunk_m", "chunk_l", "chunk_acc", "attn_max", "attn_den",
@@ -206,9 +206,9 @@ def test_launchers_reject_mismatched_shapes():
 # rows in registers and 40 read from global; 200: 2 lanes; 512: one lane per unit, the widest block
 @pytest.mark.parametrize("n, H", [(1, 8), (37, 33), (20, 64), (9, 128), (6, 200), (3, 512)])
 def test_gru_scan_kernel_matches_the_stepwise_scan(n, H):
-    from flashrt_ros.runtime.backend import NumpyBackend
-    from flashrt_ros.runtime.launch import gru_scan as launch_gru_scan
-    from flashrt_ros.runtime.sequence import gru_scan
+    from flashrt_ros.runtime.engine.backend import NumpyBackend
+    from flashrt_ros.runtime.engine.launch_table import gru_scan as launch_gru_scan
+    from flashrt_ros.runtime.model.sequence import gru_scan
 
     rng = np.random.default_rng(n * H)
     gi = rng.standard_normal((n, 3 * H)).astype(np.float32)
@@ -248,7 +248,7 @@ def test_ssm_scan_kernel_matches_its_twin_and_stepping(n, d, N):
 
 
 def test_gru_scan_launcher_refuses_what_the_kernel_cannot_hold():
-    from flashrt_ros.runtime.launch import gru_scan as launch_gru_scan
+    from flashrt_ros.runtime.engine.launch_table import gru_scan as launch_gru_scan
 
     H = 513
     with pytest.raises(ValueError, match=r"1 <= H <= GRU_SCAN_MAX_H \(GRU_SCAN_MAX_H=512, H=513\)"):

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from flashrt_ros.runtime.launch import kernel_dir
-from flashrt_ros.runtime.nvrtc import NvrtcUnavailable, compile_cubin, nvrtc_unavailable
+from flashrt_ros.runtime.engine.launch_table import kernel_dir
+from flashrt_ros.runtime.engine.nvrtc import NvrtcUnavailable, compile_cubin, nvrtc_unavailable
 
 SOURCES = sorted(p.name for p in kernel_dir().glob("*.cu"))
 needs_cupy = pytest.mark.skipif(nvrtc_unavailable() is not None, reason=str(nvrtc_unavailable()))

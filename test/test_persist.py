@@ -8,7 +8,7 @@ from persist_fixtures import cfg, settings
 from conftest import CPU_BACKENDS, assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.errors import FingerprintMismatch
-from flashrt_ros.runtime.persist_format import LogCorrupt, iter_segment_paths
+from flashrt_ros.runtime.persist.format import LogCorrupt, iter_segment_paths
 
 OBS = observation_trace(700)
 
@@ -96,9 +96,9 @@ def test_a_log_cut_at_every_byte_of_its_last_record_resumes_at_the_record_before
 
 
 def _record_offsets(s, seg):
-    from flashrt_ros.runtime.persist_format import scan
-    from flashrt_ros.runtime.persistence import layout_of
-    from flashrt_ros.runtime.resume import meta_reader
+    from flashrt_ros.runtime.persist.attach import layout_of
+    from flashrt_ros.runtime.persist.format import scan
+    from flashrt_ros.runtime.persist.resume import meta_reader
     recs, err = scan(seg, seg.read_bytes(), layout_of(s), meta_reader(s.arena))
     assert err is None
     return [r.offset for r in recs]

@@ -17,8 +17,8 @@ from persist_fixtures import cfg, settings
 
 from conftest import assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime.persist import PersistSettings
-from flashrt_ros.runtime.persist_format import (
+from flashrt_ros.runtime.persist.attach import layout_of
+from flashrt_ros.runtime.persist.format import (
     INFO,
     RECORD_HEAD,
     RECORD_MAGIC,
@@ -27,8 +27,8 @@ from flashrt_ros.runtime.persist_format import (
     iter_segment_paths,
     scan,
 )
-from flashrt_ros.runtime.persistence import layout_of
-from flashrt_ros.runtime.resume import meta_reader
+from flashrt_ros.runtime.persist.resume import meta_reader
+from flashrt_ros.runtime.persist.writer import PersistSettings
 
 OBS = observation_trace(200)
 
@@ -230,7 +230,7 @@ def test_disable_persistence_waits_for_a_running_replan_whose_commit_is_then_per
 # ---- a pin file racing an unpin or a drop -----------------------------------------------------
 @pytest.mark.parametrize("undo", ["unpin", "drop"])
 def test_an_unpin_or_drop_while_the_pin_file_is_written_leaves_no_pin_file(tmp_path, monkeypatch, undo):
-    from flashrt_ros.runtime.persist import CapsuleLog
+    from flashrt_ros.runtime.persist.writer import CapsuleLog
 
     s = persisting(tmp_path, 10)
     encoding, undone = threading.Event(), threading.Event()
@@ -302,7 +302,7 @@ def test_a_resume_into_a_session_that_stepped_on_its_own_holds_only_the_logs_cap
 
 
 def test_a_log_whose_pins_do_not_fit_a_smaller_store_is_refused_with_a_clear_error(tmp_path):
-    from flashrt_ros.runtime.resume import ResumeDoesNotFit
+    from flashrt_ros.runtime.persist.resume import ResumeDoesNotFit
 
     s = persisting(tmp_path, 60)
     for cid in range(10, 61):
@@ -380,7 +380,7 @@ def test_a_record_whose_id_leaves_no_room_for_new_ids_is_not_loaded(tmp_path):
     # resumed, it made every later id 2**64: each new record failed to encode and the log stopped for good
     from dataclasses import replace as dc_replace
 
-    from flashrt_ros.runtime.persist_format import encode_record
+    from flashrt_ros.runtime.persist.format import encode_record
 
     s = stepped(tmp_path, 5)
     seg = newest_segment(tmp_path)
@@ -431,9 +431,9 @@ def test_a_live_marker_with_state_bytes_is_refused(tmp_path):
     import struct
     import zlib
 
-    from flashrt_ros.runtime.persist_format import INFO, LIVE, RECORD_HEAD, RECORD_MAGIC, scan
-    from flashrt_ros.runtime.persistence import layout_of
-    from flashrt_ros.runtime.resume import meta_reader
+    from flashrt_ros.runtime.persist.attach import layout_of
+    from flashrt_ros.runtime.persist.format import INFO, LIVE, RECORD_HEAD, RECORD_MAGIC, scan
+    from flashrt_ros.runtime.persist.resume import meta_reader
 
     s = Session(cfg())
     s.enable_persistence(settings(tmp_path))

@@ -18,10 +18,10 @@ import numpy as np
 
 from conftest import ROOT, observation_trace, small_config
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime.persist import PersistSettings
-from flashrt_ros.runtime.persist_format import iter_segment_paths, scan
-from flashrt_ros.runtime.persistence import layout_of
-from flashrt_ros.runtime.resume import meta_reader
+from flashrt_ros.runtime.persist.attach import layout_of
+from flashrt_ros.runtime.persist.format import iter_segment_paths, scan
+from flashrt_ros.runtime.persist.resume import meta_reader
+from flashrt_ros.runtime.persist.writer import PersistSettings
 
 KILLS = 20
 
@@ -109,8 +109,8 @@ from dataclasses import asdict
 from pathlib import Path
 import numpy as np
 from flashrt_ros.runtime import PolicyConfig, Session
-from flashrt_ros.runtime.persist import MB, PersistSettings
-from flashrt_ros.runtime.persist_format import iter_segment_paths
+from flashrt_ros.runtime.persist.writer import MB, PersistSettings
+from flashrt_ros.runtime.persist.format import iter_segment_paths
 cfg = PolicyConfig(**json.loads(sys.argv[1]))
 log_dir, state_out = Path(sys.argv[2]), Path(sys.argv[3])
 obs = np.load(sys.argv[4])

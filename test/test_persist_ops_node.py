@@ -19,7 +19,7 @@ STEPS = 250  # FAST: ~18 KiB a record, so the raised 4 MiB segment rotates once
 
 
 def test_a_node_with_a_tiny_queue_and_segments_and_squatted_names_persists_every_step(ros_domain, tmp_path):
-    from flashrt_ros.runtime.persist import PersistSettings
+    from flashrt_ros.runtime.persist.writer import PersistSettings
 
     persist = tmp_path / "made" / "by" / "node"
     proc = NodeProcess(ros_domain, tmp_path / "node.log", capsule_dir=str(tmp_path / "capsules"),
@@ -95,9 +95,9 @@ def test_an_untrusted_or_overlapping_persist_dir_fails_configure_with_one_line(r
 
 
 def test_a_set_pin_whose_file_would_not_fit_persist_budget_mb_is_refused_and_changes_nothing(ros_domain, tmp_path):
-    from flashrt_ros.runtime.persist import MB, SEGMENT_MIN_RECORDS, whole_window_bytes
-    from flashrt_ros.runtime.persist_format import segment_header_bytes
-    from flashrt_ros.runtime.persistence import layout_of
+    from flashrt_ros.runtime.persist.attach import layout_of
+    from flashrt_ros.runtime.persist.format import segment_header_bytes
+    from flashrt_ros.runtime.persist.writer import MB, SEGMENT_MIN_RECORDS, whole_window_bytes
 
     layout = layout_of(reference_session())
     pin_mb = (len(segment_header_bytes(layout)) + whole_window_bytes(layout)) / MB
@@ -127,8 +127,8 @@ def test_a_set_pin_whose_file_would_not_fit_persist_budget_mb_is_refused_and_cha
 
 
 def test_a_node_restarted_on_mismatched_logs_keeps_only_the_newest_moved_aside_logs(ros_domain, tmp_path):
-    from flashrt_ros.runtime.persist import PersistSettings
-    from flashrt_ros.runtime.persistence import STALE_KEEP
+    from flashrt_ros.runtime.persist.attach import STALE_KEEP
+    from flashrt_ros.runtime.persist.writer import PersistSettings
 
     persist = tmp_path / "persist"
     for run in range(STALE_KEEP + 1):

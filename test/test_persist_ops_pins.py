@@ -11,9 +11,9 @@ from persist_fixtures import cfg, settings
 
 from conftest import assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime.persist import MB, PinNotPersistable, whole_window_bytes
-from flashrt_ros.runtime.persist_format import pin_name, segment_header_bytes
-from flashrt_ros.runtime.persistence import layout_of
+from flashrt_ros.runtime.persist.attach import layout_of
+from flashrt_ros.runtime.persist.format import pin_name, segment_header_bytes
+from flashrt_ros.runtime.persist.writer import MB, PinNotPersistable, whole_window_bytes
 
 OBS = observation_trace(1500)
 WAIT_S = 60.0  # only bounds a deadlock: every wait below is on an event

@@ -11,8 +11,8 @@ from persist_fixtures import cfg, settings
 
 from conftest import assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime.persist import MB, SEGMENT_MIN_RECORDS, whole_window_bytes
-from flashrt_ros.runtime.persistence import STALE_KEEP, layout_of, move_aside
+from flashrt_ros.runtime.persist.attach import STALE_KEEP, layout_of, move_aside
+from flashrt_ros.runtime.persist.writer import MB, SEGMENT_MIN_RECORDS, whole_window_bytes
 
 OBS = observation_trace(300)
 

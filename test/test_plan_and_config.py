@@ -8,9 +8,9 @@ import yaml
 
 from conftest import ROOT, small_config
 from flashrt_ros.runtime import PolicyConfig, Session
-from flashrt_ros.runtime.buffers import SMALL_ROLES, STATE_ROLES
-from flashrt_ros.runtime.kernels import REGISTRY
-from flashrt_ros.runtime.weights import WeightsError
+from flashrt_ros.runtime.model.buffers import SMALL_ROLES, STATE_ROLES
+from flashrt_ros.runtime.model.kernels import REGISTRY
+from flashrt_ros.runtime.model.weights import WeightsError
 
 
 def _per_op_peak_bytes(d_model: int, n_heads: int) -> dict[str, int]:
@@ -120,7 +120,7 @@ def test_fingerprint_changes_with_weights_and_config_but_not_capsule_settings():
 
 
 def test_backend_auto_takes_cuda_when_usable_and_an_unknown_backend_is_refused():
-    from flashrt_ros.runtime.backend import cuda_probe, select
+    from flashrt_ros.runtime.engine.backend import cuda_probe, select
     assert select("auto").name == ("cuda" if cuda_probe() is None else "cpu")
     with pytest.raises(ValueError, match="backend: expected auto, numpy, cpu or cuda"):
         select("tpu")
@@ -134,7 +134,7 @@ def test_backend_auto_falls_back_to_cpu_then_numpy_and_cuda_fails_loudly_without
 
     from ros_harness import env_without_module
     code = ("from flashrt_ros.runtime import Session\n"
-            "from flashrt_ros.runtime.backend import BackendUnavailable, select\n"
+            "from flashrt_ros.runtime.engine.backend import BackendUnavailable, select\n"
             "from conftest import small_config\n"
             "assert select('auto').name == 'cpu'\n"
             "try:\n    Session(small_config(), 'cuda')\nexcept BackendUnavailable as e:\n    print(e)\n")
@@ -146,7 +146,7 @@ def test_backend_auto_falls_back_to_cpu_then_numpy_and_cuda_fails_loudly_without
     no_numba = env_without_module(env, tmp_path / "shim2", "numba")  # neither cupy nor numba: the reference
     (tmp_path / "shim2" / "sitecustomize.py").write_text(
         "import sys\nsys.modules['numba'] = sys.modules['cupy'] = None\n")
-    res = subprocess.run([sys.executable, "-c", "from flashrt_ros.runtime.backend import select\n"
+    res = subprocess.run([sys.executable, "-c", "from flashrt_ros.runtime.engine.backend import select\n"
                           "assert select('auto').name == 'numpy'"], cwd=ROOT, env=no_numba, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

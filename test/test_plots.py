@@ -32,8 +32,8 @@ def assert_drawn(png) -> np.ndarray:
 
 def make_bags(tmp_path, n=120, diverge_at=60):
     """Two JointState bags, the same up to ``diverge_at``, then one joint offset."""
-    from flashrt_ros.tools.bags import write_joint_trace
     from flashrt_ros.tools.common import synthetic_trace
+    from flashrt_ros.tools.replay.bags import write_joint_trace
 
     obs = synthetic_trace(n, 14)
     other = obs.copy()
@@ -67,7 +67,7 @@ def test_bench_capsules_plot_draws_a_tree_with_rollbacks_replans_pins_and_evicti
 
 
 def test_capsule_lanes_continue_the_timeline_and_open_one_per_rollback_and_branch():
-    from flashrt_ros.tools.plots_lineage import assign_lanes
+    from flashrt_ros.tools.plots.lineage import assign_lanes
 
     def cap(i, parent, label=""):
         return {"id": i, "parent_id": parent, "label": label}
@@ -154,7 +154,7 @@ def test_replay_diff_plot_of_identical_runs_draws_without_a_divergence(tmp_path)
 
 
 def test_trace_recorder_keeps_bounded_evenly_spaced_rows():
-    from flashrt_ros.tools.plots_runs import TraceRecorder
+    from flashrt_ros.tools.plots.runs import TraceRecorder
 
     tr = TraceRecorder(limit=64)
     for i in range(1000):
@@ -167,7 +167,7 @@ def test_trace_recorder_keeps_bounded_evenly_spaced_rows():
 
 # ---- what the figures show (data level: the matplotlib objects, not pixels) --------------------------------
 def _trace(n, dims, offset_from=None, period_ns=10_000_000):
-    from flashrt_ros.tools.plots_runs import TraceRecorder
+    from flashrt_ros.tools.plots.runs import TraceRecorder
 
     tr = TraceRecorder()
     for i in range(n):
@@ -184,7 +184,7 @@ def _diff_report(n, first):
 
 
 def test_replay_diff_draws_every_dimension_over_bag_time_in_seconds():
-    from flashrt_ros.tools.plots_runs import draw_replay_diff
+    from flashrt_ros.tools.plots.runs import draw_replay_diff
 
     fig = draw_replay_diff(_diff_report(300, 150), _trace(300, 7), _trace(300, 7, offset_from=150))
     axes = fig.axes
@@ -200,7 +200,7 @@ def test_replay_diff_draws_every_dimension_over_bag_time_in_seconds():
 
 
 def test_replay_diff_joints_draws_only_those_and_refuses_a_missing_one():
-    from flashrt_ros.tools.plots_runs import draw_replay_diff
+    from flashrt_ros.tools.plots.runs import draw_replay_diff
 
     a, b = _trace(50, 7), _trace(50, 7, offset_from=20)
     fig = draw_replay_diff(_diff_report(50, 20), a, b, joints=[3, 0])
@@ -230,7 +230,7 @@ def test_replay_diff_joints_on_the_command_line(tmp_path):
 
 
 def pyplot_close(fig):
-    from flashrt_ros.tools.plots import pyplot
+    from flashrt_ros.tools.plots.figures import pyplot
 
     pyplot().close(fig)
 
@@ -246,7 +246,7 @@ def _persist_result(lost):
 
 @pytest.mark.parametrize("lost", [[0, 0, 0, 0, 0], [1, 0, 0, 2, 0]])
 def test_bench_persist_draws_a_visible_point_per_kill_even_when_none_lost(lost):
-    from flashrt_ros.tools.plots import draw_bench_persist
+    from flashrt_ros.tools.plots.figures import draw_bench_persist
 
     fig = draw_bench_persist(_persist_result(lost))
     ax = fig.axes[1]
@@ -272,7 +272,7 @@ def _readme_table_histories_and_speedups():
 
 
 def test_bench_runtime_middle_panel_has_every_table_point_and_nothing_overlaps():
-    from flashrt_ros.tools.plots import draw_bench_runtime
+    from flashrt_ros.tools.plots.figures import draw_bench_runtime
 
     result = json.loads((ROOT / "docs" / "results" / "cpu_bench_runtime.json").read_text())
     histories, speedups = _readme_table_histories_and_speedups()
@@ -309,7 +309,7 @@ class _Block:
         if name == "matplotlib" or name.startswith("matplotlib."):
             raise ImportError("No module named 'matplotlib' (blocked by the test)")
 sys.meta_path.insert(0, _Block())
-import flashrt_ros.tools.plots, flashrt_ros.tools.plots_runs, flashrt_ros.tools.plots_lineage  # import fine
+import flashrt_ros.tools.plots.figures, flashrt_ros.tools.plots.runs, flashrt_ros.tools.plots.lineage  # import fine
 """
 
 
@@ -328,7 +328,7 @@ def test_plot_without_matplotlib_fails_up_front_with_a_one_line_install_hint(mod
     png = tmp_path / "x.png"
     argv = [str(a) if x == "BAG" else x for x in args] + ["--plot", str(png)]
     code = BLOCK_MATPLOTLIB + textwrap.dedent(f"""
-        from flashrt_ros.tools.{module} import main
+        from flashrt_ros.tools.{module}.cli import main
         sys.exit(main({argv!r}))
     """)
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

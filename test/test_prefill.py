@@ -6,9 +6,9 @@ import pytest
 
 from conftest import assert_states_close, observation_trace, small_config
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime.backend import NumpyBackend
-from flashrt_ros.runtime.sequence import QUERY_CHUNK, gru_scan
-from flashrt_ros.runtime.sequence import windowed_attention as _attention
+from flashrt_ros.runtime.engine.backend import NumpyBackend
+from flashrt_ros.runtime.model.sequence import QUERY_CHUNK, gru_scan
+from flashrt_ros.runtime.model.sequence import windowed_attention as _attention
 
 
 def dense_attention(q, k, v, n_heads, window):
@@ -82,9 +82,9 @@ def test_cold_prefill_matches_stepping_across_chunks_and_window_wraps(kw, n, mix
 
 
 def test_step_plan_and_prefill_walk_the_one_network_description(monkeypatch):
-    """model.py is the only description: the plan's ops and prefill's sequence forms come from the same
+    """model/network.py is the only description: the plan's ops and prefill's sequence forms come from the same
     (op, layer) walk, in the same order."""
-    from flashrt_ros.runtime import model
+    from flashrt_ros.runtime.model import network as model
 
     stepped, sequenced = [], []
     for cls in {type(op) for op, _ in model.walk(small_config())}:

@@ -6,7 +6,7 @@ import pytest
 from fixtures.make_bags import make_all
 from fixtures.replay_cli import replay
 
-from flashrt_ros.tools.bags import StepRecord, read_policy_steps, typestore, write_outputs
+from flashrt_ros.tools.replay.bags import StepRecord, read_policy_steps, typestore, write_outputs
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_diff_finds_equal_actions_at_shifted_step_numbers_different(offline_run,
 
 
 def test_a_rollback_check_fails_when_the_re_fed_actions_differ_by_one_bit():
-    from flashrt_ros.tools.replay_stream import RollbackChecks
+    from flashrt_ros.tools.replay.stream import RollbackChecks
 
     checks = RollbackChecks(every=4, depth=3)
     actions = [np.full(7, 0.25 * k, np.float32) for k in range(3)]

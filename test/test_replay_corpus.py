@@ -15,7 +15,7 @@ import pytest
 from fixtures.make_bags import PERIOD_NS, T0_NS, trace, write_joint_bag
 from fixtures.replay_cli import replay
 
-from flashrt_ros.tools.bags import write_joint_trace
+from flashrt_ros.tools.replay.bags import write_joint_trace
 
 STEPS = 80
 GOOD = ["arm_mcap", "arm_sqlite3", "with_rejects"]

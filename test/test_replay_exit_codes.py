@@ -41,7 +41,7 @@ def test_a_bag_whose_every_message_is_rejected_fails_with_the_no_step_code(small
 
 def test_an_unexpected_exception_is_one_line_and_the_internal_error_code(small):
     bag, cfg = small
-    code = ("import sys; from flashrt_ros.tools import replay\n"
+    code = ("import sys; from flashrt_ros.tools.replay import cli as replay\n"
             "def boom(*a, **k): raise ZeroDivisionError('planted')\n"
             "replay.run_offline = boom\n"
             f"sys.exit(replay.main([{str(bag)!r}, '--config', {str(cfg)!r}]))")
@@ -128,7 +128,7 @@ def test_head_dash_1_on_stdout_and_stderr_together_ends_quietly_with_the_sigpipe
     assert proc.wait(timeout=120) == 141
 
 
-EVERY_MESSAGE = ("import sys; from flashrt_ros.tools import replay; replay.PROGRESS_EVERY = 1; "
+EVERY_MESSAGE = ("import sys; from flashrt_ros.tools.replay import cli as replay; replay.PROGRESS_EVERY = 1; "
                  "sys.exit(replay.main(sys.argv[1:]))")
 
 

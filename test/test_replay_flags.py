@@ -4,8 +4,8 @@ import pytest
 from fixtures.make_bags import PERIOD_NS, T0_NS, trace, write_joint_bag
 from fixtures.replay_cli import replay
 
-from flashrt_ros.tools.bags import read_policy_steps, typestore, write_joint_trace
-from flashrt_ros.tools.replay import _parser, check_bag_options
+from flashrt_ros.tools.replay.bags import read_policy_steps, typestore, write_joint_trace
+from flashrt_ros.tools.replay.cli import _parser, check_bag_options
 
 STEPS = 120
 

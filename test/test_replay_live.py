@@ -88,7 +88,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 # flashrt-replay with a progress line after every message, so a test can act at a known step
-EVERY_MESSAGE = ("import sys; from flashrt_ros.tools import replay, replay_live; replay_live.PROGRESS_EVERY = 1; "
+EVERY_MESSAGE = ("import sys; from flashrt_ros.tools.replay import cli as replay, live as replay_live; "
+                 "replay_live.PROGRESS_EVERY = 1; "
                  "sys.exit(replay.main(sys.argv[1:]))")
 STEPS_LINE = re.compile(r"live: \d+ messages, (\d+) steps")
 

@@ -8,7 +8,7 @@ import yaml
 from fixtures.make_bags import T0_NS, trace, write_joint_messages
 from fixtures.replay_cli import TINY_CONFIG, config_with, replay
 
-from flashrt_ros.tools.bags import read_policy_steps, typestore
+from flashrt_ros.tools.replay.bags import read_policy_steps, typestore
 
 # What Humble's QoS decoder (rosbag2_transport, qos.cpp) reads from each profile: enums as integers.
 HUMBLE_QOS_INT_FIELDS = ("history", "depth", "reliability", "durability", "liveliness")

@@ -92,7 +92,7 @@ def test_memory_does_not_grow_with_the_length_of_the_bag(tmp_path, monkeypatch, 
     """1e5 messages replayed offline into an output bag; resident memory sampled at every progress line
     (every 2000 messages) stays flat after warm-up. Keeping ~1 KB per step, as the old list of records did,
     grows it by ~90 MB over the run."""
-    from flashrt_ros.tools import replay as replay_mod
+    from flashrt_ros.tools.replay import cli as replay_mod
 
     n = 100_000
     bag = _long_bag(tmp_path / "long", n)
@@ -110,7 +110,7 @@ def test_memory_does_not_grow_with_the_length_of_the_bag(tmp_path, monkeypatch, 
 
 
 def test_a_flood_of_distinct_reject_reasons_takes_bounded_memory():
-    from flashrt_ros.tools.replay_stream import Rejections
+    from flashrt_ros.tools.replay.stream import Rejections
 
     r = Rejections()
     for i in range(10_000):

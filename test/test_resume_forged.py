@@ -11,9 +11,9 @@ from persist_fixtures import cfg, settings
 
 from conftest import assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime.persist_format import DELTA, RESYNC, LogCorrupt, encode_record, iter_segment_paths, scan
-from flashrt_ros.runtime.persistence import layout_of, read_for_resume
-from flashrt_ros.runtime.resume import meta_reader, rebuild
+from flashrt_ros.runtime.persist.attach import layout_of, read_for_resume
+from flashrt_ros.runtime.persist.format import DELTA, RESYNC, LogCorrupt, encode_record, iter_segment_paths, scan
+from flashrt_ros.runtime.persist.resume import meta_reader, rebuild
 
 OBS = observation_trace(400)
 

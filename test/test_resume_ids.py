@@ -9,11 +9,11 @@ from persist_fixtures import cfg, crash_copy, settings
 
 from conftest import assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime import persistence as persistence_mod
 from flashrt_ros.runtime.errors import UnknownCapsule
-from flashrt_ros.runtime.persist_format import IDS_NAME, LogCorrupt, iter_segment_paths, read_id_limit, scan
-from flashrt_ros.runtime.persistence import layout_of
-from flashrt_ros.runtime.resume import meta_reader
+from flashrt_ros.runtime.persist import attach as persistence_mod
+from flashrt_ros.runtime.persist.attach import layout_of
+from flashrt_ros.runtime.persist.format import IDS_NAME, LogCorrupt, iter_segment_paths, read_id_limit, scan
+from flashrt_ros.runtime.persist.resume import meta_reader
 
 OBS = observation_trace(600)
 
@@ -92,7 +92,7 @@ def test_ids_continue_past_the_reservation_after_a_clean_stop_and_a_fresh_start(
 
 @pytest.mark.parametrize("damage", ["flip", "short", "forged_huge"])
 def test_a_damaged_id_reservation_refuses_the_resume_before_touching_anything(tmp_path, damage):
-    from flashrt_ros.runtime.persist_format import MAX_ID, encode_id_limit
+    from flashrt_ros.runtime.persist.format import MAX_ID, encode_id_limit
 
     s = Session(cfg())
     s.enable_persistence(settings(tmp_path))

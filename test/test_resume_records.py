@@ -8,7 +8,7 @@ from persist_fixtures import cfg, crash_copy, settings
 
 from conftest import observation_trace
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime.persist_format import iter_segment_paths
+from flashrt_ros.runtime.persist.format import iter_segment_paths
 
 OBS = observation_trace(200)
 

@@ -18,7 +18,7 @@ def node_params():
 
 def test_sensor_stream_with_concurrent_rollbacks_and_replans(flashrt, ros_domain, tmp_path):
     proc, planner = flashrt
-    sensor = subprocess.Popen([sys.executable, "-m", "flashrt_ros.tools.sensor_sim", "--rate", "200",
+    sensor = subprocess.Popen([sys.executable, "-m", "flashrt_ros.tools.demo.sensor_sim", "--rate", "200",
                                "--duration", "11", "--namespace", "/test"], env=ros_domain,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rng = np.random.default_rng(0)
@@ -133,7 +133,7 @@ def test_three_clients_replanning_back_to_back_do_not_starve_the_100hz_control_l
         for c in clients:
             assert c.stdout.readline().strip() == "ready"
         planner.spin(0.5)  # the clients are replanning back to back now
-        sensor = subprocess.Popen([sys.executable, "-m", "flashrt_ros.tools.sensor_sim", "--rate", str(RATE_HZ),
+        sensor = subprocess.Popen([sys.executable, "-m", "flashrt_ros.tools.demo.sensor_sim", "--rate", str(RATE_HZ),
                                    "--duration", str(STREAM_S), "--namespace", "/test", "--subscribers", "2"],
                                   env=ros_domain,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

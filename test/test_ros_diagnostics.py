@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from flashrt_ros.runtime import StoreUsage
-from flashrt_ros.runtime.backend import cuda_probe, select
+from flashrt_ros.runtime.engine.backend import cuda_probe, select
 
 
 def _stats(steps: int, rate_hz: float):

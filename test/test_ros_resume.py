@@ -22,8 +22,8 @@ MAX_LOST = 10  # records still queued when the kill lands; the writer drains the
 def test_a_node_killed_20_times_resumes_each_time_at_its_last_record_and_continues_byte_exactly(ros_domain, tmp_path):
     from ros_harness import NodeProcess, Planner, reference_session
 
-    from flashrt_ros.runtime.capsule_file import state_digest
-    from flashrt_ros.runtime.persistence import resume
+    from flashrt_ros.runtime.persist.attach import resume
+    from flashrt_ros.runtime.state.capsule_file import state_digest
 
     persist = tmp_path / "persist"
     params = dict(persist_dir=str(persist), resume=True, capsule_dir=str(tmp_path / "capsules"))
@@ -95,7 +95,7 @@ def test_a_node_killed_20_times_resumes_each_time_at_its_last_record_and_continu
 def test_a_log_of_another_fingerprint_fails_configure_unless_the_user_asks_to_start_fresh(ros_domain, tmp_path):
     from ros_harness import Diagnostics, NodeProcess, Planner, reference_session
 
-    from flashrt_ros.runtime.persist import PersistSettings
+    from flashrt_ros.runtime.persist.writer import PersistSettings
 
     persist = tmp_path / "persist"
     other = reference_session(seed=7)  # other weights: another fingerprint
@@ -103,7 +103,7 @@ def test_a_log_of_another_fingerprint_fails_configure_unless_the_user_asks_to_st
     for o in observation_trace(20):
         other.step(o)
     other.disable_persistence()
-    from flashrt_ros.runtime.persist_format import IDS_NAME, read_id_limit
+    from flashrt_ros.runtime.persist.format import IDS_NAME, read_id_limit
 
     old_files = sorted(p.name for p in persist.iterdir())
     old_log = [name for name in old_files if name != IDS_NAME]  # the id reservation stays: ids never repeat
@@ -140,9 +140,9 @@ def test_a_log_of_another_fingerprint_fails_configure_unless_the_user_asks_to_st
 
 def _log_records(persist, probe):
     """Every valid record in the node's log right now (a record being written is left out)."""
-    from flashrt_ros.runtime.persist_format import LogCorrupt, iter_segment_paths, scan
-    from flashrt_ros.runtime.persistence import layout_of
-    from flashrt_ros.runtime.resume import meta_reader
+    from flashrt_ros.runtime.persist.attach import layout_of
+    from flashrt_ros.runtime.persist.format import LogCorrupt, iter_segment_paths, scan
+    from flashrt_ros.runtime.persist.resume import meta_reader
 
     out = []
     for seg in iter_segment_paths(persist):
@@ -176,7 +176,7 @@ def test_reset_rollback_after_resume_and_old_ids_survive_kill_9(ros_domain, tmp_
     resume, before any observation, survives the next kill -9; no id is handed out twice."""
     from ros_harness import NodeProcess, Planner, reference_session
 
-    from flashrt_ros.runtime.persist_format import LIVE, RESET
+    from flashrt_ros.runtime.persist.format import LIVE, RESET
 
     persist = tmp_path / "persist"
     params = dict(persist_dir=str(persist), resume=True)

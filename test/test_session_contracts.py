@@ -142,7 +142,7 @@ def test_a_failing_on_action_callback_still_leaves_a_consistent_state_and_no_cap
 def test_a_replan_or_import_that_cannot_fit_is_refused_before_it_evicts_anything(tmp_path):
     """With pins holding what admission allows, an operation needing more fresh log pages than the rest
     could give is refused up front: the rollback history is not thrown away for nothing."""
-    from flashrt_ros.runtime.kv_log import LogFull
+    from flashrt_ros.runtime.state.kv_log import LogFull
 
     s = Session(small_config(kv_window=640, capsule_capacity=0, capsule_budget_mb=2.0, max_branches=1))
     obs = observation_trace(4000)

@@ -5,7 +5,7 @@ from cuda_on_cpu.shim_backend import ShimBackend
 
 from conftest import assert_states_close, observation_trace, small_config
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime.kernels import KV_PAGE, window_pages
+from flashrt_ros.runtime.model.kernels import KV_PAGE, window_pages
 
 
 @pytest.fixture(scope="module", params=["gru", "ssm"])

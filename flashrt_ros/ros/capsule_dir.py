@@ -1,7 +1,7 @@
 """The capsule directory: where export_capsule writes and import_capsule reads, and nowhere else.
 
 A client names a file, never a path: one component of a conservative character set (convert.
-check_file_name). The directory follows runtime/private_dir.py's rules (created with mode 0700; one
+check_file_name). The directory follows runtime/state/private_dir.py's rules (created with mode 0700; one
 owned by another user, or writable by group or others, is refused), a name whose final path leaves the
 directory (a symbolic link planted inside it) is refused on export and import alike, and the directory
 may not overlap persist_dir (an export could overwrite the open log segment).
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..runtime.capsule_file import sweep_stale_temporaries
-from ..runtime.private_dir import check_private_dir, overlapping
+from ..runtime.state.capsule_file import sweep_stale_temporaries
+from ..runtime.state.private_dir import check_private_dir, overlapping
 from .convert import check_file_name
 
 

@@ -31,12 +31,12 @@ from std_msgs.msg import Float32MultiArray, Header
 
 from flashrt_interfaces.msg import PolicyStep
 
-from ..runtime.capsule_file import load_hmac_key
 from ..runtime.errors import CapsuleError, FingerprintMismatch, NonFiniteAction
-from ..runtime.persist import PersistSettings
-from ..runtime.persist_format import LogCorrupt
-from ..runtime.persistence import move_aside
+from ..runtime.persist.attach import move_aside
+from ..runtime.persist.format import LogCorrupt
+from ..runtime.persist.writer import PersistSettings
 from ..runtime.session import Session
+from ..runtime.state.capsule_file import load_hmac_key
 from .capsule_dir import CapsuleDir
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .diagnostics import device_name, diagnostics_message

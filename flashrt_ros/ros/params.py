@@ -25,7 +25,7 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.exceptions import InvalidParameterValueException
 from rclpy.parameter import Parameter
 
-from ..runtime.config import PolicyConfig
+from ..runtime.model.config import PolicyConfig
 
 
 def default_capsule_dir() -> str:
@@ -139,7 +139,7 @@ NODE_PARAMS = {
     "diagnostics_period_s": (1.0, "period of /diagnostics (published in every lifecycle state)",
                              _ranged, False),
     "autostart": (True, "configure and activate on start-up, without a lifecycle manager", _bool, False),
-    # persistence (crash-resume): runtime/persist.py
+    # persistence (crash-resume): runtime/persist/writer.py
     "persist_dir": ("", "directory of the capsule log: every timeline capsule is appended there, off the step's "
                     "path; empty = no persistence", lambda n, v: _string(n, v), False),
     "resume": (False, "on configure, rebuild the capsules from the log in persist_dir and continue from the newest "

@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import NonFiniteAction
 from .inputs import as_observations
-from .kernels import KV_PAGE
+from .model.kernels import KV_PAGE
 
 
 @dataclass

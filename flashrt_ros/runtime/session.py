@@ -13,21 +13,21 @@ from pathlib import Path
 
 import numpy as np
 
-from .backend import NumpyBackend, select
-from .buffers import Arena
-from .capsule import CapsuleInfo, CapsuleInUse, CapsuleStore, StoreUsage, UnknownCapsule, write_capsule_file
-from .capsule_file import read_capsule_file
-from .config import PolicyConfig
+from .engine.backend import NumpyBackend, select
 from .errors import NonFiniteAction
-from .history import ObsHistory
 from .inputs import as_observations, check_label
-from .kv_log import KvLog
-from .policy import HybridPolicy
+from .model.buffers import Arena
+from .model.config import PolicyConfig
+from .model.policy import HybridPolicy
+from .model.weights import fingerprint, load_weights, save_weights, seeded_weights
 from .replan import ReplanResult
-from .sizing import StoreSizes
-from .state_bounds import RecordBounds, StateBounds
-from .step_undo import StepUndo
-from .weights import fingerprint, load_weights, save_weights, seeded_weights
+from .state.bounds import RecordBounds, StateBounds
+from .state.capsule_file import read_capsule_file
+from .state.capsule_store import CapsuleInfo, CapsuleInUse, CapsuleStore, StoreUsage, UnknownCapsule, write_capsule_file
+from .state.history import ObsHistory
+from .state.kv_log import KvLog
+from .state.sizing import StoreSizes
+from .state.step_undo import StepUndo
 
 
 @dataclass
@@ -301,7 +301,7 @@ class Session:
     def cold_prefill(self, n: int | None = None) -> None:
         """Recompute the live state layer by layer over the whole history (batched attention, GRU scan).
         Matches cold_replay within float tolerance; meta matches exactly."""
-        from .prefill import prefill
+        from .model.prefill import prefill
 
         with self.lock:
             prefill(self, self._rewind_history(n))
@@ -348,7 +348,7 @@ class Session:
 
     def import_capsule(self, path: str | Path, restore: bool = False) -> CapsuleInfo:
         """Validate a capsule file completely (without the lock): checksum, HMAC when a key is set, meta
-        invariants and the state bounds of this policy (state_bounds.py); then add it; optionally make it live."""
+        invariants and the state bounds of this policy (state/bounds.py); then add it; optionally make it live."""
         checked = read_capsule_file(path, self.store.window_specs, self.fingerprint, self.cfg.kv_window,
                                     self.state_bounds, self.capsule_hmac_key)
         with self.lock:
@@ -360,13 +360,13 @@ class Session:
 
     # ---- persistence ----------------------------------------------------------------------
     def enable_persistence(self, settings, resume: bool = False):
-        """Append every timeline capsule to the log in ``settings.directory`` (persistence.py). ``resume``:
+        """Append every timeline capsule to the log in ``settings.directory`` (persist/attach.py). ``resume``:
         first rebuild the store from the log there and make its newest capsule live; returns the
         ResumeReport (None without resume). Raises FingerprintMismatch / LogCorrupt, touching nothing,
         when the log cannot be resumed; ResumeDoesNotFit, the session left reset, when a sound log needs a
         bigger capsule store than this one."""
-        from .persistence import DirLock, Persistence, layout_of, start_fresh
-        from .persistence import resume as resume_from
+        from .persist.attach import DirLock, Persistence, layout_of, start_fresh
+        from .persist.attach import resume as resume_from
 
         if self.persistence is not None:
             raise RuntimeError("persistence is already enabled")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flashrt_ros.runtime.kernel_spec import cuda_defines
+from flashrt_ros.runtime.model.kernel_spec import cuda_defines
 
 HERE = Path(__file__).resolve().parent
 SHIM = HERE / "cpu_shim.h"

@@ -1,6 +1,6 @@
 """A whole-plan backend for tests: NumPy memory, every op launched as its CUDA C kernel on the CPU.
 
-It binds the plan through the same launch table the CUDA backend uses (flashrt_ros.runtime.launch),
+It binds the plan through the same launch table the CUDA backend uses (flashrt_ros.runtime.engine.launch_table),
 so a 200-step run here exercises every kernel, argument and row stride a GPU would see.
 """
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from functools import cache
 
 from cuda_on_cpu.cpu_module import CpuRawModule
-from flashrt_ros.runtime.backend import NumpyBackend
-from flashrt_ros.runtime.launch import kernel_dir, launches, launches_for
+from flashrt_ros.runtime.engine.backend import NumpyBackend
+from flashrt_ros.runtime.engine.launch_table import kernel_dir, launches, launches_for
 
 
 @cache

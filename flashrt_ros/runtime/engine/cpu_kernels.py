@@ -1,0 +1,250 @@
+"""The compiled CPU step: every kernel of kernels.py as a numba function over one row, and ``run_program``,
+which runs a whole encoded plan (all ops, all rows of a range) in one nogil call (cpu_backend.py encodes it).
+
+Every reduction runs per row in an order fixed by the code and the config alone: a GEMV sums over its
+input index in order (vectorised across outputs, each with its own accumulator), an attention score sums
+its head's channels in order, softmax sums run over slots in order, chunks are the page slots
+by absolute position and combine in slot order. Nothing depends on the batch size or on which rows share a
+page, so a branch of a batch is byte-identical to that row stepped alone. No ``fastmath``: the compiler may
+vectorise across independent accumulators but never reassociate a sum. Nothing here allocates.
+
+Buffers arrive as slices of four flat float32 regions (the small slab, the work slab, the weights, the KV
+log) and one int64 view of the small slab (meta, the page table): cpu_program.py. Attention: cpu_attention.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..model.kernel_spec import (
+    ACT_RELU,
+    ACT_SILU,
+    ACT_TANH,
+    ENSEMBLE_DECAY,
+    META_KV_LEN,
+    META_POS,
+    META_RNG,
+    META_STEP,
+    RMS_EPS,
+    SCORE_FLOOR,
+)
+from .cpu_attention import attn_decode, kv_write
+from .cpu_program import ARG_COLS, DIM0, N_DIMS, _f, _i
+
+# kernel codes of an encoded program (cpu_backend.py writes them by name)
+K_OBS_NORM, K_LINEAR, K_ADD, K_RMSNORM, K_CONV, K_GRU, K_GRU_COMMIT, K_SSM, K_KV_WRITE, K_ATTN, K_ENSEMBLE, \
+    K_NOISE, K_META = range(13)
+KERNELS = {"obs_norm": K_OBS_NORM, "linear": K_LINEAR, "add": K_ADD, "rmsnorm": K_RMSNORM, "causal_conv": K_CONV,
+           "gru_cell": K_GRU, "gru_commit": K_GRU_COMMIT, "ssm_step": K_SSM, "kv_write": K_KV_WRITE,
+           "attn_decode": K_ATTN, "temporal_ensemble": K_ENSEMBLE, "rng_noise": K_NOISE, "meta_advance": K_META}
+
+_F0, _F1 = np.float32(0.0), np.float32(1.0)
+_EPS, _FLOOR, _NEG_BIG = np.float32(RMS_EPS), np.float32(SCORE_FLOOR), np.float32(-3e38)
+_WRAP = np.int64(1) << np.int64(62)
+_MASK32 = np.uint64(0xFFFFFFFF)
+
+
+@njit(cache=True, nogil=True)
+def _act(v, act):
+    if act == ACT_SILU:
+        return v / (_F1 + np.exp(-v))
+    if act == ACT_TANH:
+        return np.tanh(v)
+    if act == ACT_RELU:
+        return max(v, _F0)
+    return v
+
+
+@njit(cache=True, nogil=True)
+def gemv(x, w, y, n_in, n_out):
+    """y[j] = sum_i x[i] w[i, j], i in order; each j its own accumulator (vectorised across j)."""
+    for j in range(n_out):
+        y[j] = _F0
+    for i in range(n_in):
+        xi = x[i]
+        wi = w[i * n_out:(i + 1) * n_out]
+        for j in range(n_out):
+            y[j] += xi * wi[j]
+
+
+@njit(cache=True, nogil=True)
+def linear(x, w, bias, y, n_in, n_out, act):
+    gemv(x, w, y, n_in, n_out)
+    for j in range(n_out):
+        y[j] = _act(y[j] + bias[j], act)
+
+
+@njit(cache=True, nogil=True)
+def rmsnorm(x, g, y, ms_out, n):
+    ms = _F0
+    for i in range(n):
+        ms += x[i] * x[i]
+    ms = np.sqrt(ms * np.float32(1.0 / n) + _EPS)
+    ms_out[0] = ms
+    for i in range(n):
+        y[i] = x[i] / ms * g[i]
+
+
+@njit(cache=True, nogil=True)
+def causal_conv(x, cs, w, bias, out, d, km1):
+    for c in range(d):
+        acc = x[c] * w[km1 * d + c] + bias[c]
+        for j in range(km1):
+            acc += cs[j * d + c] * w[j * d + c]
+        for j in range(km1 - 1):
+            cs[j * d + c] = cs[(j + 1) * d + c]
+        cs[(km1 - 1) * d + c] = x[c]
+        acc = _act(acc, ACT_SILU)
+        out[c] = acc
+        x[c] += acc
+
+
+@njit(cache=True, nogil=True)
+def gru_cell(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new, n_in, H):
+    linear(x, w_ih, b_ih, gi, n_in, 3 * H, 0)
+    linear(h, w_hh, b_hh, gh, H, 3 * H, 0)
+    for c in range(H):
+        r = _F1 / (_F1 + np.exp(-(gi[c] + gh[c])))
+        z = _F1 / (_F1 + np.exp(-(gi[H + c] + gh[H + c])))
+        n = np.tanh(gi[2 * H + c] + gh[2 * H + c] * r)
+        h_new[c] = (h[c] - n) * z + n
+
+
+@njit(cache=True, nogil=True)
+def _softplus(v):  # as np.logaddexp(0, v) in float32
+    if v < _F0:
+        return np.log1p(np.exp(v))
+    return v + np.log1p(np.exp(-v))
+
+
+@njit(cache=True, nogil=True)
+def ssm_step(x, xn, h, proj, a_log, d_skip, d, N):
+    for c in range(d):
+        dt = _softplus(proj[c])
+        u = dt * xn[c]
+        y = _F0
+        for s in range(N):
+            decay = np.exp(-(np.exp(a_log[c * N + s]) * dt))
+            hv = h[c * N + s] * decay + u * proj[d + s]
+            h[c * N + s] = hv
+            if s == 0:
+                y = hv * proj[d + N]
+            else:
+                y += hv * proj[d + N + s]
+        x[c] += y + d_skip[c] * xn[c]
+
+
+@njit(cache=True, nogil=True)
+def temporal_ensemble(chunk, mtp, meta, action, K, A):
+    KA = K * A
+    step = meta[META_STEP] % _WRAP
+    slot = step % K
+    for i in range(KA):
+        mtp[slot * KA + i] = chunk[i]
+    for a in range(A):
+        action[a] = _F0
+    wsum = 0.0
+    for age in range(min(step + 1, K)):
+        w = np.float32(np.exp(-ENSEMBLE_DECAY * age))
+        base = ((step - age) % K) * KA + age * A
+        for a in range(A):
+            action[a] += mtp[base + a] * w
+        wsum += np.float64(w)
+    inv = np.float32(1.0 / wsum)
+    for a in range(A):
+        action[a] *= inv
+
+
+@njit(cache=True, nogil=True)
+def _mix32(h):
+    h ^= h >> np.uint64(16)
+    h = (h * np.uint64(0x85EBCA6B)) & _MASK32
+    h ^= h >> np.uint64(13)
+    h = (h * np.uint64(0xC2B2AE35)) & _MASK32
+    h ^= h >> np.uint64(16)
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _uniform(seed, counter, index, stream):
+    """kernels.rng_uniform for one index."""
+    h = (np.uint64(index) * np.uint64(0x9E3779B1)) & _MASK32
+    key = np.int64(seed) * np.int64(0x632BE5AB) + counter * np.int64(0x27D4EB2F) + np.int64(stream * 0x165667B1)
+    h ^= np.uint64(key) & _MASK32
+    h = _mix32(h)
+    h ^= np.uint64(counter >> np.int64(32)) & _MASK32
+    h = _mix32(h)
+    return (np.float32(h >> np.uint64(8)) + np.float32(0.5)) * np.float32(1.0 / (1 << 24))
+
+
+@njit(cache=True, nogil=True)
+def rng_noise(action, meta, A, seed, std):
+    counter = meta[META_RNG]
+    for i in range(A):
+        u1 = _uniform(seed, counter, i, 0)
+        u2 = _uniform(seed, counter, i, 1)
+        z = np.sqrt(np.float32(-2.0) * np.log(u1)) * np.cos(np.float32(2 * np.pi) * u2)
+        action[i] += np.float32(std) * z
+
+
+@njit(cache=True, nogil=True)
+def meta_advance(meta, kv_window):
+    meta[META_STEP] += 1
+    meta[META_POS] += 1
+    meta[META_KV_LEN] = min(meta[META_KV_LEN] + 1, kv_window)
+    meta[META_RNG] += 1
+
+
+@njit(cache=True, nogil=True)
+def run_program(prog, fconst, sf, si, wf, gf, lf, rows):
+    """The whole step: every op of prog in order, each over rows 0..rows-1 of its range."""
+    for o in range(prog.shape[0]):
+        op = prog[o]
+        k = op[0]
+        dims = op[DIM0:DIM0 + N_DIMS]
+        if k == K_ATTN:  # all rows at once: rows reading the same page share each load
+            attn_decode(op, sf, si, wf, gf, lf, rows, dims[0], dims[1], dims[2], dims[3], dims[4])
+            continue
+        for b in range(rows):
+            if k == K_LINEAR:
+                linear(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
+                       _f(sf, wf, gf, lf, op, 3, b), dims[0], dims[1], dims[2])
+            elif k == K_RMSNORM:
+                rmsnorm(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
+                        _f(sf, wf, gf, lf, op, 3, b), dims[0])
+            elif k == K_ADD:
+                x, y = _f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b)
+                for i in range(dims[0]):
+                    x[i] += y[i]
+            elif k == K_KV_WRITE:
+                kv_write(_f(sf, wf, gf, lf, op, 0, b), lf, op[1 + ARG_COLS * 1 + 1], op[1 + ARG_COLS * 2 + 1],
+                         _i(si, op, 3, b), _i(si, op, 4, b), dims[0], dims[1], dims[2])
+            elif k == K_CONV:
+                causal_conv(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
+                            _f(sf, wf, gf, lf, op, 3, b), _f(sf, wf, gf, lf, op, 4, b), dims[0], dims[1])
+            elif k == K_GRU:
+                gru_cell(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
+                         _f(sf, wf, gf, lf, op, 3, b), _f(sf, wf, gf, lf, op, 4, b), _f(sf, wf, gf, lf, op, 5, b),
+                         _f(sf, wf, gf, lf, op, 6, b), _f(sf, wf, gf, lf, op, 7, b), _f(sf, wf, gf, lf, op, 8, b),
+                         dims[0], dims[1])
+            elif k == K_GRU_COMMIT:
+                h, hn, x = _f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b)
+                for i in range(dims[0]):
+                    h[i] = hn[i]
+                    x[i] += hn[i]
+            elif k == K_SSM:
+                ssm_step(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
+                         _f(sf, wf, gf, lf, op, 3, b), _f(sf, wf, gf, lf, op, 4, b), _f(sf, wf, gf, lf, op, 5, b),
+                         dims[0], dims[1])
+            elif k == K_OBS_NORM:
+                obs, mean, inv, x = (_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b),
+                                     _f(sf, wf, gf, lf, op, 2, b), _f(sf, wf, gf, lf, op, 3, b))
+                for i in range(dims[0]):
+                    x[i] = (obs[i] - mean[i]) * inv[i]
+            elif k == K_ENSEMBLE:
+                temporal_ensemble(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _i(si, op, 2, b),
+                                  _f(sf, wf, gf, lf, op, 3, b), dims[0], dims[1])
+            elif k == K_NOISE:
+                rng_noise(_f(sf, wf, gf, lf, op, 0, b), _i(si, op, 1, b), dims[0], dims[1], fconst[o])
+            elif k == K_META:
+                meta_advance(_i(si, op, 0, b), dims[0])

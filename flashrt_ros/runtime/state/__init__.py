@@ -1,0 +1,3 @@
+"""The state store: KV log, capsule store, capsule files, sizing, bounds, history, step undo.
+
+Re-exports nothing: import from the module itself."""

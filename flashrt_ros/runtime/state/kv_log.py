@@ -1,0 +1,211 @@
+"""KvLog: the paged, append-only KV log shared by every row and every capsule (DESIGN.md, "State").
+
+The log of each layer is ``[n_pages, KV_PAGE, d]`` (k and v). A row (live or replan branch) reads
+its window through its page table ``kv_pages[P]``: position t lives at
+``(kv_pages[(t // KV_PAGE) % P], t % KV_PAGE)``. A KV entry is written once and never changes while
+any capsule or row can still see it, so a capsule is its small state plus a copy of the page table,
+and a fork or a rollback copies no KV at all.
+
+Pages are reference counted (rows and capsules hold references). ``fill[page]`` is how many slots
+have been written: a row appends in place only at the fill (it is then the newest writer of that
+page); otherwise it copies the partial page first (copy-on-write, fewer than KV_PAGE entries), so a
+capsule's entries are never overwritten. When no page is free, the store evicts its oldest unpinned
+capsules until one is.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import CapsuleError
+from ..model.kernels import KV_PAGE
+
+NO_PAGE = -1  # host mirror of an unused page-table slot; the device table points it at the sink page
+
+
+class LogFull(CapsuleError):
+    """No KV log page can be freed: everything left is held by pinned capsules or by the rows."""
+
+
+class KvLog:
+    def __init__(self, backend, arena, n_layers: int, n_pages: int):
+        self.backend = backend
+        self.k = [arena[f"k_log.{layer}"] for layer in range(n_layers)]  # [n_pages, KV_PAGE, d] each
+        self.v = [arena[f"v_log.{layer}"] for layer in range(n_layers)]
+        self.n_pages = n_pages  # allocatable pages; the log holds one more, the sink:
+        self.sink = n_pages  # where unused table slots point, so rows padded into a CUDA graph batch write harmlessly
+        self.device_tables = arena["kv_pages"]  # [rows, P] int64, read by the kernels
+        rows, self.P = self.device_tables.shape
+        self.tables = np.full((rows, self.P), NO_PAGE, np.int64)  # host mirror, the truth for refcounts
+        self.refs = np.zeros(n_pages, np.int32)
+        self.fill = np.zeros(n_pages, np.int32)
+        # free pages, most recently freed first: a replan's pages come back hot in cache
+        self.free: deque[int] = deque(range(n_pages))
+        self.evict_one: Callable[[], bool] = lambda: False  # set by the store: frees a capsule, False if none
+
+    # ---- reference counting ---------------------------------------------------------------
+    def incref(self, pages: np.ndarray) -> None:
+        held = pages[pages >= 0]  # one table holds a page at most once
+        self.refs[held] += 1
+
+    def decref(self, pages: np.ndarray) -> None:
+        held = pages[pages >= 0]
+        self.refs[held] -= 1
+        self.free.extendleft(int(p) for p in held[self.refs[held] == 0])
+
+    @property
+    def pages_used(self) -> int:
+        return self.n_pages - len(self.free)
+
+    def prefault(self) -> None:
+        """Touch every page now, so that no step pays for first-touch page faults of fresh memory and
+        the process's resident memory does not grow while the log fills."""
+        with self.backend.activate():
+            for log in self.k + self.v:
+                log.fill(0)
+        self.backend.sync()
+
+    def alloc(self) -> int:
+        while not self.free:
+            if not self.evict_one():
+                raise LogFull(f"KV log full: all {self.n_pages} pages are held by pinned capsules or by the live "
+                              "and replan rows; unpin a capsule or raise capsule_budget_mb")
+        page = self.free.popleft()
+        self.fill[page] = 0
+        return page
+
+    # ---- rows -----------------------------------------------------------------------------
+    def _write_device(self, row: int) -> None:
+        table = self.tables[row]
+        self.backend.from_host(self.device_tables[row], self.device_table(table))
+
+    def rewrite_device_table(self, row: int) -> None:
+        """After the row's small state was overwritten from elsewhere (a resumed record): its kv_pages
+        must be this log's again."""
+        self._write_device(row)
+
+    def device_table(self, table: np.ndarray) -> np.ndarray:
+        return np.where(table >= 0, table, self.sink)
+
+    def set_row(self, row: int, pages: np.ndarray) -> None:
+        """The row now reads the window of ``pages`` (a capsule's table): references move, nothing is copied."""
+        pages = np.asarray(pages, np.int64)
+        self.incref(pages)
+        self.decref(self.tables[row])
+        self.tables[row] = pages
+        self._write_device(row)
+
+    def clear_row(self, row: int) -> None:
+        self.set_row(row, np.full(self.P, NO_PAGE, np.int64))
+
+    def prepare_append(self, row: int, pos: int, extend_shared: bool = True) -> None:
+        """Before the step that writes position ``pos`` in ``row``: make its page writable by this row.
+
+        ``extend_shared``: the row may append in place to a page others also hold, when it is the newest
+        writer of that page. The live row does; replan branches don't (they copy the partial page once),
+        so a what-if never pushes the live row into a copy of its own page."""
+        j, slot = (pos // KV_PAGE) % self.P, pos % KV_PAGE
+        page = int(self.tables[row, j])
+        if slot and page >= 0 and self.fill[page] == slot and (extend_shared or self.refs[page] == 1):
+            self.fill[page] = slot + 1  # the newest writer of this page: append in place
+            return
+        new = self.alloc()
+        if slot and page >= 0:  # copy-on-write of the partial page: someone else wrote past slot
+            for log in self.k + self.v:
+                self.backend.copy(log[new, :slot], log[page, :slot])
+        self.fill[new] = slot + 1
+        self.refs[new] += 1
+        self.decref(self.tables[row, j:j + 1])
+        self.tables[row, j] = new
+        self._write_device(row)
+
+    def privatise_window(self, row: int, pos: int) -> int:
+        """Copy every page of the row's window into fresh pages (the whole-row-copy fork, kept as the
+        benchmark's baseline). Returns the entries copied."""
+        copied = 0
+        for j in range(self.P):
+            page = int(self.tables[row, j])
+            if page < 0:
+                continue
+            new = self.alloc()
+            n = int(self.fill[page])
+            for log in self.k + self.v:
+                self.backend.copy(log[new, :n], log[page, :n])
+            self.fill[new], self.refs[new] = n, 1
+            self.decref(self.tables[row, j:j + 1])
+            self.tables[row, j] = new
+            copied += n
+        self._write_device(row)
+        return copied
+
+    # ---- windows as arrays (export, import, prefill, the oracle) -------------------------
+    def window_positions(self, pos: int, kv_len: int) -> np.ndarray:
+        return np.arange(pos - kv_len, pos, dtype=np.int64)
+
+    def gather(self, pages: np.ndarray, pos: int, kv_len: int, kv_window: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per layer, (k, v) as [kv_window, d] host arrays, slot = position % kv_window, zero outside the
+        window [pos - kv_len, pos)."""
+        t = self.window_positions(pos, kv_len)
+        where = np.asarray(pages)[(t // KV_PAGE) % self.P], t % KV_PAGE
+        out = []
+        for k, v in zip(self.k, self.v):
+            d = k.shape[2]
+            kk, vv = np.zeros((kv_window, d), np.float32), np.zeros((kv_window, d), np.float32)
+            if len(t):
+                with self.backend.activate():  # the gather runs on the runtime stream, as to_host reads it
+                    kg, vg = k[where], v[where]
+                kk[t % kv_window] = self.backend.to_host(kg)
+                vv[t % kv_window] = self.backend.to_host(vg)
+            out.append((kk, vv))
+        return out
+
+    def entries(self, row: int, pos0: int, pos1: int) -> np.ndarray:
+        """The row's entries at positions [pos0, pos1) as a host array [n, n_layers, 2, d] (what a
+        persisted DELTA record holds)."""
+        if pos1 > pos0 and (pos0 // KV_PAGE) == ((pos1 - 1) // KV_PAGE):  # one page (every step): slices
+            page, s0 = int(self.tables[row, (pos0 // KV_PAGE) % self.P]), pos0 % KV_PAGE
+            sel = (page, slice(s0, s0 + pos1 - pos0))
+        else:
+            t = np.arange(pos0, pos1, dtype=np.int64)
+            sel = (self.tables[row][(t // KV_PAGE) % self.P], t % KV_PAGE)
+        with self.backend.activate():
+            out = [self.backend.to_host(log[sel]) for pair in zip(self.k, self.v) for log in pair]
+        # d spelled out: a zero-entry record (a snapshot right after a step) has nothing to infer -1 from
+        return np.stack(out, 1).reshape(pos1 - pos0, len(self.k), 2, self.k[0].shape[2])
+
+    def write_entry(self, row: int, pos: int, entry: np.ndarray) -> None:
+        """Write one position's entries ([n_layers, 2, d]) where the row's table puts it (after prepare_append)."""
+        page, slot = int(self.tables[row, (pos // KV_PAGE) % self.P]), pos % KV_PAGE
+        for layer, (k, v) in enumerate(zip(self.k, self.v)):
+            self.backend.from_host(k[page, slot], np.ascontiguousarray(entry[layer, 0]))
+            self.backend.from_host(v[page, slot], np.ascontiguousarray(entry[layer, 1]))
+
+    def pages_obtainable(self, keep: list[np.ndarray]) -> int:
+        """Pages an allocation can get by evicting every capsule not in ``keep`` (page tables of what
+        stays: pinned capsules, the source of a replan): all but those and the rows' own."""
+        held = np.concatenate([self.tables.ravel()] + [np.asarray(t).ravel() for t in keep])
+        return self.n_pages - len(np.unique(held[held >= 0]))
+
+    def load(self, windows: list[tuple[np.ndarray, np.ndarray]], pos: int, kv_len: int) -> np.ndarray:
+        """Write a window (as ``gather`` returns it, or in the same slot order) into fresh pages.
+        Returns the page table that reads it; the caller owns one reference to each page."""
+        t = self.window_positions(pos, kv_len)
+        table = np.full(self.P, NO_PAGE, np.int64)
+        try:
+            for c in np.unique(t // KV_PAGE):
+                page = self.alloc()
+                self.refs[page] += 1
+                table[c % self.P] = page
+                ts = t[t // KV_PAGE == c]
+                s0, s1 = int(ts[0] % KV_PAGE), int(ts[-1] % KV_PAGE) + 1
+                win = ts % (windows[0][0].shape[0])
+                for (kw, vw), k, v in zip(windows, self.k, self.v):
+                    self.backend.from_host(k[page, s0:s1], np.ascontiguousarray(kw[win]))
+                    self.backend.from_host(v[page, s0:s1], np.ascontiguousarray(vw[win]))
+                self.fill[page] = s1
+        except BaseException:
+            self.decref(table)
+            raise
+        return table

@@ -1,0 +1,3 @@
+"""flashrt-bench.
+
+Re-exports nothing: import from the module itself."""

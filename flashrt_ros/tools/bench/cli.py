@@ -1,0 +1,88 @@
+"""flashrt-bench: `runtime` (NumPy or CUDA session), `ros` (through DDS, separate processes) and `capsules`
+(the capsule tree of a short in-process mission)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..common import write_json
+from ..machine import load_average, with_machine
+
+# The backend a subcommand measures when its JSON does not say (the ROS bench starts a NumPy node).
+RUNS_ON = {"gpu": "cuda"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="flashrt-bench", description=__doc__)
+    sub = ap.add_subparsers(dest="which", required=True)
+    rt = sub.add_parser("runtime", help="capsule copies, rollback + re-plan vs cold recompute")
+    rt.add_argument("--json", help="also write the JSON here")
+    rt.add_argument("--histories", help="comma-separated history lengths (default 2048,4096,8192,16384; "
+                    "--quick: 128,256)")
+    rt.add_argument("--quick", action="store_true", help="the same measurements at toy sizes, in seconds (tests)")
+    rt.add_argument("--backend", default="numpy", choices=["numpy", "cpu", "cuda", "auto"])
+    rt.add_argument("--config", help="params file (default: built-in defaults = config/flashrt.yaml)")
+    gpu = sub.add_parser("gpu", help="the same store measurements on CUDA, snapshot copy vs raw device copy, "
+                         "graph vs eager launches")
+    gpu.add_argument("--json", help="also write the JSON here")
+    gpu.add_argument("--config", help="params file (default: built-in defaults = config/flashrt.yaml)")
+    rp = sub.add_parser("replay", help="flashrt-replay offline on a 10,000-step 100 Hz bag")
+    rp.add_argument("--json", help="also write the JSON here")
+    rp.add_argument("--steps", type=int, default=10_000)
+    ros = sub.add_parser("ros", help="service / action / step latency through ROS 2, separate processes")
+    ros.add_argument("--json", help="also write the JSON here")
+    ros.add_argument("--calls", type=int, default=500, help="calls per measured kind")
+    pe = sub.add_parser("persist", help="capsule log: step overhead, MiB/s, resume time, records lost to kill -9")
+    pe.add_argument("--json", help="also write the JSON here")
+    pe.add_argument("--quick", action="store_true", help="the same measurements at toy sizes, in seconds (tests)")
+    pe.add_argument("--kills", type=int, help="kill -9 rounds (default 10; --quick: 2)")
+    pe.add_argument("--resume-steps", type=int, help="steps in the resume log (default 60000; --quick: 1500)")
+    cap = sub.add_parser("capsules", help="the capsule tree of a short mission: rollbacks, replans, pins, eviction")
+    cap.add_argument("--json", help="also write the JSON here")
+    for p in (rt, ros, cap, pe):
+        p.add_argument("--plot", metavar="FILE.png", help="also draw the results into this PNG (needs matplotlib)")
+    args = ap.parse_args(argv)
+    if getattr(args, "plot", None):
+        from ..plots.figures import PlotUnavailable, require_matplotlib
+        try:
+            require_matplotlib()  # before the run, not after it
+        except PlotUnavailable as e:
+            print(f"flashrt-bench: {e}", file=sys.stderr)
+            return 2
+    if args.which == "runtime":
+        from .runtime import run
+    elif args.which == "gpu":
+        from .gpu import run
+    elif args.which == "replay":
+        from .replay import run
+    elif args.which == "capsules":
+        from .capsules import run
+    elif args.which == "persist":
+        from .persist import run
+    else:
+        from .ros import run
+    try:
+        load_before = load_average()
+        result = run(args)
+        backend = result.get("backend") or getattr(args, "backend", None) or RUNS_ON.get(args.which, "numpy")
+        result = with_machine(result, backend, load_before)
+        write_json(result, args.json)
+    except KeyboardInterrupt:
+        return 130
+    if getattr(args, "plot", None):
+        draw_bench(args.which, result, args.plot)
+    return 0
+
+
+def draw_bench(which: str, result: dict, path) -> Path:
+    """The figure of one `flashrt-bench` subcommand (here, not in plots: the figure modules import plots)."""
+    if which == "capsules":
+        from ..plots.lineage import capsule_lineage
+        return capsule_lineage(result, path)
+    from ..plots import figures as plots
+    return {"runtime": plots.bench_runtime, "ros": plots.bench_ros, "persist": plots.bench_persist}[which](result, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

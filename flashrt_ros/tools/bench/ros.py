@@ -1,0 +1,136 @@
+"""`flashrt-bench ros`: round trips through DDS between separate processes.
+
+A bare std_srvs/Trigger service in a tiny node gives the floor; then rollback, a 4 x 8 what-if
+Replan, and observation -> policy_step latency against the flashrt node, all in one run.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from ...runtime import PolicyConfig
+from ..common import p50_p99, progress, synthetic_trace
+from ..demo.mission import params_file, ros_env
+
+TRIGGER_NODE = """
+import rclpy
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
+from std_srvs.srv import Trigger
+rclpy.init()
+node = rclpy.create_node("bench_trigger")
+node.create_service(Trigger, "bench_trigger", lambda req, res: res)
+ex = SingleThreadedExecutor()
+ex.add_node(node)
+try:
+    ex.spin()
+except (KeyboardInterrupt, ExternalShutdownException):
+    pass
+"""
+
+
+def _timed(n: int, what: str, fn) -> list[float]:
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+        if (i + 1) % 100 == 0:
+            progress(f"{what}: {i + 1}/{n}")
+    return out
+
+
+def run(args) -> dict:
+    import os
+
+    env = ros_env()
+    os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOG_DIR")})
+    import rclpy
+    from rclpy.qos import QoSProfile, ReliabilityPolicy
+    from sensor_msgs.msg import JointState
+    from std_srvs.srv import Trigger
+
+    from flashrt_interfaces.msg import PolicyStep
+
+    from ...ros.client import FlashRTClient
+    from ...ros.step_link import policy_step_qos, wait_linked
+
+    procs = [subprocess.Popen([sys.executable, "-c", TRIGGER_NODE], env=env),
+             subprocess.Popen([sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file",
+                               params_file(None), "-p", "backend:=numpy", "-p", "observation_reliable:=true"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)]
+    rclpy.init()
+    node = rclpy.create_node("flashrt_bench_client")
+    try:
+        client = FlashRTClient(node)
+        trigger = node.create_client(Trigger, "bench_trigger")
+        progress("waiting for the trigger node and the flashrt node")
+        client.wait_until_ready(60.0)
+        assert trigger.wait_for_service(timeout_sec=30.0)
+        got: list = []
+        qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+        step_sub = node.create_subscription(PolicyStep, "policy_step", got.append, policy_step_qos(100))
+        pub = node.create_publisher(JointState, "observation", qos)
+        wait_linked(node, pub, step_sub, 60.0, alive=lambda: all(p.poll() is None for p in procs))
+        # replan from a full, wrapped window: what a long-running robot has (the shipped config's window)
+        window = PolicyConfig.from_yaml(params_file(None)).kv_window
+        warm = window + 64
+        trace = synthetic_trace(args.calls + warm + 100, 14)  # the shipped config's obs_dim
+        names = [f"joint{i}" for i in range(7)]
+
+        def step(o):
+            n = len(got)
+            msg = JointState(name=names, position=o[:7].tolist(), velocity=o[7:].tolist())
+            msg.header.stamp = node.get_clock().now().to_msg()
+            pub.publish(msg)
+            while len(got) == n:
+                rclpy.spin_once(node, timeout_sec=0.01)
+            m = got[-1]
+            return (node.get_clock().now().nanoseconds - (m.header.stamp.sec * 10**9 + m.header.stamp.nanosec)) / 1e6
+
+        progress(f"warm-up: {warm} steps (fills and wraps the {window}-step KV window)")
+        for o in trace[:warm]:
+            step(o)
+        base = client.snapshot(label="bench", pin=True).capsule
+        pinned = base.id
+        trig = _timed(args.calls, "trigger", lambda: client.wait_for(trigger.call_async(Trigger.Request()), 5))
+        roll = _timed(args.calls, "rollback", lambda: client.rollback(capsule_id=pinned))
+        branches = np.stack([trace[warm:warm + 8] + 0.05 * b for b in range(4)])
+        deadline_met = []  # branch capsules evict old unpinned ones; the pinned base stays
+
+        rep, rep_node = [], []
+        for i in range(args.calls):
+            t0 = time.perf_counter()
+            out = client.replan(branches, capsule_id=pinned)
+            rep.append((time.perf_counter() - t0) * 1e3)
+            rep_node.append(out.result.elapsed_ms)
+            deadline_met.append(bool(out.result.deadline_met))
+            if (i + 1) % 100 == 0:
+                progress(f"replan 4x8: {i + 1}/{args.calls}")
+        lat = []
+        for i, o in enumerate(trace[warm:warm + args.calls]):
+            lat.append(step(o))
+            if (i + 1) % 100 == 0:
+                progress(f"step latency: {i + 1}/{args.calls}")
+        out = {"calls": args.calls, "trigger_rtt": p50_p99(trig), "rollback_rtt": p50_p99(roll),
+               "replan_rtt": p50_p99(rep), "replan_in_node_ms": p50_p99(rep_node),
+               "replan_deadline_met": f"{sum(deadline_met)}/{len(deadline_met)}",
+               "replan_kv_fill": f"{min(base.step, window)}/{window}", "replan_kv_len": min(base.step, window),
+               "replan_from_step": base.step,
+               "step_latency": p50_p99(lat), "units": "ms"}
+        if getattr(args, "plot", None):  # every sample, for the CDFs (only then: 4 x calls numbers)
+            out["samples_ms"] = {k: [round(x, 4) for x in v] for k, v in (
+                ("trigger_rtt", trig), ("rollback_rtt", roll), ("replan_rtt", rep), ("step_latency", lat))}
+        return out
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
+        for p in procs:
+            p.send_signal(2)
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -1,0 +1,3 @@
+"""The --plot figures.
+
+Re-exports nothing: import from the module itself."""

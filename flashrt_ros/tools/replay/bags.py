@@ -1,0 +1,332 @@
+"""rosbag2 files through the `rosbags` package (no ROS tooling): read observations, write outputs.
+
+Reading streams message by message and trusts the storage files (.mcap channels and schemas, .db3 topics
+table), not metadata.yaml: a stale message_count or a rewritten topic type there changes nothing. Output
+bags are written as metadata version 8, the newest that Humble, Jazzy and Kilted all read (version 9 turns
+offered_qos_profiles into a YAML list; Humble reads a string there). Every failure to read or write a bag
+becomes a BagError with a message.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+JOINT_STATE = "sensor_msgs/msg/JointState"
+F32_ARRAY = "std_msgs/msg/Float32MultiArray"
+F64_ARRAY = "std_msgs/msg/Float64MultiArray"
+POLICY_STEP = "flashrt_interfaces/msg/PolicyStep"
+OBSERVATION_TYPES = (JOINT_STATE, F32_ARRAY, F64_ARRAY)
+STORAGES = ("mcap", "sqlite3")
+STORAGE_SUFFIXES = (".mcap", ".db3")
+OUTPUT_METADATA_VERSION = 8  # Humble reads offered_qos_profiles as a string for version >= 4; 9 writes a list
+
+
+class BagError(Exception):
+    """A bag that cannot be replayed or written; the message says why."""
+
+
+class ChunkLimit(BagError):
+    """An MCAP chunk, or chunks overlapping in time, over the decompression limit (mcap_limits)."""
+
+
+def _check_decompression(files: list[Path], max_decompressed_mb: float | None) -> None:
+    """Before rosbags opens anything: MCAP chunks within the limit, and rosbags' decompressors bounded."""
+    from .mcap_limits import DEFAULT_MAX_DECOMPRESSED_MB, check_mcap, set_limit
+
+    limit = int((max_decompressed_mb or DEFAULT_MAX_DECOMPRESSED_MB) * 2**20)
+    set_limit(limit)
+    for f in files:
+        if f.suffix == ".mcap":
+            try:
+                check_mcap(f, limit)
+            except OSError as e:
+                raise BagError(f"{f}: cannot read bag ({type(e).__name__}: {e})") from None
+
+
+def typestore():
+    """Humble's message types plus flashrt_interfaces (from its .msg files)."""
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    ts = get_typestore(Stores.ROS2_HUMBLE)
+    msg_dir = _interfaces_dir() / "msg"
+    types = {}
+    for f in sorted(msg_dir.glob("*.msg")):
+        types.update(get_types_from_msg(f.read_text(), f"flashrt_interfaces/msg/{f.stem}"))
+    ts.register(types)
+    return ts
+
+
+def _interfaces_dir() -> Path:
+    here = Path(__file__).resolve().parents[3] / "flashrt_interfaces"
+    if (here / "msg").is_dir():
+        return here
+    try:  # a colcon install: the .msg files are in the package's share directory
+        from ament_index_python.packages import get_package_share_directory
+        return Path(get_package_share_directory("flashrt_interfaces"))
+    except Exception as e:  # noqa: BLE001 - not installed, or AMENT_PREFIX_PATH unset
+        raise BagError(f"cannot find the flashrt_interfaces message definitions: not in the source tree "
+                       f"({here}) nor in the ament index ({type(e).__name__}: {e}); source the workspace") from None
+
+
+@dataclass
+class ObservationSource:
+    path: Path
+    topic: str
+    msgtype: str
+    files: list[Path]  # the storage files, in order; a directory's metadata.yaml only names them
+    notes: list[str] = field(default_factory=list)  # where metadata.yaml disagrees with the storage
+
+
+def _storage_files(path: Path) -> tuple[list[Path], dict]:
+    """The storage files of a bag (a directory or one file), and metadata.yaml's topic types (or {})."""
+    if not path.is_dir():
+        if path.suffix not in STORAGE_SUFFIXES:
+            raise BagError(f"{path}: not a rosbag2 storage file (expected {' or '.join(STORAGE_SUFFIXES)})")
+        return [path], {}
+    meta = _read_metadata(path)
+    named = [path / Path(p).name for p in meta.get("relative_file_paths") or []]
+    files = [p for p in named if p.is_file()] or sorted(p for p in path.iterdir() if p.suffix in STORAGE_SUFFIXES)
+    if not files:
+        raise BagError(f"{path}: cannot read bag (no .mcap or .db3 file in the directory)")
+    if meta.get("compression_mode", "").lower() in ("file", "message"):
+        raise BagError(f"{path}: compressed bags are not supported; decompress with "
+                       "`rosbags-convert` or `ros2 bag convert` first")
+    types = {}
+    for t in meta.get("topics_with_message_count") or []:
+        with contextlib.suppress(AttributeError, KeyError, TypeError):
+            types[t["topic_metadata"]["name"]] = t["topic_metadata"]["type"]
+    return files, types
+
+
+def _read_metadata(path: Path) -> dict:
+    """metadata.yaml's rosbag2_bagfile_information, or {} when missing or unreadable (the storage decides)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load((path / "metadata.yaml").read_text())
+        info = doc.get("rosbag2_bagfile_information") if isinstance(doc, dict) else None
+        return info if isinstance(info, dict) else {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def _storage_topics(files: list[Path]) -> dict[str, str]:
+    """topic -> type as the storage files themselves declare it (mcap channels/schemas, db3 topics table)."""
+    from rosbags.rosbag2 import Reader
+
+    topics: dict[str, str] = {}
+    for f in files:
+        try:
+            with Reader(f) as reader:
+                for c in reader.connections:
+                    if topics.setdefault(c.topic, c.msgtype) != c.msgtype:
+                        raise BagError(f"{f}: topic {c.topic} has two types, {topics[c.topic]} and {c.msgtype}")
+        except ChunkLimit as e:  # from a bounded decompressor inside rosbags
+            raise BagError(f"{f}: {e}") from None
+        except BagError:
+            raise
+        except Exception as e:  # noqa: BLE001 - rosbags raises many kinds for damaged files
+            raise BagError(f"{f}: cannot read bag ({type(e).__name__}: {e})") from None
+    return topics
+
+
+def open_observations(path: str | Path, topic: str | None = None,
+                      max_decompressed_mb: float | None = None) -> ObservationSource:
+    """Pick the observation topic (the only observation-typed one, unless named), from the storage.
+    MCAP chunks may hold at most max_decompressed_mb (default 256) decompressed at once."""
+    path = Path(path)
+    if not path.exists():
+        raise BagError(f"{path}: no such bag")
+    files, meta_types = _storage_files(path)
+    _check_decompression(files, max_decompressed_mb)
+    topics = _storage_topics(files)
+    notes = [f"metadata.yaml says {t} is {mt}, the storage says {topics.get(t, 'nothing')}: using the storage"
+             for t, mt in sorted(meta_types.items()) if topics.get(t) != mt]
+    if topic is not None:
+        if topic not in topics:
+            raise BagError(f"{path}: no topic {topic!r}; topics: {sorted(topics) or 'none'}")
+        if topics[topic] not in OBSERVATION_TYPES:
+            raise BagError(f"{path}: topic {topic} has type {topics[topic]}, expected one of "
+                           f"{', '.join(OBSERVATION_TYPES)}")
+    else:
+        candidates = sorted(t for t, mt in topics.items() if mt in OBSERVATION_TYPES)
+        if len(candidates) != 1:
+            found = ", ".join(f"{t} [{mt}]" for t, mt in sorted(topics.items())) or "none"
+            what = "no observation topic" if not candidates else f"{len(candidates)} observation topics"
+            raise BagError(f"{path}: {what}; pass --topic. Topics: {found}")
+        topic = candidates[0]
+    return ObservationSource(path, topic, topics[topic], files, notes)
+
+
+def iter_messages(src: ObservationSource, ts) -> Iterator[tuple[int, object | None, str | None]]:
+    """(bag timestamp ns, message or None, deserialisation error or None), in storage order, one at a time."""
+    from rosbags.rosbag2 import Reader
+
+    for f in src.files:
+        try:
+            with Reader(f) as reader:
+                conns = [c for c in reader.connections if c.topic == src.topic]
+                for conn, stamp, raw in reader.messages(connections=conns):
+                    try:
+                        msg = ts.deserialize_cdr(raw, conn.msgtype)
+                    except Exception as e:  # noqa: BLE001 - one bad message is counted, not fatal
+                        yield stamp, None, f"undecodable {conn.msgtype} ({type(e).__name__})"
+                        continue
+                    yield stamp, msg, None
+        except ChunkLimit as e:  # from a bounded decompressor inside rosbags
+            raise BagError(f"{f}: {e}") from None
+        except Exception as e:  # noqa: BLE001
+            raise BagError(f"{f}: bag is damaged ({type(e).__name__}: {e})") from None
+
+
+def header_stamp_ns(msg, bag_stamp_ns: int) -> int:
+    header = getattr(msg, "header", None)
+    if header is None:
+        return bag_stamp_ns
+    return int(header.stamp.sec) * 1_000_000_000 + int(header.stamp.nanosec)
+
+
+def header_frame_id(msg) -> str:
+    header = getattr(msg, "header", None)
+    return str(header.frame_id) if header is not None else ""
+
+
+@dataclass
+class StepRecord:
+    stamp_ns: int  # >= 0: rosbag2 timestamps are unsigned
+    step: int
+    capsule_id: int
+    action: np.ndarray  # [action_dim] float32
+    chunk: np.ndarray  # [chunk_len * action_dim] float32
+    chunk_len: int
+    latency_ms: float
+    frame_id: str = ""
+
+
+def check_new_output(path: str | Path) -> Path:
+    """Refuse an --out that exists or cannot be created, before any replay work."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        raise BagError(f"{path}: output exists; choose a new path")
+    if not path.parent.is_dir():
+        raise BagError(f"{path}: parent directory {path.parent} does not exist")
+    return path
+
+
+def _output_qos(transient_local: bool = False):
+    """What the node offers by default (ros/qos.py): reliable, keep last 10; action volatile, policy_step
+    transient-local (step_link.policy_step_qos), so `ros2 bag play` matches the same subscribers."""
+    from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
+
+    zero = QosTime(0, 0)
+    durability = QosDurability.TRANSIENT_LOCAL if transient_local else QosDurability.VOLATILE
+    return [Qos(QosHistory.KEEP_LAST, 10, QosReliability.RELIABLE, durability, zero, zero,
+                QosLiveliness.AUTOMATIC, zero, False)]
+
+
+class OutputBag:
+    """A new rosbag2 with /action (Float64MultiArray) and /policy_step, written one step at a time and
+    stamped with the observation's stamp."""
+
+    def __init__(self, path: str | Path, storage: str, ts):
+        from rosbags.rosbag2 import StoragePlugin, Writer
+
+        if storage not in STORAGES:
+            raise BagError(f"--storage must be one of {STORAGES}, got {storage!r}")
+        self.path, self.ts = check_new_output(path), ts
+        plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+        self._writer = Writer(self.path, version=OUTPUT_METADATA_VERSION, storage_plugin=plugin)
+        try:
+            self._writer.open()
+        except Exception as e:  # noqa: BLE001 - exists now (a race), permissions, full disk
+            raise BagError(f"{self.path}: cannot create output bag ({type(e).__name__}: {e})") from None
+        self._c_action = self._writer.add_connection("/action", F64_ARRAY, typestore=ts,
+                                                     offered_qos_profiles=_output_qos())
+        self._c_step = self._writer.add_connection("/policy_step", POLICY_STEP, typestore=ts,
+                                                   offered_qos_profiles=_output_qos(transient_local=True))
+        T = ts.types
+        self._time, self._header = T["builtin_interfaces/msg/Time"], T["std_msgs/msg/Header"]
+        self._layout, self._f64, self._step = T["std_msgs/msg/MultiArrayLayout"], T[F64_ARRAY], T[POLICY_STEP]
+
+    def write(self, r: StepRecord) -> None:
+        stamp = self._time(sec=r.stamp_ns // 1_000_000_000, nanosec=r.stamp_ns % 1_000_000_000)
+        action = self._f64(layout=self._layout(dim=[], data_offset=0), data=r.action.astype(np.float64))
+        self._writer.write(self._c_action, r.stamp_ns, self.ts.serialize_cdr(action, F64_ARRAY))
+        step = self._step(header=self._header(stamp=stamp, frame_id=r.frame_id), step=r.step,
+                          capsule_id=r.capsule_id, action=r.action.astype(np.float32),
+                          action_chunk=r.chunk.astype(np.float32), chunk_len=r.chunk_len,
+                          step_latency_ms=float(r.latency_ms))
+        self._writer.write(self._c_step, r.stamp_ns, self.ts.serialize_cdr(step, POLICY_STEP))
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def __enter__(self) -> OutputBag:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_outputs(path: str | Path, storage: str, records, ts) -> None:
+    """All records into a new output bag (tests and tools that already hold the records)."""
+    with OutputBag(path, storage, ts) as out:
+        for r in records:
+            out.write(r)
+
+
+def iter_policy_steps(path: str | Path, ts) -> Iterator:
+    """The /policy_step stream of an output bag, in order, one message at a time."""
+    path = Path(path)
+    if not path.exists():
+        raise BagError(f"{path}: no such bag")
+    files, _ = _storage_files(path)
+    _check_decompression(files, None)
+    topics = _storage_topics(files)
+    steps = [t for t, mt in topics.items() if mt == POLICY_STEP]
+    if not steps:
+        raise BagError(f"{path}: no {POLICY_STEP} topic; topics: {sorted(topics)}")
+    from rosbags.rosbag2 import Reader
+
+    for f in files:
+        try:
+            with Reader(f) as reader:
+                conns = [c for c in reader.connections if c.msgtype == POLICY_STEP]
+                for _, _, raw in reader.messages(connections=conns):
+                    yield ts.deserialize_cdr(raw, POLICY_STEP)
+        except ChunkLimit as e:
+            raise BagError(f"{f}: {e}") from None
+        except Exception as e:  # noqa: BLE001
+            raise BagError(f"{f}: cannot read bag ({type(e).__name__}: {e})") from None
+
+
+def read_policy_steps(path: str | Path, ts) -> list:
+    return list(iter_policy_steps(path, ts))
+
+
+def write_joint_trace(path: str | Path, storage: str, obs: np.ndarray, t0_ns: int = 1_700_000_000_000_000_000,
+                      period_ns: int = 10_000_000, topic: str = "/joint_states", frame_id: str = "base") -> Path:
+    """A JointState bag from obs[n, 2 * joints] (positions then velocities), one message per period."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    ts = get_typestore(Stores.ROS2_HUMBLE)
+    T = ts.types
+    joints = obs.shape[1] // 2
+    names = [f"joint{i}" for i in range(joints)]
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    with Writer(Path(path), version=9, storage_plugin=plugin) as w:
+        conn = w.add_connection(topic, JOINT_STATE, typestore=ts)
+        for i, o in enumerate(np.asarray(obs, np.float64)):
+            ns = t0_ns + i * period_ns
+            header = T["std_msgs/msg/Header"](stamp=T["builtin_interfaces/msg/Time"](sec=ns // 10**9,
+                                                                                  nanosec=ns % 10**9),
+                                              frame_id=frame_id)
+            msg = T[JOINT_STATE](header=header, name=names, position=o[:joints], velocity=o[joints:],
+                                 effort=np.zeros(0))
+            w.write(conn, ns, ts.serialize_cdr(msg, JOINT_STATE))
+    return Path(path)
