@@ -436,4 +436,15 @@ MUTATIONS = [
              "offered_qos_profiles=_output_qos())",
              ["test/test_ros_qos.py::test_output_bag_records_the_policy_step_qos_the_node_offers"],
              "an output bag offers /policy_step volatile, unlike the node"),
+    # fix1
+    Mutation("action_client_lock_made_after_joining_the_node", "flashrt_ros/ros/client.py",
+             "        self._lock = threading.Lock()  # rclpy makes",
+             "        pass  # rclpy makes",
+             ["test/test_ros_client_spun.py"],
+             "a client made on a node another thread spins kills that executor's spin thread"),
+    Mutation("mcap_decompressor_replaced_without_its_module", "flashrt_ros/tools/mcap_limits.py",
+             "        if new_decompressor is not None and name in table:\n",
+             "        if name in table:\n",
+             ["test/test_replay_mcap_limits.py::test_a_compression_whose_module_is_missing_keeps_rosbags_own_decompressor"],
+             "flashrt-replay fails to read zstd or lz4 bags where rosbags reads them with other libraries"),
 ]
