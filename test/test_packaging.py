@@ -70,7 +70,13 @@ ROSDEP_KEYS = {"numpy": "python3-numpy", "yaml": "python3-yaml", "rosbags": "pyt
                "safetensors": None,  # pip (README: Dependencies)
                "cupy": None, "cupyx": None,  # optional, backend: cuda (README)
                "ray": None,  # optional, flashrt-replay --ray: pip extra flashrt_ros[ray] (README)
-               "mcap": None, "mcap_ros2": None}  # test-only independent bag readers, from pip
+               "mcap": None, "mcap_ros2": None,  # test-only independent bag readers, from pip
+               # rosbags' own requirements (lz4; backports.zstd, the standard library's compression.zstd
+               # from Python 3.14): python3-rosbags-pip installs them with it, and mcap_limits uses them
+               # only to stand in for rosbags' decompressors, keeping rosbags' own where one is missing
+               "lz4": None, "backports": None, "compression": None,
+               # optional, every import guarded by ImportError: machine.py falls back to numpy's config
+               "threadpoolctl": None}
 
 
 def third_party_imports(*dirs) -> set[str]:
@@ -104,3 +110,10 @@ def test_package_xml_declares_every_module_the_code_imports(dirs, tags):
 def test_dependencies_without_a_rosdep_key_are_explained_in_the_readme():
     assert re.search(r"pip install[^\n]*safetensors", README)
     assert re.search(r'pip install[^\n]*"cupy-cuda12x<14" "numpy<2"', README)
+
+
+def test_the_mcap_decompressors_come_with_rosbags():
+    """lz4 and backports.zstd have no key in package.xml (ROSDEP_KEYS): python3-rosbags-pip brings them."""
+    from importlib.metadata import requires
+    wanted = {re.split(r"[\s;<>=!~\[]", r)[0].lower() for r in requires("rosbags") or []}
+    assert {"lz4", "backports.zstd"} <= wanted, wanted

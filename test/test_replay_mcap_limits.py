@@ -65,3 +65,25 @@ def test_an_honest_crafted_file_replays(tmp_path, cfg):
     ok = write_crafted_mcap(tmp_path / "ok.mcap", [Chunk(0, 10), Chunk(10, 10, padding=5 * MiB)])
     rc, stderr, _ = replay_with_peak(ok, config=cfg)
     assert rc == 0, stderr
+
+
+@pytest.mark.parametrize("missing", ["zstd", "lz4"])
+def test_a_compression_whose_module_is_missing_keeps_rosbags_own_decompressor(monkeypatch, missing):
+    """A rosbags that reads with other libraries (no backports.zstd, or no lz4) still reads its bags: only
+    the decompressors whose module imports are replaced by the bounded ones."""
+    from rosbags.rosbag2 import storage_mcap
+
+    from flashrt_ros.tools import mcap_limits
+
+    def rosbags_own(data, size):  # stands for the entry rosbags put in its table
+        return data
+
+    blocked = {"zstd": ["compression", "backports"], "lz4": ["lz4", "lz4.frame"]}[missing]
+    for name in blocked:
+        monkeypatch.setitem(sys.modules, name, None)  # `import name` raises ImportError
+    for name in ("zstd", "lz4"):
+        monkeypatch.setitem(storage_mcap.DECOMPRESSORS, name, rosbags_own)
+    mcap_limits.set_limit(64 * MiB)
+    assert storage_mcap.DECOMPRESSORS[missing] is rosbags_own
+    other = {"zstd": "lz4", "lz4": "zstd"}[missing]
+    assert storage_mcap.DECOMPRESSORS[other] is not rosbags_own  # the bounded one, where its module imports

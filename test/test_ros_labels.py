@@ -41,8 +41,11 @@ def test_huge_labels_are_refused_without_keeping_memory_and_change_nothing(flash
         assert not r.success and f"got {HUGE}" in r.message and "256" in r.message
         rss.append(_rss_bytes(proc.proc.pid))
     # Receiving a 16 MiB request costs the transport a few transient copies (rmw, rclpy), reused by the
-    # next one; the node itself keeps nothing of a refused request.
-    assert rss[-1] - rss[3] <= 16 * MIB, [m // MIB for m in rss]
+    # next one; the node itself keeps nothing of a refused request. The allocator may still keep one more
+    # such copy once (an arena of another thread, a heap not trimmed): flat at rest, +18.5 MB once at a
+    # load average of 8. A leak grows with the count: keeping even a quarter of each label (4 MiB) over
+    # these 12 requests passes 3 labels, and the leak this guards against kept ~14 MB a request (168 MB).
+    assert rss[-1] - rss[3] <= 3 * HUGE, [m // MIB for m in rss]
     assert rss[-1] - start <= 5 * HUGE, [m // MIB for m in rss]  # 16 requests once kept 226 MB
     assert _store(client) == before
     assert np.asarray(planner.step(obs[3]).action, np.float32).tobytes() == ref.step(obs[3]).action.tobytes()

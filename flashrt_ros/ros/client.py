@@ -162,14 +162,24 @@ class ReplanTask:
         return len(response.goals_canceling) > 0
 
 
+class _ActionClient(ActionClient):
+    """rclpy's ActionClient, whole when an executor first looks at it. rclpy adds it to the node (which wakes
+    an executor spinning that node on another thread) before it makes its lock; that executor then raised
+    AttributeError in get_num_entities and its spin thread died, so no answer reached the node again."""
+
+    def __init__(self, *args, **kwargs):
+        self._lock = threading.Lock()  # rclpy makes its own after joining the node; this one covers the gap
+        super().__init__(*args, **kwargs)
+
+
 class FlashRTClient:
     def __init__(self, node, namespace: str = ""):
         self.node = node
         self.namespace = namespace.rstrip("/")
         self.clients = {name: node.create_client(t, self._name(name)) for name, t in SERVICES.items()}
-        self.replan_client = ActionClient(node, Replan, self._name("replan"), goal_service_qos_profile=ACTION_QOS,
-                                          result_service_qos_profile=ACTION_QOS,
-                                          cancel_service_qos_profile=ACTION_QOS)
+        self.replan_client = _ActionClient(node, Replan, self._name("replan"), goal_service_qos_profile=ACTION_QOS,
+                                           result_service_qos_profile=ACTION_QOS,
+                                           cancel_service_qos_profile=ACTION_QOS)
         self._optional: dict = {}
 
     def _name(self, name: str) -> str:

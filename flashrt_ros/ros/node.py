@@ -50,6 +50,11 @@ NODE_NAME = "flashrt"
 RUNTIME_LOGGER = "flashrt_ros"  # Python logging of the runtime, forwarded to the ROS log
 POLICY_STEP_ACK_WAIT_S = 0.1  # before a policy_step writer goes: time for subscribers to acknowledge its last steps
 POLICY_STEP_RENEW_WAIT_S = 2.0  # a service waits this long for the executor to renew the policy_step writer
+# After a rollback or reset the replaced policy_step writer stays (publishing nothing) until its subscribers
+# acknowledge its steps, or this long: a writer destroyed while a subscriber has not yet processed its last steps
+# takes them with it. Acknowledgements often wait for the rmw's periodic heartbeat (seconds), while delivery
+# takes milliseconds, so the bound is the time a subscriber's DDS threads may stay descheduled on a loaded machine.
+POLICY_STEP_RETIRE_WAIT_S = 0.3
 
 
 class RosLogHandler(logging.Handler):
@@ -234,14 +239,19 @@ class FlashRTNode(LifecycleNode):
         return report.summary()
 
     # ---- policy_step history ----------------------------------------------------------------
+    # policy_step is transient-local (step_link: a client's first answer must survive the DDS match), so its
+    # writer hands its last steps to every late subscriber. Those must be steps of the live timeline: on a
+    # rollback, a reset, a restoring import and while inactive the writer is replaced by one with an empty
+    # history. The replacement is made ahead (the spare, which never publishes), so the subscribers have
+    # matched it when it takes over: a writer made at the swap would drop, for a subscriber that has not
+    # matched it yet, every step beyond its history depth (a volatile one gets none of them).
     def _renew_policy_step_writer(self, recreate: bool = True) -> None:
-        """policy_step is transient-local (step_link: a client's first answer must survive the DDS match), so
-        its writer hands its last steps to every late subscriber. Those must be steps of the live timeline:
-        on a rollback, a reset, a restoring import and while inactive the writer is replaced by one with an
-        empty history. What current subscribers have not yet acknowledged is delivered first (briefly
-        waited for). Executor thread only: DDS entities are made and destroyed there."""
+        """Executor thread only (DDS entities are made and destroyed there): a fresh writer and spare, or
+        none (recreate=False, inactive). What current subscribers have not yet acknowledged is briefly
+        waited for (deactivate: nothing more is stepped)."""
         with self._policy_step_lock:  # never the runtime lock: a replan may hold that for long
             old = self._topic_pubs.pop("policy_step", None)
+            spare = self._topic_pubs.pop("policy_step_spare", None)
             if old is not None:
                 try:
                     old.wait_for_all_acked(Duration(seconds=POLICY_STEP_ACK_WAIT_S))
@@ -249,37 +259,85 @@ class FlashRTNode(LifecycleNode):
                     pass
                 self.destroy_publisher(old)
             if recreate:
-                self._topic_pubs["policy_step"] = self.create_publisher(PolicyStep, "policy_step",
-                                                                        self._qos["policy_step"])
+                self._topic_pubs["policy_step"] = spare or self._policy_step_writer()
+                self._topic_pubs["policy_step_spare"] = self._policy_step_writer()
+            elif spare is not None:
+                self.destroy_publisher(spare)
             self._policy_step_history = False
+
+    def _policy_step_writer(self):
+        return self.create_publisher(PolicyStep, "policy_step", self._qos["policy_step"])
 
     def live_state_replaced(self) -> None:
         """The live state no longer continues the steps published so far (rollback, reset, a restoring
-        import): start policy_step's history afresh. Called from a service worker thread; returns once the
-        executor has replaced the writer (or after POLICY_STEP_RENEW_WAIT_S)."""
+        import): start policy_step's history afresh. Called from a service worker thread.
+
+        The spare takes the next steps; the old writer, publishing nothing more, stays until its subscribers
+        have acknowledged what it sent, or POLICY_STEP_RETIRE_WAIT_S. Both waits poll from here: rmw's
+        blocking wait holds the GIL, and would stop the executor stepping. Returns once the old writer is
+        gone, so a subscriber that joins after the answer gets no step of the timeline that was left."""
         with self._policy_step_lock:
             if not self._policy_step_history:  # nothing to forget (rollbacks back to back cost nothing here)
                 return
-        executor = self.executor
-        if executor is None:
+        if self.executor is None:
             self._renew_policy_step_writer("policy_step" in self._topic_pubs)
             return
-        renewed = threading.Event()
+        _poll_until(self._spare_matched, POLICY_STEP_RENEW_WAIT_S)  # a spare made by the last swap
+        retired = self._on_executor(self._swap_policy_step_writer, self._destroy_retired_writer)
+        if retired is None:
+            return
+        _poll_until(lambda: _all_acked(retired), POLICY_STEP_RETIRE_WAIT_S)
+        self._on_executor(lambda: self._destroy_retired_writer(retired), None)
 
-        def renew() -> None:
-            try:
-                if "policy_step" in self._topic_pubs:  # still active
-                    self._renew_policy_step_writer()
-            finally:
-                renewed.set()
+    def _spare_matched(self) -> bool:
+        """The spare has matched as many subscribers as the live writer (or the node is no longer active)."""
+        try:
+            live, spare = self._topic_pubs.get("policy_step"), self._topic_pubs.get("policy_step_spare")
+            return live is None or spare is None or spare.get_subscription_count() >= live.get_subscription_count()
+        except Exception:  # noqa: BLE001 - destroyed meanwhile (deactivate): nothing to wait for
+            return True
+
+    def _swap_policy_step_writer(self):
+        """Executor thread: the spare becomes the writer, a new spare is made; returns the replaced writer
+        (None while inactive)."""
+        with self._policy_step_lock:
+            old = self._topic_pubs.get("policy_step")
+            if old is not None:
+                self._topic_pubs["policy_step"] = self._topic_pubs.pop("policy_step_spare", None) or \
+                    self._policy_step_writer()
+                self._topic_pubs["policy_step_spare"] = self._policy_step_writer()
+            self._policy_step_history = False
+        return old
+
+    def _destroy_retired_writer(self, writer) -> None:
+        if writer is not None:
+            self.destroy_publisher(writer)
+
+    def _on_executor(self, fn, undo):
+        """fn() run by the executor; its result, or None when it did not run within POLICY_STEP_RENEW_WAIT_S
+        (then `undo` gets the result whenever fn does run)."""
+        state = {"result": None, "waiting": True}
+        lock, ran = threading.Lock(), threading.Event()
+
+        def task() -> None:
+            result = fn()
+            with lock:
+                state["result"], waiting = result, state["waiting"]
+            ran.set()
+            if not waiting and undo is not None:
+                undo(result)
 
         try:
-            executor.create_task(renew)
-        except Exception:  # noqa: BLE001 - the executor is shutting down: the writer goes with the node
-            return
-        if not renewed.wait(POLICY_STEP_RENEW_WAIT_S):
-            self.get_logger().warning("policy_step history not renewed in time: a late subscriber may still get "
-                                      "steps from before the rollback or reset")
+            self.executor.create_task(task)
+        except Exception:  # noqa: BLE001 - the executor is shutting down: the writers go with the node
+            return None
+        ran.wait(POLICY_STEP_RENEW_WAIT_S)
+        with lock:
+            state["waiting"] = False
+            if not ran.is_set():
+                self.get_logger().warning("policy_step history not renewed in time: a late subscriber may still "
+                                          "get steps from before the rollback or reset")
+            return state["result"]
 
     def on_cleanup(self, state: State | None) -> TransitionCallbackReturn:
         for pub in self._topic_pubs.values():
@@ -435,6 +493,22 @@ class FlashRTNode(LifecycleNode):
             self._diagnostics_pub.publish(msg)
         except Exception as e:  # noqa: BLE001 - a diagnostics hiccup must not stop the node
             self.get_logger().error(f"diagnostics failed: {type(e).__name__}: {e}", throttle_duration_sec=10.0)
+
+
+def _all_acked(writer) -> bool:
+    try:
+        return writer.wait_for_all_acked(Duration(seconds=0))  # a poll: no wait, so the GIL is not held
+    except Exception:  # noqa: BLE001 - an rmw without the call, or destroyed meanwhile: nothing to wait for
+        return True
+
+
+def _poll_until(done, timeout_s: float, period_s: float = 0.005) -> bool:
+    end = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > end:
+            return False
+        time.sleep(period_s)
+    return True
 
 
 def _init_ros(args) -> None:

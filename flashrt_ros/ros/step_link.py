@@ -7,8 +7,8 @@ has not matched the reader yet. A volatile writer then drops the first answer, a
 A transient-local writer (the last POLICY_STEP_DEPTH steps) sends it when the match completes. Volatile
 subscribers (a controller, ``ros2 topic echo``) are unaffected and never see an old step. The history forgets the
 steps of a timeline that was left: the node replaces the writer on a rollback, a reset, a restoring import and while
-inactive (FlashRTNode._renew_policy_step_writer). The 'action' topic stays volatile: a late controller must never
-get a stale action.
+inactive (FlashRTNode.live_state_replaced: with a spare made ahead, which subscribers have already matched).
+The 'action' topic stays volatile: a late controller must never get a stale action.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ own: a chunk never decompresses to more than it declares, nor past the limit.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from pathlib import Path
 
@@ -137,24 +138,36 @@ def _bounded(new_decompressor, data: bytes, size: int) -> bytes:
     return bytes(out)
 
 
-def _zstd(data: bytes, size: int) -> bytes:
+def _zstd_decompressor():
+    """The frame decompressor of the zstd module rosbags reads with (its requirement: the standard
+    library's from Python 3.14, backports.zstd before); None where neither is importable."""
     try:
         from compression import zstd  # Python 3.14
     except ImportError:
-        from backports import zstd
-    return _bounded(zstd.ZstdDecompressor, data, size)
+        try:
+            from backports import zstd
+        except ImportError:
+            return None
+    return zstd.ZstdDecompressor
 
 
-def _lz4(data: bytes, size: int) -> bytes:
-    from lz4.frame import LZ4FrameDecompressor
-    return _bounded(LZ4FrameDecompressor, data, size)
+def _lz4_decompressor():
+    try:
+        from lz4.frame import LZ4FrameDecompressor  # a requirement of rosbags
+    except ImportError:
+        return None
+    return LZ4FrameDecompressor
 
 
 def _install() -> None:
-    """rosbags' table of chunk decompressors, called as fn(data, declared size): ours take their place."""
+    """rosbags' table of chunk decompressors, called as fn(data, declared size): ours take their place.
+    A compression whose module is missing (a rosbags built on other libraries) keeps rosbags' own
+    decompressor: check_mcap's declared-size limits still hold for it."""
     from rosbags.rosbag2 import storage_mcap
 
     table = getattr(storage_mcap, "DECOMPRESSORS", None)
     if not isinstance(table, dict):  # another rosbags layout: check_mcap's declared-size limits still hold
         return
-    table.update(zstd=_zstd, lz4=_lz4)
+    for name, new_decompressor in (("zstd", _zstd_decompressor()), ("lz4", _lz4_decompressor())):
+        if new_decompressor is not None and name in table:
+            table[name] = functools.partial(_bounded, new_decompressor)
