@@ -548,7 +548,7 @@ MUTATIONS = [
              "        pass  # rclpy makes",
              ["test/test_ros_client_spun.py"],
              "a client made on a node another thread spins kills that executor's spin thread"),
-    Mutation("mcap_decompressor_replaced_without_its_module", "flashrt_ros/tools/mcap_limits.py",
+    Mutation("mcap_decompressor_replaced_without_its_module", "flashrt_ros/tools/replay/mcap_limits.py",
              "        if new_decompressor is not None and name in table:\n",
              "        if name in table:\n",
              ["test/test_replay_mcap_limits.py::test_a_compression_whose_module_is_missing_keeps_rosbags_own_decompressor"],

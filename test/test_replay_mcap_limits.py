@@ -73,7 +73,7 @@ def test_a_compression_whose_module_is_missing_keeps_rosbags_own_decompressor(mo
     the decompressors whose module imports are replaced by the bounded ones."""
     from rosbags.rosbag2 import storage_mcap
 
-    from flashrt_ros.tools import mcap_limits
+    from flashrt_ros.tools.replay import mcap_limits
 
     def rosbags_own(data, size):  # stands for the entry rosbags put in its table
         return data
