@@ -12,6 +12,7 @@ HMAC-SHA256 of its checksum, and a reader holding the key refuses a file without
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -68,20 +69,12 @@ def load_hmac_key(path: str | Path) -> bytes:
     """The key in ``path`` (capsule_hmac_key_file): a regular file only its owner can read or write, at
     least 16 bytes (surrounding whitespace ignored, so ``openssl rand -hex 32 > key`` works)."""
     path = Path(path).expanduser()
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        raise ValueError(f"capsule_hmac_key_file {path}: cannot open ({e.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"capsule_hmac_key_file {path}: not a regular file")
+    what = f"capsule_hmac_key_file {path}"
+    with _regular_file(path, ValueError, what, os.O_NOFOLLOW) as (fd, st):
         if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise ValueError(f"capsule_hmac_key_file {path}: must be owned by this user and readable by nobody "
-                             f"else (mode {stat.S_IMODE(st.st_mode):o}; chmod 600 it)")
+            raise ValueError(f"{what}: must be owned by this user and readable by nobody else (mode "
+                             f"{stat.S_IMODE(st.st_mode):o}; chmod 600 it)")
         key = os.read(fd, 4096).strip()
-    finally:
-        os.close(fd)
     if len(key) < MIN_KEY_BYTES:
         raise ValueError(f"capsule_hmac_key_file {path}: {len(key)} bytes of key, at least {MIN_KEY_BYTES} are "
                          "needed (e.g. openssl rand -hex 32)")
@@ -167,16 +160,7 @@ def write_capsule_file(payload: CapsulePayload, path: str | Path, hmac_key: byte
 
 def _read_bounded(path: Path, max_bytes: int) -> bytes:
     """The whole file, refusing non-regular files (a FIFO would block) and anything too large."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise CorruptCapsule(f"{path}: no such file") from None
-    except OSError as e:
-        raise CorruptCapsule(f"{path}: cannot open ({e.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptCapsule(f"{path}: not a regular file")
+    with _regular_file(path, CorruptCapsule, str(path)) as (fd, st):
         if st.st_size > max_bytes:
             raise CorruptCapsule(f"{path}: {st.st_size} bytes, larger than a capsule of this policy "
                                  f"can be ({max_bytes})")
@@ -194,6 +178,23 @@ def _read_bounded(path: Path, max_bytes: int) -> bytes:
             chunks.append(b)
             left -= len(b)
         return b"".join(chunks)
+
+
+@contextlib.contextmanager
+def _regular_file(path: Path, error: type[Exception], what: str, flags: int = 0):
+    """(fd, stat) of ``path`` opened without blocking (a FIFO would), closed after; ``error`` naming ``what``
+    when it cannot be opened or is not a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | flags)
+    except FileNotFoundError:
+        raise error(f"{what}: cannot open (no such file)") from None
+    except OSError as e:
+        raise error(f"{what}: cannot open ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{what}: not a regular file")
+        yield fd, st
     finally:
         os.close(fd)
 

@@ -33,6 +33,16 @@ class ChunkLimit(BagError):
     """An MCAP chunk, or chunks overlapping in time, over the decompression limit (mcap_limits)."""
 
 
+def _open_storage(path: Path, max_decompressed_mb: float | None) -> tuple[list[Path], dict, dict]:
+    """(storage files, metadata.yaml's topic types, the storage's topic types) of a bag that exists, its
+    MCAP chunks checked against the decompression limit before anything is decompressed."""
+    if not path.exists():
+        raise BagError(f"{path}: no such bag")
+    files, meta_types = _storage_files(path)
+    _check_decompression(files, max_decompressed_mb)
+    return files, meta_types, _storage_topics(files)
+
+
 def _check_decompression(files: list[Path], max_decompressed_mb: float | None) -> None:
     """Before rosbags opens anything: MCAP chunks within the limit, and rosbags' decompressors bounded."""
     from .mcap_limits import DEFAULT_MAX_DECOMPRESSED_MB, check_mcap, set_limit
@@ -139,11 +149,7 @@ def open_observations(path: str | Path, topic: str | None = None,
     """Pick the observation topic (the only observation-typed one, unless named), from the storage.
     MCAP chunks may hold at most max_decompressed_mb (default 256) decompressed at once."""
     path = Path(path)
-    if not path.exists():
-        raise BagError(f"{path}: no such bag")
-    files, meta_types = _storage_files(path)
-    _check_decompression(files, max_decompressed_mb)
-    topics = _storage_topics(files)
+    files, meta_types, topics = _open_storage(path, max_decompressed_mb)
     notes = [f"metadata.yaml says {t} is {mt}, the storage says {topics.get(t, 'nothing')}: using the storage"
              for t, mt in sorted(meta_types.items()) if topics.get(t) != mt]
     if topic is not None:
@@ -282,11 +288,7 @@ def write_outputs(path: str | Path, storage: str, records, ts) -> None:
 def iter_policy_steps(path: str | Path, ts) -> Iterator:
     """The /policy_step stream of an output bag, in order, one message at a time."""
     path = Path(path)
-    if not path.exists():
-        raise BagError(f"{path}: no such bag")
-    files, _ = _storage_files(path)
-    _check_decompression(files, None)
-    topics = _storage_topics(files)
+    files, _, topics = _open_storage(path, None)
     steps = [t for t, mt in topics.items() if mt == POLICY_STEP]
     if not steps:
         raise BagError(f"{path}: no {POLICY_STEP} topic; topics: {sorted(topics)}")
