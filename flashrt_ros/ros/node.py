@@ -44,6 +44,7 @@ from .node_stats import NodeStats
 from .outputs import ActionOutputs, action_joint_names
 from .params import check_node_param, command_line_overrides, declare_all, guard_live_params, read_config
 from .qos import resolve_profiles
+from .realtime import apply_thread_priority
 from .state_gate import GatedCapsuleServices, GatedReplanServer, inactive_refusal
 
 NODE_NAME = "flashrt"
@@ -562,6 +563,9 @@ def main(args=None) -> int:
             elif node.trigger_activate() != TransitionCallbackReturn.SUCCESS:
                 code = 1
         if code == 0:
+            # this thread spins the executor, so it steps the observations: it gets thread_priority
+            apply_thread_priority(check_node_param("thread_priority", node.get_parameter("thread_priority").value),
+                                  node.get_logger())
             spin_until_stopped(executor, node, stop)
     except Exception as e:  # noqa: BLE001 - start-up errors: one line, not a traceback
         print(f"flashrt: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)

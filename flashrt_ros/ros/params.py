@@ -77,6 +77,7 @@ NODE_RANGES = {
     "persist_budget_mb": (0.001, 1_073_741_824.0),
     "persist_queue_mb": (0.0, 1_048_576.0),
     "control_period_s": (0.0001, 3600.0),
+    "thread_priority": (0, 99),
 }
 
 
@@ -171,6 +172,11 @@ NODE_PARAMS = {
                            "controller will not match them: set this)", _joint_names, False),
     "control_period_s": (0.01, "time between two actions of the chunk, in s (> 0; 0.01 = 100 Hz): the spacing "
                          "of the JointTrajectory's time_from_start", _ranged, False),
+    # real-time scheduling (realtime.py), as ros2_control's controller_manager offers it
+    "thread_priority": (0, "SCHED_FIFO priority (1..99) of the thread that steps observations; 0 = normal "
+                        "scheduling. Needs CAP_SYS_NICE or an rtprio limit (ulimit -r); where it is not allowed "
+                        "the node says so in one warning and runs on normally. The replan worker is unchanged",
+                        _ranged, False),
 }
 LIVE_PARAMS = {n for n, (_, _, _, live) in NODE_PARAMS.items() if live}
 FLOAT_PARAMS = ({n for n, (default, *_) in NODE_PARAMS.items() if isinstance(default, float)}

@@ -59,7 +59,8 @@ def run(args) -> dict:
 
     procs = [subprocess.Popen([sys.executable, "-c", TRIGGER_NODE], env=env),
              subprocess.Popen([sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file",
-                               params_file(None), "-p", "backend:=numpy", "-p", "observation_reliable:=true"],
+                               params_file(None), "-p", "backend:=numpy", "-p", "observation_reliable:=true",
+                               "-p", f"thread_priority:={args.thread_priority}"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)]
     rclpy.init()
     node = rclpy.create_node("flashrt_bench_client")
@@ -109,9 +110,10 @@ def run(args) -> dict:
             deadline_met.append(bool(out.result.deadline_met))
             if (i + 1) % 100 == 0:
                 progress(f"replan 4x8: {i + 1}/{args.calls}")
-        lat = []
+        lat, in_node = [], []
         for i, o in enumerate(trace[warm:warm + args.calls]):
             lat.append(step(o))
+            in_node.append(got[-1].step_latency_ms)
             if (i + 1) % 100 == 0:
                 progress(f"step latency: {i + 1}/{args.calls}")
         out = {"calls": args.calls, "trigger_rtt": p50_p99(trig), "rollback_rtt": p50_p99(roll),
@@ -119,7 +121,8 @@ def run(args) -> dict:
                "replan_deadline_met": f"{sum(deadline_met)}/{len(deadline_met)}",
                "replan_kv_fill": f"{min(base.step, window)}/{window}", "replan_kv_len": min(base.step, window),
                "replan_from_step": base.step,
-               "step_latency": p50_p99(lat), "units": "ms"}
+               "step_latency": p50_p99(lat), "step_in_node_ms": p50_p99(in_node),
+               "thread_priority": args.thread_priority, "units": "ms"}
         if getattr(args, "plot", None):  # every sample, for the CDFs (only then: 4 x calls numbers)
             out["samples_ms"] = {k: [round(x, 4) for x in v] for k, v in (
                 ("trigger_rtt", trig), ("rollback_rtt", roll), ("replan_rtt", rep), ("step_latency", lat))}
