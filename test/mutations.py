@@ -553,4 +553,10 @@ MUTATIONS = [
              "        if name in table:\n",
              ["test/test_replay_mcap_limits.py::test_a_compression_whose_module_is_missing_keeps_rosbags_own_decompressor"],
              "flashrt-replay fails to read zstd or lz4 bags where rosbags reads them with other libraries"),
+    # issue 15 (fix3)
+    Mutation("policy_step_history_kept_after_a_commit", "flashrt_ros/ros/replan_server.py",
+             "            self.node.live_state_replaced()\n",
+             "            pass\n",
+             ["test/test_ros_policy_step_history.py"],
+             "a late policy_step subscriber gets the actions of the timeline a committed replan left"),
 ]

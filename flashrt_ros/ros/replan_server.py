@@ -367,6 +367,10 @@ class ReplanServer:
         except (ValueError, CapsuleError) as e:  # e.g. the capsule was evicted or never existed
             return Replan.Result(success=False, rejected=True, message=f"rejected: {e}",
                                  live_capsule_id=session.live_capsule_id)
+        if commit_branch is not None and not res.cancelled and not self._closing:
+            # before the answer: a subscriber that joins after it gets no step of the timeline left behind.
+            # Not while closing: deactivate waits for this thread on the executor and renews the writer itself.
+            self.node.live_state_replaced()
         message = res.message
         if res.cancelled and why_stopped[0]:
             message = f"stopped: {why_stopped[0]}; {res.message}"
