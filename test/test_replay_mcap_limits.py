@@ -84,6 +84,21 @@ def test_the_message_count_limit_follows_the_decompression_limit(tmp_path, cfg):
     assert rc == 0, stderr
 
 
+def test_message_records_of_chunks_overlapping_in_time_count_together(tmp_path, cfg):
+    """rosbags holds the messages of every chunk it has opened and not finished: four chunks of 40,000 over
+    the same time range are 160,000 at once, though each is under the limit (131,072 at 16 MB)."""
+    stacked = write_crafted_mcap(tmp_path / "stacked.mcap", [Chunk(0, 10, empty_messages=40_000) for _ in range(4)])
+    rc, stderr, _ = replay_with_peak(stacked, "--max-decompressed-mb", 16, config=cfg)
+    assert rc == 2, stderr
+    assert "MCAP chunks overlapping in time hold together more than 131072 message records" in stderr, stderr
+    rc, stderr, _ = replay_with_peak(stacked, "--max-decompressed-mb", 32, config=cfg)
+    assert rc == 0, stderr
+    one_after_another = write_crafted_mcap(tmp_path / "sequential.mcap",
+                                           [Chunk(10 * i, 10, empty_messages=40_000) for i in range(4)])
+    rc, stderr, _ = replay_with_peak(one_after_another, "--max-decompressed-mb", 16, config=cfg)
+    assert rc == 0, stderr  # a chunk that is done no longer counts
+
+
 def test_an_honest_crafted_file_replays(tmp_path, cfg):
     ok = write_crafted_mcap(tmp_path / "ok.mcap", [Chunk(0, 10), Chunk(10, 10, padding=5 * MiB)])
     rc, stderr, _ = replay_with_peak(ok, config=cfg)
