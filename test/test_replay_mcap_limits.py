@@ -63,9 +63,9 @@ def test_chunks_overlapping_in_time_count_together_and_the_limit_can_be_raised(t
 
 
 def test_a_chunk_of_millions_of_empty_messages_is_refused_before_rosbags_reads_them(tmp_path, cfg):
-    """200 MiB of 31-byte records, honestly declared and under the byte limit: 6.8 M messages, which rosbags
+    """120 MiB of 31-byte records, honestly declared and under the byte limit: 4 M messages, which rosbags
     would hold as Python objects all at once (1.5 GB and more). Counted before it makes one."""
-    bomb = write_crafted_mcap(tmp_path / "messages.mcap", [Chunk(0, 10, empty_messages=200 * MiB // 31)])
+    bomb = write_crafted_mcap(tmp_path / "messages.mcap", [Chunk(0, 10, empty_messages=120 * MiB // 31)])
     assert bomb.stat().st_size < 200_000
     rc, stderr, peak_mb = replay_with_peak(bomb, config=cfg)
     assert rc == 2, stderr
