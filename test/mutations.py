@@ -555,8 +555,8 @@ MUTATIONS = [
              "flashrt-replay fails to read zstd or lz4 bags where rosbags reads them with other libraries"),
     # issue 15 (fix3)
     Mutation("policy_step_history_kept_after_a_commit", "flashrt_ros/ros/replan_server.py",
-             "            self.node.live_state_replaced()\n",
-             "            pass\n",
+             "                self.node.live_state_replaced()\n",
+             "                pass\n",
              ["test/test_ros_policy_step_history.py"],
              "a late policy_step subscriber gets the actions of the timeline a committed replan left"),
     Mutation("mcap_message_records_not_counted", "flashrt_ros/tools/replay/mcap_limits.py",
