@@ -1,5 +1,6 @@
 """flashrt-replay bounds what an MCAP file can make it decompress: a few KiB of zstd that declare (or
-really hold) gigabytes are refused as bad input, before the memory is taken."""
+really hold) gigabytes, or millions of message records, are refused as bad input, before the memory is
+taken."""
 import subprocess
 import sys
 
@@ -59,6 +60,43 @@ def test_chunks_overlapping_in_time_count_together_and_the_limit_can_be_raised(t
     assert "4 chunks overlapping in time" in stderr and "160.0 MiB" in stderr, stderr
     rc, stderr, _ = replay_with_peak(stacked, "--max-decompressed-mb", 200, config=cfg)
     assert rc == 0, stderr
+
+
+def test_a_chunk_of_millions_of_empty_messages_is_refused_before_rosbags_reads_them(tmp_path, cfg):
+    """120 MiB of 31-byte records, honestly declared and under the byte limit: 4 M messages, which rosbags
+    would hold as Python objects all at once (1.5 GB and more). Counted before it makes one."""
+    bomb = write_crafted_mcap(tmp_path / "messages.mcap", [Chunk(0, 10, empty_messages=120 * MiB // 31)])
+    assert bomb.stat().st_size < 200_000
+    rc, stderr, peak_mb = replay_with_peak(bomb, config=cfg)
+    assert rc == 2, stderr
+    assert "an MCAP chunk holds more than 2097152 message records" in stderr, stderr
+    assert "--max-decompressed-mb 256" in stderr, stderr
+    assert "Traceback" not in stderr and stderr.count("flashrt-replay:") == 1
+    assert peak_mb < NORMAL_PEAK_MB, f"peak RSS {peak_mb:.0f} MiB"
+
+
+def test_the_message_count_limit_follows_the_decompression_limit(tmp_path, cfg):
+    many = write_crafted_mcap(tmp_path / "many.mcap", [Chunk(0, 10, empty_messages=50_000)])  # 1.5 MiB
+    rc, stderr, _ = replay_with_peak(many, "--max-decompressed-mb", 4, config=cfg)
+    assert rc == 2, stderr
+    assert "holds more than 32768 message records" in stderr and "--max-decompressed-mb 4 " in stderr, stderr
+    rc, stderr, _ = replay_with_peak(many, "--max-decompressed-mb", 8, config=cfg)
+    assert rc == 0, stderr
+
+
+def test_message_records_of_chunks_overlapping_in_time_count_together(tmp_path, cfg):
+    """rosbags holds the messages of every chunk it has opened and not finished: four chunks of 40,000 over
+    the same time range are 160,000 at once, though each is under the limit (131,072 at 16 MB)."""
+    stacked = write_crafted_mcap(tmp_path / "stacked.mcap", [Chunk(0, 10, empty_messages=40_000) for _ in range(4)])
+    rc, stderr, _ = replay_with_peak(stacked, "--max-decompressed-mb", 16, config=cfg)
+    assert rc == 2, stderr
+    assert "MCAP chunks overlapping in time hold together more than 131072 message records" in stderr, stderr
+    rc, stderr, _ = replay_with_peak(stacked, "--max-decompressed-mb", 32, config=cfg)
+    assert rc == 0, stderr
+    one_after_another = write_crafted_mcap(tmp_path / "sequential.mcap",
+                                           [Chunk(10 * i, 10, empty_messages=40_000) for i in range(4)])
+    rc, stderr, _ = replay_with_peak(one_after_another, "--max-decompressed-mb", 16, config=cfg)
+    assert rc == 0, stderr  # a chunk that is done no longer counts
 
 
 def test_an_honest_crafted_file_replays(tmp_path, cfg):

@@ -301,6 +301,12 @@ class ReplanServer:
                 self.gate.finish(self._step_held)
                 with self._state:
                     self._current = None
+            committed = result.success and args[2] is not None
+            if committed and not self._closing:
+                # Before the answer: a subscriber that joins after it gets no step of the timeline left
+                # behind. After the gate opens: live steps go on meanwhile. Not while closing: deactivate
+                # waits for this thread on the executor, and leaves no writer anyway.
+                self.node.live_state_replaced()
             self._results[bytes(goal_handle.goal_id.uuid)] = result
             if self.node.context.ok():  # after SIGINT there is no executor left to answer with
                 self._schedule_delivery(goal_handle)

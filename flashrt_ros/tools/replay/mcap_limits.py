@@ -5,7 +5,10 @@ whose time range overlaps the one being read. A few KiB of zstd can declare, or 
 So, before rosbags reads a file, check_mcap() walks its record headers (the data section and the
 summary, without decompressing): each chunk must declare at most the limit uncompressed, and chunks that
 overlap in time at most the limit together. While rosbags reads, bounded decompressors stand in for its
-own: a chunk never decompresses to more than it declares, nor past the limit.
+own: a chunk never decompresses to more than it declares, nor past the limit, nor to more message records
+than the limit allows at MESSAGE_COST_BYTES each, counted over the chunks rosbags holds at once (it builds
+Python objects for every message of a chunk when it opens it: 256 MiB of empty 31-byte records would be
+8 M of them, about 1.5 GB).
 """
 from __future__ import annotations
 
@@ -17,10 +20,16 @@ from .bags import ChunkLimit
 
 DEFAULT_MAX_DECOMPRESSED_MB = 256.0
 MAGIC = b"\x89MCAP0\r\n"
-OP_FOOTER, OP_CHUNK, OP_CHUNK_INDEX, OP_DATA_END = 0x02, 0x06, 0x08, 0x0F
+OP_FOOTER, OP_MESSAGE, OP_CHUNK, OP_CHUNK_INDEX, OP_DATA_END = 0x02, 0x05, 0x06, 0x08, 0x0F
+# What rosbags holds per message record of a chunk being read (a tuple, the data as bytes, the time as an
+# int: about 150-190 B measured), rounded down: 256 MiB allows 2 M messages in one chunk, where a real
+# bag's chunks (a few MiB) hold thousands.
+MESSAGE_COST_BYTES = 128
 FOOTER_LEN = 1 + 8 + 20 + len(MAGIC)
 
 _limit_bytes = int(DEFAULT_MAX_DECOMPRESSED_MB * 2**20)
+_held_messages = 0  # message records of the chunks rosbags has opened and not finished (its time-order merge)
+_last_count = 0  # message records of the chunk decompressed last
 
 
 def _mib(n: int) -> str:
@@ -135,7 +144,56 @@ def _bounded(new_decompressor, data: bytes, size: int) -> bytes:
         if not d.eof:  # truncated: rosbags compares the size and reports it
             break
         rest = d.unused_data
+    _check_message_count(out)  # before the copy below, and before rosbags makes an object per message
     return bytes(out)
+
+
+def _check_message_count(chunk: bytearray) -> None:
+    """Refuse a decompressed chunk whose message records, with those of the chunks rosbags still holds, are
+    more than the limit allows at MESSAGE_COST_BYTES each. Walks the record headers (opcode, uint64
+    length) and stops at the first one past the limit; a record it cannot follow ends the walk (rosbags
+    reports the damage)."""
+    global _last_count
+    most = _limit_bytes // MESSAGE_COST_BYTES
+    left = most - _held_messages
+    count, pos, end = 0, 0, len(chunk) - 9
+    unpack = struct.Struct("<Q").unpack_from
+    while pos <= end:
+        if chunk[pos] == OP_MESSAGE:
+            count += 1
+            if count > left:
+                where = "an MCAP chunk holds" if not _held_messages else \
+                    "MCAP chunks overlapping in time hold together"
+                raise ChunkLimit(f"{where} more than {most} message records, which take about "
+                                 f"{MESSAGE_COST_BYTES} bytes each while read: {_advice()}")
+        pos += 9 + unpack(chunk, pos + 1)[0]
+    _last_count = count
+
+
+def _held_counted(msgsrc):
+    """rosbags' per-chunk message source (yields a start marker, then decompresses the chunk and yields its
+    messages, all built at once), counted in _held_messages from the decompression until it is done."""
+    def counted(*args, **kwargs):
+        global _held_messages, _last_count
+        source = msgsrc(*args, **kwargs)
+        marker = next(source, None)
+        if marker is None:
+            return
+        yield marker
+        _last_count = 0
+        first = next(source, None)  # decompresses: _check_message_count counts it with the chunks held
+        if first is None:
+            return
+        mine, _last_count = _last_count, 0
+        _held_messages += mine
+        try:
+            yield first
+            yield from source
+        finally:
+            _held_messages -= mine
+
+    counted.flashrt_counted = True
+    return counted
 
 
 def _zstd_decompressor():
@@ -171,3 +229,6 @@ def _install() -> None:
     for name, new_decompressor in (("zstd", _zstd_decompressor()), ("lz4", _lz4_decompressor())):
         if new_decompressor is not None and name in table:
             table[name] = functools.partial(_bounded, new_decompressor)
+    msgsrc = getattr(storage_mcap, "msgsrc", None)
+    if callable(msgsrc) and not getattr(msgsrc, "flashrt_counted", False):  # else: each chunk on its own
+        storage_mcap.msgsrc = _held_counted(msgsrc)
