@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import StoreFullOfPins
+from ..state.capsule_store import CapsuleInfo
 from ..state.private_dir import check_private_dir
 from .format import (
     DELTA,
@@ -240,7 +241,7 @@ class CapsuleLog:
     def mark_reset(self, stamp_ns: int = 0) -> None:
         """The live row was reset to zeros (capsules kept): a marker, so a crash before the next capsule
         resumes reset. The next record stands alone (its parent is 0)."""
-        marker = _Marker(0, 0, 0, stamp_ns, False, "")
+        marker = CapsuleInfo(0, 0, 0, stamp_ns, "", False, 0, "")  # names no capsule
         self._queue.put((time.monotonic(), RESET, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
 
     # ---- pins (a service thread) ----------------------------------------------------------
@@ -498,16 +499,6 @@ class CapsuleLog:
         self._maybe_fsync(force=True)
         os.close(self._fd)
         self._fd = None
-
-
-@dataclass(frozen=True)
-class _Marker:  # what encode_record needs of a marker that names no capsule
-    id: int
-    parent_id: int
-    step: int
-    stamp_ns: int
-    pinned: bool
-    label: str
 
 
 def _write_all(fd: int, blob: bytes) -> None:
