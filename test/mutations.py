@@ -553,4 +553,15 @@ MUTATIONS = [
              "        if name in table:\n",
              ["test/test_replay_mcap_limits.py::test_a_compression_whose_module_is_missing_keeps_rosbags_own_decompressor"],
              "flashrt-replay fails to read zstd or lz4 bags where rosbags reads them with other libraries"),
+    # issue 15 (fix2)
+    Mutation("resume_loads_far_apart_pins_into_fresh_pages", RT + "persist/resume.py",
+             "    if best is None:  # nothing shared from the start",
+             "    if False:  # nothing shared from the start",
+             ["test/test_resume_pins.py"],
+             "a store that ran with pins further apart than kv_window never resumes (ResumeDoesNotFit)"),
+    Mutation("resume_continues_a_page_below_its_fill", RT + "persist/resume.py",
+             "page >= 0 and kv.fill[page] <= start % KV_PAGE\n",
+             "page >= 0\n",
+             ["test/test_resume_pins.py"],
+             "a resumed pin's window overwrites entries an older pin still reads"),
 ]

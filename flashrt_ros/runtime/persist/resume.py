@@ -6,7 +6,8 @@ the resume with a message naming the file and the offset: a torn state is never 
 
 Rebuilding re-enacts the live row's history without running the model: a DELTA appends its entries the
 way the step did (same copy-on-write); a RESYNC or a pin file shares the pages of its parent (or of the
-record before it) as far as they hold its entries bit for bit and appends the rest, else loads its window
+record before it) as far as they hold its entries bit for bit and appends the rest, or appends its window
+into the free tail of the page that one ends in (pins further apart than kv_window), else loads its window
 into fresh pages; each record's small state becomes the row's, and the store snapshots it under the
 record's own id. The page sharing, the ids and the lineage come out as the crashed node had them; only
 capsules the store has no room for are left out, the oldest first. The last word may be a marker: a
@@ -237,6 +238,11 @@ def _load_row(session, rec: Record, candidates) -> None:
         shared = _shared_until(session, pages, rec)
         if shared > until:
             best, until = pages, shared
+    if best is None:  # nothing shared from the start: the window may still continue a page's free tail
+        best = next((pages for pages in candidates if _continues_page(session, pages, rec)), None)
+        if best is not None:
+            page = int(best[(until // KV_PAGE) % kv.P])
+            kv.fill[page] = until % KV_PAGE  # its next append lands at the window's first slot
     if best is not None:
         kv.set_row(0, best.copy())
         for pos in range(until, rec.step):
@@ -250,6 +256,19 @@ def _load_row(session, rec: Record, candidates) -> None:
     table = kv.load(windows, rec.step, min(rec.step, W))
     kv.set_row(0, table)  # also rewrites kv_pages, which the record holds in the old process's numbering
     kv.decref(table)
+
+
+def _continues_page(session, pages: np.ndarray, rec: Record) -> bool:
+    """The record's window starts inside a page of ``pages`` past that page's fill, as a pin taken more
+    than kv_window after the one before it starts inside the page that pin's window ends in: the running
+    store's live row had appended the steps between into that same page. Appending the window there
+    (the slots between the fill and the window's start left unwritten) keeps the rebuilt store within
+    the pages the running one held. Safe whatever that page held before: every holder reads only slots
+    below the old fill, and attention, gather and the files read only slots inside a window."""
+    kv, W = session.kv, session.cfg.kv_window
+    start = rec.step - min(rec.step, W)
+    page = int(np.asarray(pages)[(start // KV_PAGE) % kv.P])
+    return start < rec.step and start % KV_PAGE > 0 and page >= 0 and kv.fill[page] <= start % KV_PAGE
 
 
 def _shared_until(session, pages: np.ndarray, rec: Record) -> int:
