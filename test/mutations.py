@@ -564,4 +564,9 @@ MUTATIONS = [
              "page >= 0\n",
              ["test/test_resume_pins.py"],
              "a resumed pin's window overwrites entries an older pin still reads"),
+    Mutation("resume_continues_only_the_pin_rebuilt_just_before", RT + "persist/resume.py",
+             "                *(store.pages_of(info.id) for info in store.list(pinned_only=True))]",
+             "                ]",
+             ["test/test_resume_pins.py::test_far_apart_pins_taken_on_two_branches_in_turn_resume_byte_exactly"],
+             "pins taken on two branches in turn, further apart than kv_window, never resume"),
 ]

@@ -38,6 +38,30 @@ def run_with_pins(c, tmp_path, gap: int, rollback: bool) -> tuple[Session, list[
     return s, pins
 
 
+def run_with_pins_on_two_branches(c, tmp_path, gaps: tuple[int, int]) -> tuple[Session, list[int]]:
+    """Two branches from step 10, taking turns: roll back to the branch's newest pin, step its gap, pin.
+    By id, each pin follows the other branch's, not the one its window continues."""
+    s = Session(c)
+    s.enable_persistence(settings(tmp_path, segment_mb=0.31))
+    for o in OBS[:10]:
+        s.step(o)
+    tips, k, pins = [s.live_capsule_id] * 2, [10, 1500], []
+    while True:
+        for b in (0, 1):
+            s.rollback(tips[b])
+            for o in OBS[k[b]:k[b] + gaps[b]]:
+                s.step(o)
+            k[b] += gaps[b]
+            try:
+                s.pin(s.live_capsule_id)
+            except StoreFullOfPins:
+                for o in OBS[TAIL]:
+                    s.step(o)
+                return s, pins
+            tips[b] = s.live_capsule_id
+            pins.append(tips[b])
+
+
 @pytest.mark.parametrize("kv_window, gap, rollback", [
     (150, 170, False), (150, 200, False), (150, 230, False), (150, 170, True),
     (48, 60, False), (48, 100, True),
@@ -45,6 +69,17 @@ def run_with_pins(c, tmp_path, gap: int, rollback: bool) -> tuple[Session, list[
 def test_pins_further_apart_than_the_window_resume_byte_exactly(tmp_path, kv_window, gap, rollback):
     c = small_config(kv_window=kv_window, capsule_budget_mb=3.0, capsule_capacity=200)
     s, pins = run_with_pins(c, tmp_path, gap, rollback)
+    assert_resumes_byte_exactly(c, tmp_path, s, pins)
+
+
+@pytest.mark.parametrize("kv_window, gaps", [(48, (60, 100)), (150, (170, 230))])
+def test_far_apart_pins_taken_on_two_branches_in_turn_resume_byte_exactly(tmp_path, kv_window, gaps):
+    c = small_config(kv_window=kv_window, capsule_budget_mb=3.0, capsule_capacity=200)
+    s, pins = run_with_pins_on_two_branches(c, tmp_path, gaps)
+    assert_resumes_byte_exactly(c, tmp_path, s, pins)
+
+
+def assert_resumes_byte_exactly(c, tmp_path, s: Session, pins: list[int]) -> None:
     assert len(pins) >= 10  # as many as the running store accepted, up to its page limit for pins
     crashed = crash_copy(s, tmp_path, "crash", segment_mb=0.31)
     r = Session(c)

@@ -208,8 +208,10 @@ def _rebuild_store(session, contents: LogContents) -> None:
     timeline = {rec.id for rec in contents.records}
     pinned = {rec.id for rec in contents.pins}
 
-    def sources(rec):  # what the running store made it from: its parent, else what came right before it
-        return [*([store.pages_of(rec.parent_id)] if rec.parent_id in store else []), session.kv.tables[0]]
+    def sources(rec):  # what the running store made it from: its parent, else what came right before it,
+        # else a pin rebuilt earlier (pins taken on two branches in turn: the one before is the other branch's)
+        return [*([store.pages_of(rec.parent_id)] if rec.parent_id in store else []), session.kv.tables[0],
+                *(store.pages_of(info.id) for info in store.list(pinned_only=True))]
 
     for rec in sorted(contents.pins, key=lambda r: r.id):
         if rec.id in timeline:
@@ -238,11 +240,13 @@ def _load_row(session, rec: Record, candidates) -> None:
         shared = _shared_until(session, pages, rec)
         if shared > until:
             best, until = pages, shared
-    if best is None:  # nothing shared from the start: the window may still continue a page's free tail
-        best = next((pages for pages in candidates if _continues_page(session, pages, rec)), None)
-        if best is not None:
-            page = int(best[(until // KV_PAGE) % kv.P])
-            kv.fill[page] = until % KV_PAGE  # its next append lands at the window's first slot
+    if best is None:  # nothing shared from the start: the window may still continue a page's free tail,
+        # the fullest such page: the one the running store's live row went on appending into, most likely
+        tails = [(int(kv.fill[page]), -i, pages) for i, pages in enumerate(candidates)
+                 if (page := _continued_page(session, pages, rec)) is not None]
+        if tails:
+            best = max(tails, key=lambda tail: tail[:2])[2]
+            kv.fill[_continued_page(session, best, rec)] = until % KV_PAGE  # the next append: the window's first slot
     if best is not None:
         kv.set_row(0, best.copy())
         for pos in range(until, rec.step):
@@ -258,17 +262,18 @@ def _load_row(session, rec: Record, candidates) -> None:
     kv.decref(table)
 
 
-def _continues_page(session, pages: np.ndarray, rec: Record) -> bool:
-    """The record's window starts inside a page of ``pages`` past that page's fill, as a pin taken more
-    than kv_window after the one before it starts inside the page that pin's window ends in: the running
-    store's live row had appended the steps between into that same page. Appending the window there
-    (the slots between the fill and the window's start left unwritten) keeps the rebuilt store within
+def _continued_page(session, pages: np.ndarray, rec: Record) -> int | None:
+    """The page of ``pages`` the record's window can continue (None: none): the window starts inside it,
+    past its fill. So does a pin taken more than kv_window after the one before it: the running store's
+    live row had appended the steps between into the page that pin's window ends in. Appending the window
+    there (the slots between the fill and the window's start left unwritten) keeps the rebuilt store within
     the pages the running one held. Safe whatever that page held before: every holder reads only slots
     below the old fill, and attention, gather and the files read only slots inside a window."""
     kv, W = session.kv, session.cfg.kv_window
     start = rec.step - min(rec.step, W)
     page = int(np.asarray(pages)[(start // KV_PAGE) % kv.P])
-    return start < rec.step and start % KV_PAGE > 0 and page >= 0 and kv.fill[page] <= start % KV_PAGE
+    continues = start < rec.step and start % KV_PAGE > 0 and page >= 0 and kv.fill[page] <= start % KV_PAGE
+    return page if continues else None
 
 
 def _shared_until(session, pages: np.ndarray, rec: Record) -> int:
