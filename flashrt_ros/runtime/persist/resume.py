@@ -289,6 +289,11 @@ def _shared_until(session, pages: np.ndarray, rec: Record) -> int:
     t, page, slot = t[:n], page[:n], slot[:n]
     same = np.ones(n, bool)
     with backend.activate():
+        # the first key alone first: most candidates (every pin rebuilt before) differ there, and gathering
+        # the whole window from each would make a resume with many pins quadratic in window reads
+        if n and (backend.to_host(kv.k[0][page[0], slot[0]]).view(np.uint32)
+                  != rec.kv[0, 0, t[0] % W].view(np.uint32)).any():
+            return start
         for layer, (k, v) in enumerate(zip(kv.k, kv.v)):
             for log, j in ((k, 0), (v, 1)):
                 have = backend.to_host(log[page, slot]) if n else np.zeros((0, log.shape[2]), np.float32)
