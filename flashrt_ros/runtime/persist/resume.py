@@ -6,7 +6,8 @@ the resume with a message naming the file and the offset: a torn state is never 
 
 Rebuilding re-enacts the live row's history without running the model: a DELTA appends its entries the
 way the step did (same copy-on-write); a RESYNC or a pin file shares the pages of its parent (or of the
-record before it) as far as they hold its entries bit for bit and appends the rest, else loads its window
+record before it) as far as they hold its entries bit for bit and appends the rest, or appends its window
+into the free tail of the page that one ends in (pins further apart than kv_window), else loads its window
 into fresh pages; each record's small state becomes the row's, and the store snapshots it under the
 record's own id. The page sharing, the ids and the lineage come out as the crashed node had them; only
 capsules the store has no room for are left out, the oldest first. The last word may be a marker: a
@@ -207,8 +208,10 @@ def _rebuild_store(session, contents: LogContents) -> None:
     timeline = {rec.id for rec in contents.records}
     pinned = {rec.id for rec in contents.pins}
 
-    def sources(rec):  # what the running store made it from: its parent, else what came right before it
-        return [*([store.pages_of(rec.parent_id)] if rec.parent_id in store else []), session.kv.tables[0]]
+    def sources(rec):  # what the running store made it from: its parent, else what came right before it,
+        # else a pin rebuilt earlier (pins taken on two branches in turn: the one before is the other branch's)
+        return [*([store.pages_of(rec.parent_id)] if rec.parent_id in store else []), session.kv.tables[0],
+                *(store.pages_of(info.id) for info in store.list(pinned_only=True))]
 
     for rec in sorted(contents.pins, key=lambda r: r.id):
         if rec.id in timeline:
@@ -237,6 +240,13 @@ def _load_row(session, rec: Record, candidates) -> None:
         shared = _shared_until(session, pages, rec)
         if shared > until:
             best, until = pages, shared
+    if best is None:  # nothing shared from the start: the window may still continue a page's free tail,
+        # the fullest such page: the one the running store's live row went on appending into, most likely
+        tails = [(int(kv.fill[page]), -i, pages) for i, pages in enumerate(candidates)
+                 if (page := _continued_page(session, pages, rec)) is not None]
+        if tails:
+            best = max(tails, key=lambda tail: tail[:2])[2]
+            kv.fill[_continued_page(session, best, rec)] = until % KV_PAGE  # the next append: the window's first slot
     if best is not None:
         kv.set_row(0, best.copy())
         for pos in range(until, rec.step):
@@ -252,6 +262,20 @@ def _load_row(session, rec: Record, candidates) -> None:
     kv.decref(table)
 
 
+def _continued_page(session, pages: np.ndarray, rec: Record) -> int | None:
+    """The page of ``pages`` the record's window can continue (None: none): the window starts inside it,
+    past its fill. So does a pin taken more than kv_window after the one before it: the running store's
+    live row had appended the steps between into the page that pin's window ends in. Appending the window
+    there (the slots between the fill and the window's start left unwritten) keeps the rebuilt store within
+    the pages the running one held. Safe whatever that page held before: every holder reads only slots
+    below the old fill, and attention, gather and the files read only slots inside a window."""
+    kv, W = session.kv, session.cfg.kv_window
+    start = rec.step - min(rec.step, W)
+    page = int(np.asarray(pages)[(start // KV_PAGE) % kv.P])
+    continues = start < rec.step and start % KV_PAGE > 0 and page >= 0 and kv.fill[page] <= start % KV_PAGE
+    return page if continues else None
+
+
 def _shared_until(session, pages: np.ndarray, rec: Record) -> int:
     """The first position of the record's window, from its start, that ``pages`` does not hold bit for
     bit in a slot that never changes again (below its page's fill: only the fill is ever appended to)."""
@@ -265,6 +289,11 @@ def _shared_until(session, pages: np.ndarray, rec: Record) -> int:
     t, page, slot = t[:n], page[:n], slot[:n]
     same = np.ones(n, bool)
     with backend.activate():
+        # the first key alone first: most candidates (every pin rebuilt before) differ there, and gathering
+        # the whole window from each would make a resume with many pins quadratic in window reads
+        if n and (backend.to_host(kv.k[0][page[0], slot[0]]).view(np.uint32)
+                  != rec.kv[0, 0, t[0] % W].view(np.uint32)).any():
+            return start
         for layer, (k, v) in enumerate(zip(kv.k, kv.v)):
             for log, j in ((k, 0), (v, 1)):
                 have = backend.to_host(log[page, slot]) if n else np.zeros((0, log.shape[2]), np.float32)
