@@ -25,6 +25,7 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.exceptions import InvalidParameterValueException
 from rclpy.parameter import Parameter
 
+from ..runtime.engine.backend import BACKENDS
 from ..runtime.model.config import PolicyConfig
 
 
@@ -108,8 +109,9 @@ def _capsule_dir(name: str, v) -> str:
 
 # name: (default, description, validator, changeable at runtime)
 NODE_PARAMS = {
-    "backend": ("auto", "auto | numpy | cuda: 'auto' takes CUDA when CuPy has a usable device",
-                lambda n, v: _string(n, v, ("auto", "numpy", "cuda")), False),
+    "backend": ("auto", "auto | cpu | numpy | cuda: 'auto' takes CUDA when CuPy has a usable device, else the "
+                "compiled CPU step (numba), else NumPy (the reference)",
+                lambda n, v: _string(n, v, BACKENDS), False),
     "observation_type": ("joint_state", "joint_state (sensor_msgs/JointState) | float32_array "
                          "(std_msgs/Float32MultiArray)",
                          lambda n, v: _string(n, v, ("joint_state", "float32_array")), False),

@@ -13,7 +13,7 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=20.0, help="mission length in seconds (ROS demo)")
     ap.add_argument("--steps", type=int, default=300,
                     help="trace length (runtime demo), at least 2; it rolls back min(50, steps // 2) steps")
-    ap.add_argument("--backend", default="numpy", choices=["numpy", "cuda", "auto"])
+    ap.add_argument("--backend", default="numpy", choices=["numpy", "cpu", "cuda", "auto"])
     ap.add_argument("--config", help="params file (default: the shipped config/flashrt.yaml values)")
     ap.add_argument("--json", help="write the summary JSON here")
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the run into this PNG (needs matplotlib): the "
