@@ -570,11 +570,6 @@ MUTATIONS = [
              ["test/test_ros_thread_priority.py::test_a_refused_thread_priority_is_one_warning_saying_how_to_allow_it_and_the_node_steps"],
              "a node that may not use SCHED_FIFO runs without it and without a word"),
     # issue 15 (fix3)
-    Mutation("policy_step_history_kept_after_a_commit", "flashrt_ros/ros/replan_server.py",
-             "                self.node.live_state_replaced()\n",
-             "                pass\n",
-             ["test/test_ros_policy_step_history.py"],
-             "a late policy_step subscriber gets the actions of the timeline a committed replan left"),
     Mutation("mcap_message_records_not_counted", "flashrt_ros/tools/replay/mcap_limits.py",
              "    _check_message_count(out)  #",
              "    pass  #",

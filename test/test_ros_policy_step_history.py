@@ -4,7 +4,6 @@ that was left: not after a rollback, a reset, a restoring import or a committed 
 the node is inactive."""
 import time
 
-import numpy as np
 import pytest
 from replan_helpers import change_state
 
@@ -75,32 +74,3 @@ def test_late_subscribers_get_only_steps_of_the_live_timeline(flashrt, tmp_path)
     planner.client.wait_until_ready(20.0)
     got, step = _first_steps_after(planner, late, obs[17])
     assert got == [step] == [7]
-
-
-def test_committed_replan_from_an_older_capsule_leaves_no_abandoned_steps_in_the_history(flashrt):
-    _, planner = flashrt
-    obs = observation_trace(20)
-    planner.run(obs[:10])
-    older = next(c.id for c in planner.client.list_capsules().capsules if c.step == 5)
-    out = planner.client.replan(np.stack([obs[10:12]]), capsule_id=older, commit_branch=0, timeout_s=30)
-    assert out.succeeded, out.reason
-    got, step = _first_steps_after(planner, LateSubscriber(planner), obs[12])
-    assert got == [step] == [8]  # steps 6-10 belong to the timeline the commit left
-
-
-def test_committed_replan_from_the_live_capsule_starts_the_history_afresh(flashrt):
-    _, planner = flashrt
-    obs = observation_trace(20)
-    planner.run(obs[:10])
-    out = planner.client.replan(np.stack([obs[10:12]]), commit_branch=0, timeout_s=30)
-    assert out.succeeded, out.reason
-    # the committed steps 11-12 were never published: a history 1-10 then 13 would hide that gap
-    got, step = _first_steps_after(planner, LateSubscriber(planner), obs[12])
-    assert got == [step] == [13]
-
-    out = planner.client.replan(np.stack([obs[13:15]]), timeout_s=30)  # what-if: the timeline stays
-    assert out.succeeded, out.reason
-    planner.run(obs[15:17])
-    late = LateSubscriber(planner)
-    assert late.wait_for(3) == [13, 14, 15]
-    late.close()

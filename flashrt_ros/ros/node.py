@@ -242,7 +242,7 @@ class FlashRTNode(LifecycleNode):
     # ---- policy_step history ----------------------------------------------------------------
     # policy_step is transient-local (step_link: a client's first answer must survive the DDS match), so its
     # writer hands its last steps to every late subscriber. Those must be steps of the live timeline: on a
-    # rollback, a reset, a restoring import, a committed replan and while inactive the writer is replaced by
+    # rollback, a reset, a restoring import and while inactive the writer is replaced by
     # one with an empty history. The replacement is made ahead (the spare, which never publishes), so the
     # subscribers have matched it when it takes over: a writer made at the swap would drop, for a subscriber
     # that has not matched it yet, every step beyond its history depth (a volatile one gets none of them).
@@ -271,8 +271,8 @@ class FlashRTNode(LifecycleNode):
 
     def live_state_replaced(self) -> None:
         """The live state no longer continues the steps published so far (rollback, reset, a restoring
-        import, a committed replan): start policy_step's history afresh. Called from a service worker thread
-        or the replan thread, never the executor.
+        import): start policy_step's history afresh. Called from a service worker thread, never the
+        executor.
 
         The spare takes the next steps; the old writer, publishing nothing more, stays until its subscribers
         have acknowledged what it sent, or POLICY_STEP_RETIRE_WAIT_S. Both waits poll from here: rmw's

@@ -301,12 +301,8 @@ class ReplanServer:
                 self.gate.finish(self._step_held)
                 with self._state:
                     self._current = None
-            committed = result.success and args[2] is not None
-            if committed and not self._closing:
-                # Before the answer: a subscriber that joins after it gets no step of the timeline left
-                # behind. After the gate opens: live steps go on meanwhile. Not while closing: deactivate
-                # waits for this thread on the executor, and leaves no writer anyway.
-                self.node.live_state_replaced()
+            # A commit does not renew policy_step's history (live_state_replaced): that waits up to 0.3 s for
+            # the old writer's acknowledgements, and a replan's answer must stay inside its 50 ms budget.
             self._results[bytes(goal_handle.goal_id.uuid)] = result
             if self.node.context.ok():  # after SIGINT there is no executor left to answer with
                 self._schedule_delivery(goal_handle)
