@@ -151,6 +151,16 @@ class Planner:
     def publish(self, msg) -> None:
         self.pub.publish(msg)
 
+    def publish_and_wait(self, msg, timeout: float = 10.0):
+        """Publish one observation and return the policy_step it produced (asserts one came)."""
+        n = len(self.steps)
+        self.publish(msg)
+        end = time.monotonic() + timeout
+        while len(self.steps) == n and time.monotonic() < end:
+            self.spin(0.01)
+        assert len(self.steps) > n, "no policy_step"
+        return self.steps[-1]
+
     def step(self, obs: np.ndarray, timeout: float = 5.0):
         """Publish one observation and wait for its policy_step (flow control: nothing is overwritten)."""
         n = len(self.steps)

@@ -1,7 +1,6 @@
 """joint_names on a real node: the joint order comes from the parameter, never from whoever publishes
 first. A foreign JointState is refused with an ERROR on /diagnostics, real ones step (no reset, no
 lifecycle transition needed), and reversed real names are mapped back by name."""
-import time
 
 import numpy as np
 import pytest
@@ -17,16 +16,6 @@ JOINTS = [f"joint{i}" for i in range(7)]
 @pytest.fixture
 def node_params():
     return {"joint_names": JOINTS}
-
-
-def _publish_and_wait(planner, msg, timeout: float = 10.0):
-    n = len(planner.steps)
-    planner.publish(msg)
-    end = time.monotonic() + timeout
-    while len(planner.steps) == n and time.monotonic() < end:
-        planner.spin(0.01)
-    assert len(planner.steps) > n, "no policy_step"
-    return planner.steps[-1]
 
 
 def test_a_rogue_joint_state_is_refused_with_a_diagnostics_error_and_real_ones_step_by_name(flashrt):
@@ -50,10 +39,10 @@ def test_a_rogue_joint_state_is_refused_with_a_diagnostics_error_and_real_ones_s
     same_as_reference(planner.step(obs[1]), obs[1])  # the real sensor steps at once
     rev = joint_state(obs[2], 2_000_000_000)
     rev.name, rev.position, rev.velocity = rev.name[::-1], rev.position[::-1], rev.velocity[::-1]
-    same_as_reference(_publish_and_wait(planner, rev), obs[2])  # mapped by name, not by position
+    same_as_reference(planner.publish_and_wait(rev), obs[2])  # mapped by name, not by position
     extra = joint_state(obs[3], 3_000_000_000)
     extra.name, extra.position, extra.velocity = ["gripper", *extra.name], [0.5, *extra.position], \
         [0.0, *extra.velocity]
-    same_as_reference(_publish_and_wait(planner, extra), obs[3])  # a joint not configured is ignored
+    same_as_reference(planner.publish_and_wait(extra), obs[3])  # a joint not configured is ignored
     status, values = diags.until(lambda v: v["steps"] == "3")
     assert status.level != DiagnosticStatus.ERROR and values["joint_name_mismatches"] == "1"  # over: no error

@@ -176,16 +176,6 @@ def test_sizes_are_read_only_and_diagnostics_report(flashrt):
             "step_deadline_misses"} <= set(values)
 
 
-def _step_with(planner, msg, timeout: float = 5.0):
-    n = len(planner.steps)
-    planner.publish(msg)
-    end = time.monotonic() + timeout
-    while len(planner.steps) == n and time.monotonic() < end:
-        planner.spin(0.01)
-    assert len(planner.steps) > n, "no policy_step"
-    return planner.steps[-1]
-
-
 def test_without_joint_names_the_first_message_fixes_nothing_and_bad_joint_states_are_refused(flashrt):
     from diagnostic_msgs.msg import DiagnosticArray
     from ros_harness import reference_session
@@ -202,12 +192,12 @@ def test_without_joint_names_the_first_message_fixes_nothing_and_bad_joint_state
 
     rogue = joint_state(obs[0], 1_000_000_000)
     rogue.name = [f"other{i}" for i in range(7)]
-    same_as_reference(_step_with(planner, rogue), obs[0])  # message order: names are not checked...
+    same_as_reference(planner.publish_and_wait(rogue), obs[0])  # message order: names are not checked...
     same_as_reference(planner.step(obs[1]), obs[1])  # ...and the first publisher fixes no joint order
     # the joint order changes mid-stream: stepped as flashrt-replay's offline conversion reads it
     rev = joint_state(obs[2], 2_000_000_000)
     rev.name, rev.position, rev.velocity = rev.name[::-1], rev.position[::-1], rev.velocity[::-1]
-    same_as_reference(_step_with(planner, rev), message_to_obs(rev, "joint_state", 14))
+    same_as_reference(planner.publish_and_wait(rev), message_to_obs(rev, "joint_state", 14))
     bad = [joint_state(obs[2], 3_000_000_000 + i) for i in range(4)]
     bad[0].name = bad[0].name[:2]  # 2 names for 7 joints
     bad[1].name = [f"joint{i}" for i in range(14)]  # 14 positions, 0 velocities
