@@ -5,6 +5,7 @@ Each signal lands at another point: right after the long goal's first feedback, 
 goals (each answered "busy", then "shutting down") is still being taken."""
 import os
 import signal
+import time
 
 import pytest
 from replan_helpers import long_goal_observations, wait_for_feedback
@@ -30,12 +31,20 @@ def ros_context(tmp_path):
             rclpy.try_shutdown()
 
 
+def wait_reading_answers(planner, process, timeout: float) -> int:
+    end = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < end:
+        planner.spin(0.05)
+    return process.wait(max(0.1, end - time.monotonic()))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_during_a_replan_and_a_burst_of_goals_exits_0_with_a_clean_log(ros_context, tmp_path, sig):
     small = observation_trace(8)[None]
-    # Bursts stay within what a reliable DDS writer takes without blocking: at 150 goals in ~10 ms the
-    # goal service's response writer once hit its blocking time in a quiet run ("failed to send response
-    # (timeout)" from rmw), a back-pressure drop of the middleware, not the shutdown this test is about.
+    # The planner keeps reading its answers while the node shuts down, as a live planner does: a client that
+    # stops taking them fills its reader's history, and the node's reliable response writer then hits its
+    # blocking time ("failed to send response (timeout)" from rmw, seen in CI under Jazzy), a
+    # back-pressure drop caused by the client, not the shutdown this test is about.
     for point, burst in enumerate((0, 30, 60)):
         proc = NodeProcess(ros_context, tmp_path / f"node{point}.log", namespace=NS,
                            capsule_dir=str(tmp_path / "capsules"), replan_max_deadline_ms=LONG)
@@ -47,7 +56,7 @@ def test_a_signal_during_a_replan_and_a_burst_of_goals_exits_0_with_a_clean_log(
             goals = [planner.client.send_replan(small) for _ in range(burst)]
             planner.spin(0.01 * point)  # some of the burst taken, some still queued
             proc.proc.send_signal(sig)
-            rc = proc.proc.wait(30)
+            rc = wait_reading_answers(planner, proc.proc, 30.0)
         finally:
             planner.close()
             proc.stop()
