@@ -9,7 +9,7 @@ from pathlib import Path
 from ..common import write_json
 from ..machine import load_average, with_machine
 
-# The backend a subcommand measures when its JSON does not say (the ROS bench starts a NumPy node).
+# The backend a subcommand measures when its JSON does not say.
 RUNS_ON = {"gpu": "cuda"}
 
 
@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     ros = sub.add_parser("ros", help="service / action / step latency through ROS 2, separate processes")
     ros.add_argument("--json", help="also write the JSON here")
     ros.add_argument("--calls", type=int, default=500, help="calls per measured kind")
+    ros.add_argument("--backend", default="auto", choices=["auto", "cpu", "numpy", "cuda"],
+                     help="the node's backend parameter (default auto, as the shipped config)")
     ros.add_argument("--thread-priority", type=int, default=0, metavar="N",
                      help="start the node with thread_priority:=N (SCHED_FIFO stepping thread; 0 = off)")
     pe = sub.add_parser("persist", help="capsule log: step overhead, MiB/s, resume time, records lost to kill -9")

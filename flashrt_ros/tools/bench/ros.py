@@ -48,6 +48,7 @@ def run(args) -> dict:
     env = ros_env()
     os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOG_DIR")})
     import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from sensor_msgs.msg import JointState
     from std_srvs.srv import Trigger
@@ -59,7 +60,7 @@ def run(args) -> dict:
 
     procs = [subprocess.Popen([sys.executable, "-c", TRIGGER_NODE], env=env),
              subprocess.Popen([sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file",
-                               params_file(None), "-p", "backend:=numpy", "-p", "observation_reliable:=true",
+                               params_file(None), "-p", f"backend:={args.backend}", "-p", "observation_reliable:=true",
                                "-p", f"thread_priority:={args.thread_priority}"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)]
     rclpy.init()
@@ -71,6 +72,13 @@ def run(args) -> dict:
         client.wait_until_ready(60.0)
         assert trigger.wait_for_service(timeout_sec=30.0)
         got: list = []
+        diag: dict = {}
+
+        def on_diag(msg) -> None:
+            for st in msg.status:
+                if st.name.endswith("flashrt: runtime"):
+                    diag.update({kv.key: kv.value for kv in st.values})
+        node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
         qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
         step_sub = node.create_subscription(PolicyStep, "policy_step", got.append, policy_step_qos(100))
         pub = node.create_publisher(JointState, "observation", qos)
@@ -122,7 +130,8 @@ def run(args) -> dict:
                "replan_kv_fill": f"{min(base.step, window)}/{window}", "replan_kv_len": min(base.step, window),
                "replan_from_step": base.step,
                "step_latency": p50_p99(lat), "step_in_node_ms": p50_p99(in_node),
-               "thread_priority": args.thread_priority, "units": "ms"}
+               "thread_priority": args.thread_priority, "units": "ms",
+               "backend": diag.get("backend", args.backend)}  # what the node's `auto` resolved to
         if getattr(args, "plot", None):  # every sample, for the CDFs (only then: 4 x calls numbers)
             out["samples_ms"] = {k: [round(x, 4) for x in v] for k, v in (
                 ("trigger_rtt", trig), ("rollback_rtt", roll), ("replan_rtt", rep), ("step_latency", lat))}

@@ -13,7 +13,12 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=20.0, help="mission length in seconds (ROS demo)")
     ap.add_argument("--steps", type=int, default=300,
                     help="trace length (runtime demo), at least 2; it rolls back min(50, steps // 2) steps")
-    ap.add_argument("--backend", default="numpy", choices=["numpy", "cpu", "cuda", "auto"])
+    ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "numpy", "cuda"],
+                    help="auto (default) takes CUDA when CuPy has a device, else the compiled CPU backend, else NumPy")
+    ap.add_argument("--cpu-load", type=int, default=0, metavar="N",
+                    help="ROS demo: also run N processes that each keep one core busy (the robot's other work)")
+    ap.add_argument("--thread-priority", type=int, default=0, metavar="N",
+                    help="ROS demo: start the node with thread_priority:=N (SCHED_FIFO stepping thread; 0 = off)")
     ap.add_argument("--config", help="params file (default: the shipped config/flashrt.yaml values)")
     ap.add_argument("--json", help="write the summary JSON here")
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the run into this PNG (needs matplotlib): the "
@@ -34,10 +39,15 @@ def main(argv=None) -> int:
         from .mission import run
         if not args.duration > 0:
             ap.error("--duration must be > 0 seconds")
+        if not 0 <= args.thread_priority <= 99:
+            ap.error("--thread-priority must be 0 (off) to 99")
+        if args.cpu_load < 0:
+            ap.error("--cpu-load must be >= 0 processes")
     from ..machine import load_average, with_machine
     try:
         load_before = load_average()
-        summary = with_machine(run(args), args.backend, load_before)
+        result = run(args)
+        summary = with_machine(result, result.get("backend", args.backend), load_before)  # what auto resolved to
     except KeyboardInterrupt:
         return 130
     if args.json:

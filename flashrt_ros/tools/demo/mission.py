@@ -35,18 +35,25 @@ def params_file(config: str | None) -> str:
     return str(Path(get_package_share_directory("flashrt_ros")) / "config" / "flashrt.yaml")
 
 
+CPU_BURNER = "while True: pass"
+
+
 def run(args) -> dict:
     env = ros_env()
     py = sys.executable
     work = Path(tempfile.mkdtemp(prefix="flashrt-demo."))
     node_cmd = [py, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file", params_file(args.config),
                 "-p", f"backend:={args.backend}", "-p", f"capsule_dir:={work / 'capsules'}"]
+    if args.thread_priority:  # else the params file's value
+        node_cmd += ["-p", f"thread_priority:={args.thread_priority}"]
     progress(f"ROS_DOMAIN_ID={env['ROS_DOMAIN_ID']}, discovery LOCALHOST, logs in {env['ROS_LOG_DIR']}")
     t0 = time.monotonic()
     node_log = open(work / "node.log", "w")
     node = subprocess.Popen(node_cmd, env=env, stdout=node_log, stderr=subprocess.STDOUT)
     procs = [node]
     try:
+        # Other work on the robot's computer: each burner keeps one core busy for the whole mission.
+        procs += [subprocess.Popen([py, "-c", CPU_BURNER], stderr=subprocess.DEVNULL) for _ in range(args.cpu_load)]
         planner_json = work / "planner.json"
         planner = subprocess.Popen([py, "-m", "flashrt_ros.tools.demo.planner", "--duration", str(args.duration),
                                     "--json", str(planner_json)] + (["--timeline"] if getattr(args, "plot", None)
@@ -77,6 +84,8 @@ def run(args) -> dict:
     node_out = (work / "node.log").read_text()
     summary["node_rss_mb"] = rss.summary()
     summary["node_exit_code"] = node.returncode
+    summary["cpu_load_processes"] = args.cpu_load
+    summary["thread_priority"] = args.thread_priority
     summary["node_traceback"] = "Traceback" in node_out
     summary["wall_s"] = round(time.monotonic() - t0, 1)
     summary["ok"] = bool(rc == 0 and node.returncode == 0 and not summary["node_traceback"]
@@ -116,6 +125,8 @@ def _print_summary(s: dict, work: Path) -> None:
         return f"{d['p50']:.2f} / {d['p99']:.2f} ms" if d and d.get("p50") is not None else "n/a"
     rows = [
         ("backend", s.get("backend", "?")),
+        ("other load (busy processes)", s.get("cpu_load_processes", 0)),
+        ("thread_priority (stepping thread)", s.get("thread_priority", 0)),
         ("steps (one per observation)", s.get("steps", 0)),
         ("rejected observations", s.get("rejected", 0)),
         ("held during replans", s.get("held_observations", 0)),
