@@ -20,3 +20,10 @@ def test_bench_ros_replans_from_a_full_wrapped_window_and_reports_the_fill(ros_d
     for key in ("trigger_rtt", "rollback_rtt", "replan_rtt", "replan_in_node_ms", "step_latency"):
         assert 0 < d[key]["p50"] <= d[key]["p99"], key
     assert d["calls"] == 20 and d["replan_deadline_met"].endswith("/20")
+    beside = d["step_beside_replans"]  # the live step with and without a replan running, same run
+    assert beside["replans"] > 0 and beside["block_steps"] == 5
+    for key in ("round_trip_ms", "in_node_ms"):
+        for phase in ("idle", "replanning"):
+            assert 0 < beside[key][phase]["p50"] <= beside[key][phase]["p99"], (key, phase)
+    assert beside["round_trip_p99_ratio"] > 0 and beside["in_node_p99_ratio"] > 0
+    assert d["backend"] in ("cpu", "cuda", "numpy") and d["machine"]["backend"] == d["backend"]  # auto, resolved

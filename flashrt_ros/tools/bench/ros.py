@@ -42,6 +42,70 @@ def _timed(n: int, what: str, fn) -> list[float]:
     return out
 
 
+def _steps_beside_replans(node_name: str, step, last_in_node, observations, branches, pinned: int,
+                          block: int = 50) -> dict:
+    """Observation -> policy_step latency in alternating blocks of `block` steps, the same node in the same
+    run: none running, then a replan always running (another client sends them back to back)."""
+    import threading
+
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+
+    from ...ros.client import FlashRTClient
+    node = rclpy.create_node(node_name)
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    client = FlashRTClient(node)
+    go, stop, idle_now = threading.Event(), threading.Event(), threading.Event()
+    idle_now.set()
+    replans = []
+
+    def replan_back_to_back() -> None:
+        while not stop.is_set():
+            if not go.wait(0.05):
+                continue
+            idle_now.clear()
+            try:
+                replans.append(client.replan(branches, capsule_id=pinned).result.elapsed_ms)
+            finally:
+                idle_now.set()
+
+    worker = threading.Thread(target=replan_back_to_back, daemon=True)
+    worker.start()
+    rtt = {"idle": [], "replanning": []}
+    in_node = {"idle": [], "replanning": []}
+    try:
+        for i, o in enumerate(observations):
+            busy = (i // block) % 2 == 1
+            if busy and not go.is_set():
+                go.set()
+                while idle_now.is_set():  # the first replan of the block has started
+                    time.sleep(0.001)
+            elif not busy and go.is_set():
+                go.clear()
+                idle_now.wait(10.0)  # the last replan of the block has ended
+            key = "replanning" if busy else "idle"
+            rtt[key].append(step(o))
+            in_node[key].append(last_in_node())
+            if (i + 1) % 100 == 0:
+                progress(f"steps beside replans: {i + 1}/{len(observations)}")
+    finally:
+        stop.set()
+        go.set()
+        worker.join(30.0)
+        executor.shutdown()
+        node.destroy_node()
+
+    def ratio(a, b):
+        return round(p50_p99(a)["p99"] / p50_p99(b)["p99"], 2)
+    return {"round_trip_ms": {k: p50_p99(v) for k, v in rtt.items()},
+            "in_node_ms": {k: p50_p99(v) for k, v in in_node.items()},
+            "round_trip_p99_ratio": ratio(rtt["replanning"], rtt["idle"]),
+            "in_node_p99_ratio": ratio(in_node["replanning"], in_node["idle"]),
+            "replans": len(replans), "block_steps": block}
+
+
 def run(args) -> dict:
     import os
 
@@ -86,7 +150,7 @@ def run(args) -> dict:
         # replan from a full, wrapped window: what a long-running robot has (the shipped config's window)
         window = PolicyConfig.from_yaml(params_file(None)).kv_window
         warm = window + 64
-        trace = synthetic_trace(args.calls + warm + 100, 14)  # the shipped config's obs_dim
+        trace = synthetic_trace(3 * args.calls + warm + 100, 14)  # the shipped config's obs_dim
         names = [f"joint{i}" for i in range(7)]
 
         def step(o):
@@ -124,12 +188,16 @@ def run(args) -> dict:
             in_node.append(got[-1].step_latency_ms)
             if (i + 1) % 100 == 0:
                 progress(f"step latency: {i + 1}/{args.calls}")
+        beside = _steps_beside_replans("flashrt_bench_replanner", step, lambda: got[-1].step_latency_ms,
+                                       trace[warm:warm + 2 * args.calls], branches, pinned,
+                                       block=max(1, min(50, args.calls // 4)))
         out = {"calls": args.calls, "trigger_rtt": p50_p99(trig), "rollback_rtt": p50_p99(roll),
                "replan_rtt": p50_p99(rep), "replan_in_node_ms": p50_p99(rep_node),
                "replan_deadline_met": f"{sum(deadline_met)}/{len(deadline_met)}",
                "replan_kv_fill": f"{min(base.step, window)}/{window}", "replan_kv_len": min(base.step, window),
                "replan_from_step": base.step,
                "step_latency": p50_p99(lat), "step_in_node_ms": p50_p99(in_node),
+               "step_beside_replans": beside,
                "thread_priority": args.thread_priority, "units": "ms",
                "backend": diag.get("backend", args.backend)}  # what the node's `auto` resolved to
         if getattr(args, "plot", None):  # every sample, for the CDFs (only then: 4 x calls numbers)
