@@ -15,7 +15,6 @@ import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from unittest.mock import patch
 
 import yaml
 
@@ -61,9 +60,18 @@ def _stand_in_modules(share_dirs: dict[str, Path]) -> dict[str, types.ModuleType
 def _description(path: Path, share_dirs: dict[str, Path]) -> list:
     spec = importlib.util.spec_from_file_location(f"launch_file_{path.name.split('.')[0]}", path)
     module = importlib.util.module_from_spec(spec)
-    with patch.dict(sys.modules, _stand_in_modules(share_dirs)):
+    stand_ins = _stand_in_modules(share_dirs)
+    before = {name: sys.modules.get(name) for name in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
         spec.loader.exec_module(module)
         (entities,) = module.generate_launch_description().args
+    finally:  # the real modules (ament_index_python is installed) come back
+        for name, previous in before.items():
+            if previous is None:
+                del sys.modules[name]
+            else:
+                sys.modules[name] = previous
     return entities
 
 
