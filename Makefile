@@ -14,6 +14,9 @@ ifndef ROS_DOMAIN_ID
 export ROS_DOMAIN_ID := $(shell echo $$(( 20 + $$$$ % 180 )))
 endif
 export PYTHONDONTWRITEBYTECODE := 1
+# One cache of the compiled CPU step for every target and venv (numba names its files by Python version):
+# `make demo` after `make test` starts without compiling.
+export NUMBA_CACHE_DIR ?= $(CURDIR)/build/numba-cache
 # A throwaway ROS log dir, made only by the recipes that start ROS processes (prefix their command
 # with this), so `make help` and the build steps leave nothing behind in $TMPDIR.
 WITH_ROS_LOG := export ROS_LOG_DIR="$${ROS_LOG_DIR:-$$(mktemp -d -t flashrt-roslog.XXXXXX)}";
