@@ -17,9 +17,9 @@ Q, META, PAGES, OUT, PART = 0, 3, 4, 5, 12  # attn_decode's buffer arguments (ke
 
 
 @cache
-def _session(window: int, mixer: str = "gru", small: bool = False) -> Session:
-    if small:  # head width 16, two heads
-        return Session(small_config(kv_window=window, mixer=mixer), backend="cpu")
+def _session(window: int, mixer: str = "gru", small: bool = False, d_model: int = 32) -> Session:
+    if small:  # two heads of d_model // 2 channels
+        return Session(small_config(kv_window=window, mixer=mixer, d_model=d_model), backend="cpu")
     budget = 8.0 + window * 0.03  # the window's KV pages for 9 rows and a few capsules
     return Session(PolicyConfig(kv_window=window, mixer=mixer, capsule_budget_mb=budget), backend="cpu")
 
@@ -92,6 +92,14 @@ def test_attention_bytes_equal_the_scalar_twin_for_every_batch_and_page_layout(w
 @pytest.mark.parametrize("layout", ["lockstep", "private_tail", "own_pages"])
 def test_attention_bytes_equal_the_scalar_twin_at_head_width_16(mixer, rows, layout):
     _assert_same_bytes_as_the_twin(_session(48, mixer, small=True), rows, layout, "wrapped", seed=rows)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 7])
+@pytest.mark.parametrize("head_width", [4, 9, 40])  # under one vector, one and a channel, 32 + 8
+def test_attention_bytes_equal_the_scalar_twin_at_head_widths_off_the_vector_width(head_width, rows):
+    s = _session(200, small=True, d_model=2 * head_width)
+    for layout in ("lockstep", "private_tail", "two_positions"):
+        _assert_same_bytes_as_the_twin(s, rows, layout, "wrapped", seed=head_width)
 
 
 @pytest.mark.parametrize("layout", ["lockstep", "private_tail"])

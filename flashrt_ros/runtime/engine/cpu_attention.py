@@ -194,7 +194,8 @@ def _values_intrinsic(rows, blocks):
     return values
 
 
-_values_2x32, _values_1x32, _values_1x8 = _values_intrinsic(2, 4), _values_intrinsic(1, 4), _values_intrinsic(1, 1)
+_values_2x32, _values_1x32 = _values_intrinsic(2, 4), _values_intrinsic(1, 4)
+_values_2x8, _values_1x8 = _values_intrinsic(2, 1), _values_intrinsic(1, 1)
 
 
 @njit(cache=True, nogil=True)
@@ -283,20 +284,23 @@ def _chunk(op, wf, si, lf, b0, b1, h, j, n_pages, P, d, hd, kv_window):
     v_at = v_off + (page * KV_PAGE + t0) * d + q0
     n = t1 - t0
     p_rs, a_rs = op[1 + ARG_COLS * 6 + 2], op[1 + ARG_COLS * 9 + 2]
-    for e in range(0, wide - 31, 32):  # channels 8 to a vector lane, each summed over the slots in slot order
+    e = 0
+    while e < wide:  # channels 8 to a vector lane (32 at once where they fit), each summed in slot order
+        quad = e + 4 * _LANES <= wide
         b = b0
         while b < b1:
             p_at, a_at = _row(op, 6, b) + c * KV_PAGE + t0, _row(op, 9, b) + c * hd + e
-            if b1 - b >= 2:
+            pair = b + 2 <= b1
+            if quad and pair:
                 _values_2x32(wf, lf, p_at, p_rs, v_at + e, d, n, a_at, a_rs)
-                b += 2
-            else:
+            elif quad:
                 _values_1x32(wf, lf, p_at, p_rs, v_at + e, d, n, a_at, a_rs)
-                b += 1
-    for e in range(wide // 32 * 32, wide, _LANES):
-        for b in range(b0, b1):
-            _values_1x8(wf, lf, _row(op, 6, b) + c * KV_PAGE + t0, p_rs, v_at + e, d, n, _row(op, 9, b) + c * hd + e,
-                        a_rs)
+            elif pair:
+                _values_2x8(wf, lf, p_at, p_rs, v_at + e, d, n, a_at, a_rs)
+            else:
+                _values_1x8(wf, lf, p_at, p_rs, v_at + e, d, n, a_at, a_rs)
+            b += 2 if pair else 1
+        e += 4 * _LANES if quad else _LANES
     for t in range(t0, t1):  # channels past the last 8
         at = v_off + (page * KV_PAGE + t) * d + q0
         for b in range(b0, b1):
