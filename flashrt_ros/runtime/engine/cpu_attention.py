@@ -212,6 +212,41 @@ def _slots_in_window(j, lo, R, count):
 
 
 @njit(cache=True, nogil=True)
+def _exp_shifted(w, m):
+    for t in range(w.size):  # indices from 0, no sum in the loop: so the compiler vectorises it
+        w[t] = _exp(max(w[t] - m, _FLOOR))
+
+
+@njit(cache=True, nogil=True)
+def _softmax1(w):
+    """One row's chunk scores w -> p = exp(w - m) in place; m = max w and l = sum p, both in slot order."""
+    m = _NEG_BIG
+    for t in range(w.size):
+        m = max(m, w[t])
+    _exp_shifted(w, m)
+    lsum = _F0
+    for t in range(w.size):
+        lsum += w[t]
+    return m, lsum
+
+
+@njit(cache=True, nogil=True)
+def _softmax2(wa, wb):
+    """_softmax1 of two rows, their max and sum chains side by side (the CPU overlaps them)."""
+    ma = mb = _NEG_BIG
+    for t in range(wa.size):
+        ma = max(ma, wa[t])
+        mb = max(mb, wb[t])
+    _exp_shifted(wa, ma)
+    _exp_shifted(wb, mb)
+    la = lb = _F0
+    for t in range(wa.size):
+        la += wa[t]
+        lb += wb[t]
+    return ma, la, mb, lb
+
+
+@njit(cache=True, nogil=True)
 def _chunk(op, wf, si, lf, b0, b1, h, j, n_pages, P, d, hd, kv_window):
     """Chunk j (page slot j) of head h for rows b0..b1-1, which read the same page over the same slots: a key
     load serves up to 4 of them, a value load 2. Per row: scores (each summed in channel order), m = max,
@@ -267,19 +302,17 @@ def _chunk(op, wf, si, lf, b0, b1, h, j, n_pages, P, d, hd, kv_window):
         for b in range(b0, b1):
             q = _row(op, 0, b) + q0
             wf[_row(op, 6, b) + c * KV_PAGE + t] = _dot(wf[q:q + hd], k, hd) * scale
-    for b in range(b0, b1):
-        sc = wf[_row(op, 6, b) + c * KV_PAGE:_row(op, 6, b) + (c + 1) * KV_PAGE]
-        m = _NEG_BIG
-        for t in range(t0, t1):
-            m = max(m, sc[t])
-        w = sc[t0:t1]
-        for t in range(t1 - t0):  # indices from 0, no sum in the loop: so the compiler vectorises it
-            w[t] = _exp(max(w[t] - m, _FLOOR))
-        lsum = _F0
-        for t in range(t0, t1):
-            lsum += sc[t]
-        wf[_row(op, 7, b) + c] = m
-        wf[_row(op, 8, b) + c] = lsum
+    b = b0
+    while b < b1:  # two rows' max and sum chains side by side where there are two
+        sa = _row(op, 6, b) + c * KV_PAGE
+        if b + 2 <= b1:
+            sb = _row(op, 6, b + 1) + c * KV_PAGE
+            ma, la, mb, lb = _softmax2(wf[sa + t0:sa + t1], wf[sb + t0:sb + t1])
+            wf[_row(op, 7, b + 1) + c], wf[_row(op, 8, b + 1) + c] = mb, lb
+        else:
+            ma, la = _softmax1(wf[sa + t0:sa + t1])
+        wf[_row(op, 7, b) + c], wf[_row(op, 8, b) + c] = ma, la
+        b += 2 if b + 2 <= b1 else 1
     wide = hd // _LANES * _LANES
     v_at = v_off + (page * KV_PAGE + t0) * d + q0
     n = t1 - t0
