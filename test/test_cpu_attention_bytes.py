@@ -19,8 +19,9 @@ Q, META, PAGES, OUT, PART = 0, 3, 4, 5, 12  # attn_decode's buffer arguments (ke
 @cache
 def _session(window: int, mixer: str = "gru", small: bool = False, d_model: int = 32) -> Session:
     if small:  # two heads of d_model // 2 channels
-        return Session(small_config(kv_window=window, mixer=mixer, d_model=d_model), backend="cpu")
-    budget = 8.0 + window * 0.03  # the window's KV pages for 9 rows and a few capsules
+        return Session(small_config(kv_window=window, mixer=mixer, d_model=d_model, capsule_budget_mb=4.0,
+                                    capsule_capacity=0), backend="cpu")
+    budget = 14.0 + window / 128  # the KV pages 9 rows need and a few capsules: a small arena to fill
     return Session(PolicyConfig(kv_window=window, mixer=mixer, capsule_budget_mb=budget), backend="cpu")
 
 
@@ -42,8 +43,8 @@ def _inputs(s: Session, rows: int, layout: str, fill: str, seed: int):
     n_pages, P, d, n_heads, window = (int(v) for v in op[DIM0:DIM0 + N_DIMS][:5])
     rng = np.random.default_rng(seed)
     sf, si, wf, gf, lf = (r.copy() for r in batch._regions)
-    lf[:] = rng.standard_normal(lf.size).astype(np.float32)
-    wf[:] = rng.standard_normal(wf.size).astype(np.float32) * np.float32(3.0)  # q: some scores under the floor
+    lf[:] = rng.standard_normal(lf.size, dtype=np.float32)
+    wf[:] = rng.standard_normal(wf.size, dtype=np.float32) * np.float32(3.0)  # q: some scores under the floor
     kv_len = window if fill == "wrapped" else window * 3 // 5
     pos = 7 * window + 37 if fill == "wrapped" else kv_len
     base = rng.permutation(n_pages)[:P]
