@@ -620,4 +620,17 @@ MUTATIONS = [
              "flashrt.launch.py namespce:=robot1 autostart:=false",
              ["test/test_readme_ros_commands.py"],
              "a misspelled launch argument: ros2 launch takes it silently and the node starts outside the namespace"),
+    # issue 17 (h17attn)
+    Mutation("cpu_attention_shared_key_block_sums_channels_backwards", RT + "engine/cpu_attention.py",
+             "                    for e, col in zip(q_idx, cols):\n",
+             "                    for e, col in (zip(q_idx, cols) if rows == 1 else zip(q_idx[::-1], cols[::-1])):\n",
+             ["test/test_cpu_attention_bytes.py",
+              "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
+             "rows in lockstep sum their attention scores in another channel order than a row alone"),
+    Mutation("cpu_attention_row_pair_sums_values_backwards", RT + "engine/cpu_attention.py",
+             "                t = loop.index\n",
+             "                t = loop.index if rows == 1 else builder.sub(builder.sub(n, loop.index), i64(1))\n",
+             ["test/test_cpu_attention_bytes.py",
+              "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
+             "rows in lockstep sum their attention values in another slot order than a row alone"),
 ]

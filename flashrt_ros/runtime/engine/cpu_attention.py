@@ -1,11 +1,19 @@
 """Attention of the compiled CPU step (cpu_kernels.py): the KV append and single-query attention over the
 paged window, chunk j = page slot j by absolute position, combined per row in slot order (DESIGN.md,
-"Attention over the paged window"). Rows in lockstep that read one page share each key and value load and do
-the same float operations as a row alone, so grouping never changes a byte."""
+"Attention over the paged window"). Rows in lockstep that read one page share key and value loads and do
+the same float operations as a row alone, so grouping never changes a byte.
+
+The scores and the value sums run in vector lanes without reordering any sum: a score's lane is a slot (its
+channels summed in order), a value sum's lane is a channel (its slots summed in order). numba vectorises only
+innermost loops, and both sums' order runs across the natural loop, so those two are numba intrinsics that
+emit the vector code (LLVM IR) directly: plain fmul then fadd, never fused or reassociated."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ..model.kernel_spec import KV_PAGE, META_KV_LEN, META_POS, SCORE_FLOOR
 from .cpu_program import ARG_COLS, _f, _i, _row
@@ -69,6 +77,127 @@ def _dot4(q, k0, k1, k2, k3, n):
     return s0, s1, s2, s3
 
 
+_LANES = 8  # float32 lanes of one vector: 256 bits (two 128-bit registers on NEON)
+_VEC = ir.VectorType(ir.FloatType(), _LANES)
+
+
+def _shuffle(builder, a, b, mask):
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), _LANES), mask))
+
+
+def _transpose8(builder, rows):
+    """rows[i][e] (slot i, channel e) -> cols[e][i]: the 8x8 transpose in three rounds of two-input shuffles."""
+    lo, hi = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    t = [_shuffle(builder, rows[i], rows[i + 1], m) for i in range(0, 8, 2) for m in (lo, hi)]
+    lo, hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    u = [_shuffle(builder, t[a], t[a + 2], m) for a in (0, 1, 4, 5) for m in (lo, hi)]
+    lo, hi = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    return [_shuffle(builder, u[i], u[i + 4], m) for m in (lo, hi) for i in range(4)]
+
+
+def _splat(builder, x):
+    v = builder.insert_element(ir.Constant(_VEC, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
+    return _shuffle(builder, v, v, [0] * _LANES)
+
+
+def _scores_intrinsic(rows):
+    """An intrinsic for the scores of 8 slots for `rows` rows: wf[s_at + r s_rs + i] = _dot(q_r, k_i, hd) * scale,
+    k_i = lf[k_at + i d:], q_r = wf[q_at + r q_rs:]. One vector lane per slot, each lane summing q[0] k_i[0] +
+    q[1] k_i[1] + ... in channel order with plain fmul and fadd (no contraction): _dot's bytes for every slot and
+    row. The keys load 8 channels of 8 slots at a time and transpose in registers, once for all the rows."""
+
+    @intrinsic
+    def scores(typingctx, wf, lf, q_at, q_rs, k_at, d, hd, s_at, s_rs, scale):
+        i8 = types.int64
+        sig = types.void(wf, lf, i8, i8, i8, i8, i8, i8, i8, types.float32)
+
+        def codegen(context, builder, signature, args):
+            wf_v, lf_v, q_at, q_rs, k_at, d, hd, s_at, s_rs, scale = args
+            wfp = context.make_array(signature.args[0])(context, builder, wf_v).data
+            lfp = context.make_array(signature.args[1])(context, builder, lf_v).data
+            i64 = ir.IntType(64)
+            q_row = [builder.add(q_at, builder.mul(q_rs, i64(r))) for r in range(rows)]
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_VEC, [0.0] * _LANES)) for _ in range(rows)]
+
+            def accumulate(q_idx, cols):  # acc_r += q_r[e] * col_e, e in order
+                for r, acc in enumerate(accs):
+                    a = builder.load(acc)
+                    for e, col in zip(q_idx, cols):
+                        q = builder.load(builder.gep(wfp, [builder.add(q_row[r], e)]))
+                        a = builder.fadd(a, builder.fmul(_splat(builder, q), col))
+                    builder.store(a, acc)
+
+            full = builder.mul(builder.sdiv(hd, i64(_LANES)), i64(_LANES))
+            with cgutils.for_range_slice(builder, i64(0), full, i64(_LANES), inc=True) as (e0, _):
+                keys = []
+                for i in range(_LANES):
+                    at = builder.add(k_at, builder.add(builder.mul(d, i64(i)), e0))
+                    keys.append(builder.load(builder.bitcast(builder.gep(lfp, [at]), _VEC.as_pointer()), align=4))
+                accumulate([builder.add(e0, i64(c)) for c in range(_LANES)], _transpose8(builder, keys))
+            with cgutils.for_range(builder, hd, start=full) as loop:  # channels past the last 8
+                e = loop.index
+                k = ir.Constant(_VEC, ir.Undefined)
+                for i in range(_LANES):
+                    at = builder.add(k_at, builder.add(builder.mul(d, i64(i)), e))
+                    k = builder.insert_element(k, builder.load(builder.gep(lfp, [at])), ir.Constant(ir.IntType(32), i))
+                accumulate([e], [k])
+            for r, acc in enumerate(accs):
+                out = builder.gep(wfp, [builder.add(s_at, builder.mul(s_rs, i64(r)))])
+                builder.store(builder.fmul(builder.load(acc), _splat(builder, scale)),
+                              builder.bitcast(out, _VEC.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return scores
+
+
+_scores4, _scores2, _scores1 = _scores_intrinsic(4), _scores_intrinsic(2), _scores_intrinsic(1)
+
+
+def _values_intrinsic(rows, blocks):
+    """An intrinsic for acc_r[e] += p_r[t] v_t[e], t = 0..n-1 in order, for `rows` rows and 8 * blocks channels,
+    8 to a vector lane: p_r = wf[p_at + r p_rs:], v_t = lf[v_at + t d:], acc_r = wf[acc_at + r acc_rs:]. Every
+    sum stays in a register across the slots (independent chains); the rows share each value load."""
+
+    @intrinsic
+    def values(typingctx, wf, lf, p_at, p_rs, v_at, d, n, acc_at, acc_rs):
+        i8 = types.int64
+        sig = types.void(wf, lf, i8, i8, i8, i8, i8, i8, i8)
+
+        def codegen(context, builder, signature, args):
+            wf_v, lf_v, p_at, p_rs, v_at, d, n, acc_at, acc_rs = args
+            wfp = context.make_array(signature.args[0])(context, builder, wf_v).data
+            lfp = context.make_array(signature.args[1])(context, builder, lf_v).data
+            i64 = ir.IntType(64)
+            p_row = [builder.add(p_at, builder.mul(p_rs, i64(r))) for r in range(rows)]
+            outs = [[builder.bitcast(builder.gep(wfp, [builder.add(builder.add(acc_at, builder.mul(acc_rs, i64(r))),
+                                                                   i64(_LANES * k))]), _VEC.as_pointer())
+                     for k in range(blocks)] for r in range(rows)]
+            accs = [[cgutils.alloca_once_value(builder, builder.load(o, align=4)) for o in row] for row in outs]
+            with cgutils.for_range(builder, n) as loop:
+                t = loop.index
+                at = builder.add(v_at, builder.mul(t, d))
+                v = [builder.load(builder.bitcast(builder.gep(lfp, [builder.add(at, i64(_LANES * k))]),
+                                                  _VEC.as_pointer()), align=4) for k in range(blocks)]
+                for r in range(rows):
+                    p = _splat(builder, builder.load(builder.gep(wfp, [builder.add(p_row[r], t)])))
+                    for k in range(blocks):
+                        builder.store(builder.fadd(builder.load(accs[r][k]), builder.fmul(p, v[k])), accs[r][k])
+            for row_outs, row_accs in zip(outs, accs):
+                for o, acc in zip(row_outs, row_accs):
+                    builder.store(builder.load(acc), o, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return values
+
+
+_values_2x32, _values_1x32 = _values_intrinsic(2, 4), _values_intrinsic(1, 4)
+_values_2x8, _values_1x8 = _values_intrinsic(2, 1), _values_intrinsic(1, 1)
+
+
 @njit(cache=True, nogil=True)
 def _slots_in_window(j, lo, R, count):
     """[t0, t1): the slots of page slot j inside the window. Slot t is ring index j * KV_PAGE + t, inside when
@@ -83,11 +212,47 @@ def _slots_in_window(j, lo, R, count):
 
 
 @njit(cache=True, nogil=True)
+def _exp_shifted(w, m):
+    for t in range(w.size):  # indices from 0, no sum in the loop: so the compiler vectorises it
+        w[t] = _exp(max(w[t] - m, _FLOOR))
+
+
+@njit(cache=True, nogil=True)
+def _softmax1(w):
+    """One row's chunk scores w -> p = exp(w - m) in place; m = max w and l = sum p, both in slot order."""
+    m = _NEG_BIG
+    for t in range(w.size):
+        m = max(m, w[t])
+    _exp_shifted(w, m)
+    lsum = _F0
+    for t in range(w.size):
+        lsum += w[t]
+    return m, lsum
+
+
+@njit(cache=True, nogil=True)
+def _softmax2(wa, wb):
+    """_softmax1 of two rows, their max and sum chains side by side (the CPU overlaps them)."""
+    ma = mb = _NEG_BIG
+    for t in range(wa.size):
+        ma = max(ma, wa[t])
+        mb = max(mb, wb[t])
+    _exp_shifted(wa, ma)
+    _exp_shifted(wb, mb)
+    la = lb = _F0
+    for t in range(wa.size):
+        la += wa[t]
+        lb += wb[t]
+    return ma, la, mb, lb
+
+
+@njit(cache=True, nogil=True)
 def _chunk(op, wf, si, lf, b0, b1, h, j, n_pages, P, d, hd, kv_window):
-    """Chunk j (page slot j) of head h for rows b0..b1-1, which read the same page over the same slots: each
-    key and value row is loaded once for all of them. Per row: scores in slot order, m = max, p = exp(s - m)
-    and l = sum p in slot order, acc = sum p v in slot order; the same float operations whether a row runs
-    alone or in a group, so grouping never changes a byte. q, scores, chunk_m/l/acc live in the work slab."""
+    """Chunk j (page slot j) of head h for rows b0..b1-1, which read the same page over the same slots: a key
+    load serves up to 4 of them, a value load 2. Per row: scores (each summed in channel order), m = max,
+    p = exp(s - m) and l = sum p in slot order, acc = sum p v in slot order; the same float operations whether
+    a row runs alone or in a group, so grouping never changes a byte. q, scores, chunk_m/l/acc live in the
+    work slab."""
     R = P * KV_PAGE
     page = _i(si, op, 4, b0)[j] % n_pages
     pos, first, count = _window(_i(si, op, 3, b0), kv_window)
@@ -103,8 +268,24 @@ def _chunk(op, wf, si, lf, b0, b1, h, j, n_pages, P, d, hd, kv_window):
         wf[_row(op, 8, b) + c] = _F0  # chunk_l
     if t0 >= t1:
         return
-    t4 = t0 + (t1 - t0) // 4 * 4
-    for t in range(t0, t4, 4):  # four slots' sums side by side: four independent chains, each in channel order
+    t8 = t0 + (t1 - t0) // _LANES * _LANES
+    q_rs, s_rs = op[1 + ARG_COLS * 0 + 2], op[1 + ARG_COLS * 6 + 2]  # row strides
+    for t in range(t0, t8, _LANES):  # eight slots' sums side by side, one vector lane each
+        at = k_off + (page * KV_PAGE + t) * d + q0
+        b = b0
+        while b < b1:
+            q_at, s_at = _row(op, 0, b) + q0, _row(op, 6, b) + c * KV_PAGE + t
+            if b1 - b >= 4:
+                _scores4(wf, lf, q_at, q_rs, at, d, hd, s_at, s_rs, scale)
+                b += 4
+            elif b1 - b >= 2:
+                _scores2(wf, lf, q_at, q_rs, at, d, hd, s_at, s_rs, scale)
+                b += 2
+            else:
+                _scores1(wf, lf, q_at, q_rs, at, d, hd, s_at, s_rs, scale)
+                b += 1
+    t4 = t8 + (t1 - t8) // 4 * 4
+    for t in range(t8, t4, 4):  # the last slots: four independent chains, each in channel order
         at = k_off + (page * KV_PAGE + t) * d + q0
         for b in range(b0, b1):
             q = wf[_row(op, 0, b) + q0:_row(op, 0, b) + q0 + hd]
@@ -121,27 +302,45 @@ def _chunk(op, wf, si, lf, b0, b1, h, j, n_pages, P, d, hd, kv_window):
         for b in range(b0, b1):
             q = _row(op, 0, b) + q0
             wf[_row(op, 6, b) + c * KV_PAGE + t] = _dot(wf[q:q + hd], k, hd) * scale
-    for b in range(b0, b1):
-        sc = wf[_row(op, 6, b) + c * KV_PAGE:_row(op, 6, b) + (c + 1) * KV_PAGE]
-        m = _NEG_BIG
-        for t in range(t0, t1):
-            m = max(m, sc[t])
-        lsum = _F0
-        for t in range(t0, t1):
-            p = _exp(max(sc[t] - m, _FLOOR))
-            sc[t] = p
-            lsum += p
-        wf[_row(op, 7, b) + c] = m
-        wf[_row(op, 8, b) + c] = lsum
-    for t in range(t0, t1):
+    b = b0
+    while b < b1:  # two rows' max and sum chains side by side where there are two
+        sa = _row(op, 6, b) + c * KV_PAGE
+        if b + 2 <= b1:
+            sb = _row(op, 6, b + 1) + c * KV_PAGE
+            ma, la, mb, lb = _softmax2(wf[sa + t0:sa + t1], wf[sb + t0:sb + t1])
+            wf[_row(op, 7, b + 1) + c], wf[_row(op, 8, b + 1) + c] = mb, lb
+        else:
+            ma, la = _softmax1(wf[sa + t0:sa + t1])
+        wf[_row(op, 7, b) + c], wf[_row(op, 8, b) + c] = ma, la
+        b += 2 if b + 2 <= b1 else 1
+    wide = hd // _LANES * _LANES
+    v_at = v_off + (page * KV_PAGE + t0) * d + q0
+    n = t1 - t0
+    p_rs, a_rs = op[1 + ARG_COLS * 6 + 2], op[1 + ARG_COLS * 9 + 2]
+    e = 0
+    while e < wide:  # channels 8 to a vector lane (32 at once where they fit), each summed in slot order
+        quad = e + 4 * _LANES <= wide
+        b = b0
+        while b < b1:
+            p_at, a_at = _row(op, 6, b) + c * KV_PAGE + t0, _row(op, 9, b) + c * hd + e
+            pair = b + 2 <= b1
+            if quad and pair:
+                _values_2x32(wf, lf, p_at, p_rs, v_at + e, d, n, a_at, a_rs)
+            elif quad:
+                _values_1x32(wf, lf, p_at, p_rs, v_at + e, d, n, a_at, a_rs)
+            elif pair:
+                _values_2x8(wf, lf, p_at, p_rs, v_at + e, d, n, a_at, a_rs)
+            else:
+                _values_1x8(wf, lf, p_at, p_rs, v_at + e, d, n, a_at, a_rs)
+            b += 2 if pair else 1
+        e += 4 * _LANES if quad else _LANES
+    for t in range(t0, t1):  # channels past the last 8
         at = v_off + (page * KV_PAGE + t) * d + q0
-        v = lf[at:at + hd]  # slices: the compiler then vectorises across channels
         for b in range(b0, b1):
             p = wf[_row(op, 6, b) + c * KV_PAGE + t]
             a0 = _row(op, 9, b) + c * hd
-            acc = wf[a0:a0 + hd]
-            for e in range(hd):
-                acc[e] += p * v[e]
+            for e in range(wide, hd):
+                wf[a0 + e] += p * lf[at + e]
 
 
 @njit(cache=True, nogil=True)

@@ -3,8 +3,9 @@ which runs a whole encoded plan (all ops, all rows of a range) in one nogil call
 
 Every reduction runs per row in an order fixed by the code and the config alone: a GEMV sums over its
 input index in order (vectorised across outputs, each with its own accumulator), an attention score sums
-its head's channels in order, softmax sums run over slots in order, chunks are the page slots
-by absolute position and combine in slot order. Nothing depends on the batch size or on which rows share a
+its head's channels in order (vectorised across slots), softmax and value sums run over slots in order
+(values vectorised across channels), chunks are the page slots by absolute position and combine in slot
+order. Nothing depends on the batch size or on which rows share a
 page, so a branch of a batch is byte-identical to that row stepped alone. No ``fastmath``: the compiler may
 vectorise across independent accumulators but never reassociate a sum. Nothing here allocates.
 
