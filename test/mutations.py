@@ -633,4 +633,10 @@ MUTATIONS = [
              ["test/test_cpu_attention_bytes.py",
               "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
              "rows in lockstep sum their attention values in another slot order than a row alone"),
+    # issue 17 (numba cache key)
+    Mutation("numba_cache_keyed_by_the_kernels_file_only", RT + "engine/numba_cache.py",
+             'SOURCES = tuple(sorted(_ENGINE.glob("cpu_*.py"))) + (_ENGINE.parent / "model" / "kernel_spec.py",)',
+             'SOURCES = (_ENGINE / "cpu_kernels.py",)',
+             ["test/test_numba_cache.py"],
+             "an edit to cpu_attention.py alone keeps running the old attention read from numba's cache"),
 ]

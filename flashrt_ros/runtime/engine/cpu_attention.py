@@ -16,6 +16,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..model.kernel_spec import KV_PAGE, META_KV_LEN, META_POS, SCORE_FLOOR
+from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
 from .cpu_program import ARG_COLS, _f, _i, _row
 
 _F0 = np.float32(0.0)

@@ -6,8 +6,8 @@ size; then the op's dimensions); replay is one call of cpu_kernels.run_program o
 regions, which writes in place and allocates nothing. Cold prefill is the NumPy backend's tuned BLAS
 prefill, the fastest cold path on this CPU.
 
-The first use compiles (tens of seconds); numba caches the machine code on disk (NUMBA_CACHE_DIR, else
-__pycache__ beside this file or the user's cache), so later starts load it in about a second.
+The first use compiles (tens of seconds); numba caches the machine code on disk, in a folder keyed by the
+compiled sources (numba_cache.py), so later starts load it in about a second.
 """
 from __future__ import annotations
 

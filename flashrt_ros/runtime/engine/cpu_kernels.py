@@ -29,6 +29,7 @@ from ..model.kernel_spec import (
     RMS_EPS,
     SCORE_FLOOR,
 )
+from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
 from .cpu_attention import attn_decode, kv_write
 from .cpu_program import ARG_COLS, DIM0, N_DIMS, _f, _i
 

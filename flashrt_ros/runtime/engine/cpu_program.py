@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from numba import njit
 
+from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
+
 ARG_COLS = 4  # per argument: region, element offset of the first row, row stride, elements per row
 MAX_ARGS = 15
 DIM0 = 1 + ARG_COLS * MAX_ARGS  # first column of the op's integer dimensions
