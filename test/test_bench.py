@@ -146,3 +146,20 @@ def test_quick_runtime_bench_runs_on_cuda_with_an_exact_restore(tmp_path):
     data = json.loads(out.read_text())
     assert data["backend"] == "cuda" and data["full_restore_max_abs_diff"] == 0.0
     assert data["kv_only_max_abs_diff"] > 1e-3 and is_pct(data["step_latency_ms"])
+
+
+def test_each_replan_case_reports_its_roofline_floor_from_its_flops_bytes_and_the_core_peaks(quick):
+    from flashrt_ros.tools.bench.floor import replan_floor
+    data = quick[0]
+    peaks, cfg = data["core_peaks"], PolicyConfig()
+    assert peaks["gflop_per_s"] > 0 and peaks["gbyte_per_s"] > 0
+    assert set(data["replan_floor"]) == set(data["replan_ms"])
+    for case, floor in data["replan_floor"].items():
+        b, h = (int(v) for v in case.split("@")[0].split("x"))
+        kv_len = data["replan_detail"][case]["kv_len"]
+        window = 2 * kv_len * cfg.d_model * cfg.n_layers  # K and V entries a row reads
+        assert floor["flops_per_batched_step"] == 2 * b * (data["model"]["weight_bytes"] // 4 + window)
+        assert floor["bytes_per_batched_step"] == data["model"]["weight_bytes"] + 4 * window
+        assert floor == {**replan_floor(b, h, kv_len, cfg.d_model, cfg.n_layers, data["model"]["weight_bytes"],
+                                        peaks), "p50_over_floor": floor["p50_over_floor"]}
+        assert floor["p50_over_floor"] == round(data["replan_ms"][case]["p50"] / floor["floor_ms"], 2)

@@ -17,6 +17,7 @@ import numpy as np
 from ...runtime import PolicyConfig, Session
 from ...runtime.model.kernels import KV_PAGE
 from ..common import p50_p99, progress, synthetic_trace, timed_ms
+from .floor import core_peaks, replan_floor
 from .measure import (
     capsule_bytes_per_step,
     full_row_capsule_bytes,
@@ -169,6 +170,7 @@ def window_run(cfg: PolicyConfig, backend: str, W: int, plan: Plan, out: dict) -
         budget = plan.history_budget_mb  # history keys only: a smaller store starts faster, costs the same per op
     s = Session(cfg.replace(kv_window=W, capsule_budget_mb=budget), backend)
     out["backend"] = s.backend.name
+    out["model"]["weight_bytes"] = int(s.arena.weight_slab.nbytes)
     obs = synthetic_trace(2 * W + 4096, cfg.obs_dim, seed=W)
     at = 0
     if W == plan.default_window:
@@ -240,6 +242,13 @@ def run(args) -> dict:
     out["rollback_depth_s"]["verified"] = verify_rollback_depth(cfg, args.backend, plan.depth_check_steps, trace)
     out["rollback_depth_s"]["verified_log_bound"] = verify_rollback_depth(cfg, args.backend, plan.depth_check_steps,
                                                                           trace, bound="log")
+    out["core_peaks"] = core_peaks()
+    out["replan_floor"] = {}
+    for case, r in out["replan_ms"].items():
+        b, h = (int(v) for v in case.split("@")[0].split("x"))
+        floor = replan_floor(b, h, out["replan_detail"][case]["kv_len"], cfg.d_model, cfg.n_layers,
+                             out["model"]["weight_bytes"], out["core_peaks"])
+        out["replan_floor"][case] = {**floor, "p50_over_floor": round(r["p50"] / floor["floor_ms"], 2)}
     out["acceptance"] = acceptance(out, plan)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out
