@@ -77,36 +77,46 @@ def _gemv_intrinsic(rows, vecs):
     return gemv
 
 
-# (rows, vectors of outputs): up to 8 vector sums held in registers per block
+# (rows, vectors of outputs): up to 8 vector sums held in registers per block, fewer for the last outputs
 _g4x2, _g4x1 = _gemv_intrinsic(4, 2), _gemv_intrinsic(4, 1)
 _g3x2, _g3x1 = _gemv_intrinsic(3, 2), _gemv_intrinsic(3, 1)
-_g2x4, _g2x1 = _gemv_intrinsic(2, 4), _gemv_intrinsic(2, 1)
-_g1x4, _g1x1 = _gemv_intrinsic(1, 4), _gemv_intrinsic(1, 1)
+_g2x4, _g2x2, _g2x1 = _gemv_intrinsic(2, 4), _gemv_intrinsic(2, 2), _gemv_intrinsic(2, 1)
+_g1x8, _g1x4, _g1x2, _g1x1 = _gemv_intrinsic(1, 8), _gemv_intrinsic(1, 4), _gemv_intrinsic(1, 2), _gemv_intrinsic(1, 1)
 
 
 @njit(cache=True, nogil=True)
 def _gemv_block(xr, wr, yr, x_at, x_rs, w_at, n_in, n_out, y_at, y_rs, rows, j, wide):
-    """Outputs j.. of a block of `rows` (1 to 4) rows; returns the next output index."""
+    """Outputs j.. of a block of `rows` (1 to 4) rows, as many vectors as fit; returns the next output index."""
     wa, ya = w_at + j, y_at + j
+    vecs = (wide - j) // _LANES
     if rows == 4:
-        if j + 2 * _LANES <= wide:
+        if vecs >= 2:
             _g4x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
             return j + 2 * _LANES
         _g4x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
     elif rows == 3:
-        if j + 2 * _LANES <= wide:
+        if vecs >= 2:
             _g3x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
             return j + 2 * _LANES
         _g3x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
     elif rows == 2:
-        if j + 4 * _LANES <= wide:
+        if vecs >= 4:
             _g2x4(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
             return j + 4 * _LANES
+        if vecs >= 2:
+            _g2x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            return j + 2 * _LANES
         _g2x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
-    else:
-        if j + 4 * _LANES <= wide:
+    else:  # a row alone: more independent sums instead of shared loads
+        if vecs >= 8:
+            _g1x8(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            return j + 8 * _LANES
+        if vecs >= 4:
             _g1x4(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
             return j + 4 * _LANES
+        if vecs >= 2:
+            _g1x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            return j + 2 * _LANES
         _g1x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
     return j + _LANES
 
