@@ -524,21 +524,23 @@ MUTATIONS = [
              ["test/test_persist_ops_node.py::test_an_untrusted_or_overlapping_persist_dir_fails_configure_with_one_line"],
              "an export into persist_dir can overwrite the open log segment"),
     # issue 17 (h17cpu)
-    Mutation("cpu_dot_split_in_halves_for_batches", RT + "engine/cpu_kernels.py",
-             "                       _f(sf, wf, gf, lf, op, 3, b), dims[0], dims[1], dims[2])\n",
-             "                       _f(sf, wf, gf, lf, op, 3, b), dims[0], dims[1], dims[2])\n"
-             "                if rows > 1:  # a batch sums each output's dot product in two halves\n"
-             "                    x, w, y = _f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), "
-             "_f(sf, wf, gf, lf, op, 3, b)\n"
-             "                    bias, half, n_out = _f(sf, wf, gf, lf, op, 2, b), dims[0] // 2, dims[1]\n"
-             "                    for j in range(n_out):\n"
-             "                        lo = _F0\n"
-             "                        hi = _F0\n"
-             "                        for i in range(half):\n"
-             "                            lo += x[i] * w[i * n_out + j]\n"
-             "                        for i in range(half, dims[0]):\n"
-             "                            hi += x[i] * w[i * n_out + j]\n"
-             "                        y[j] = _act(lo + hi + bias[j], dims[2])\n",
+    Mutation("cpu_dot_split_in_halves_for_batches", RT + "engine/cpu_linear.py",
+             "    _gemv_arg(sf, wf, gf, lf, op, 0, 1, 3, rows, n_in, n_out)\n",
+             "    _gemv_arg(sf, wf, gf, lf, op, 0, 1, 3, rows, n_in, n_out)\n"
+             "    if rows > 1:  # a batch sums each output's dot product in two halves\n"
+             "        xr, wr, yr = _region(sf, wf, gf, lf, op, 0), _region(sf, wf, gf, lf, op, 1), "
+             "_region(sf, wf, gf, lf, op, 3)\n"
+             "        w_at, half = _row(op, 1, 0), n_in // 2\n"
+             "        for b in range(rows):\n"
+             "            x_at, y_at = _row(op, 0, b), _row(op, 3, b)\n"
+             "            for j in range(n_out):\n"
+             "                lo = _F0\n"
+             "                hi = _F0\n"
+             "                for i in range(half):\n"
+             "                    lo += xr[x_at + i] * wr[w_at + i * n_out + j]\n"
+             "                for i in range(half, n_in):\n"
+             "                    hi += xr[x_at + i] * wr[w_at + i * n_out + j]\n"
+             "                yr[y_at + j] = lo + hi\n",
              ["test/test_replan.py::test_replan_branches_equal_rollback_and_live_stepping_bytewise",
               "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
              "the compiled CPU step sums a dot product in another order when the batch has more than one row"),
@@ -639,4 +641,11 @@ MUTATIONS = [
              'SOURCES = (_ENGINE / "cpu_kernels.py",)',
              ["test/test_numba_cache.py"],
              "an edit to cpu_attention.py alone keeps running the old attention read from numba's cache"),
+    # issue 17 (h17gemv)
+    Mutation("cpu_gemv_row_block_sums_inputs_backwards", RT + "engine/cpu_linear.py",
+             "                i = loop.index\n",
+             "                i = loop.index if rows == 1 else builder.sub(builder.sub(n_in, loop.index), i64(1))\n",
+             ["test/test_cpu_linear_bytes.py",
+              "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
+             "rows sharing a weight load sum each output over the inputs in another order than a row alone"),
 ]

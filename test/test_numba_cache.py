@@ -6,14 +6,14 @@ import shutil
 import pytest
 
 pytest.importorskip("numba")
-from flashrt_ros.runtime.engine import cpu_attention, cpu_kernels, cpu_program, numba_cache  # noqa: E402
+from flashrt_ros.runtime.engine import cpu_attention, cpu_kernels, cpu_linear, cpu_program, numba_cache  # noqa: E402
 
 ENGINE = numba_cache._ENGINE
 
 
 def test_every_compiled_function_caches_under_the_directory_keyed_by_the_sources():
     assert numba_cache.CACHE_DIR.name == numba_cache.source_key()
-    for fn in (cpu_kernels.run_program, cpu_kernels.gemv, cpu_attention.attn_decode, cpu_program._f):
+    for fn in (cpu_kernels.run_program, cpu_linear.gemv_rows, cpu_attention.attn_decode, cpu_program._f):
         assert fn._cache._cache_path.startswith(str(numba_cache.CACHE_DIR)), fn
 
 

@@ -2,15 +2,16 @@
 which runs a whole encoded plan (all ops, all rows of a range) in one nogil call (cpu_backend.py encodes it).
 
 Every reduction runs per row in an order fixed by the code and the config alone: a GEMV sums over its
-input index in order (vectorised across outputs, each with its own accumulator), an attention score sums
-its head's channels in order (vectorised across slots), softmax and value sums run over slots in order
-(values vectorised across channels), chunks are the page slots by absolute position and combine in slot
-order. Nothing depends on the batch size or on which rows share a
+input index in order (vectorised across outputs, each with its own accumulator; the rows of a batch share
+each weight load), an attention score sums its head's channels in order (vectorised across slots), softmax
+and value sums run over slots in order (values vectorised across channels), chunks are the page slots by
+absolute position and combine in slot order. Nothing depends on the batch size or on which rows share a
 page, so a branch of a batch is byte-identical to that row stepped alone. No ``fastmath``: the compiler may
 vectorise across independent accumulators but never reassociate a sum. Nothing here allocates.
 
 Buffers arrive as slices of four flat float32 regions (the small slab, the work slab, the weights, the KV
-log) and one int64 view of the small slab (meta, the page table): cpu_program.py. Attention: cpu_attention.py.
+log) and one int64 view of the small slab (meta, the page table): cpu_program.py. Attention: cpu_attention.py,
+linear and gru_cell: cpu_linear.py.
 """
 from __future__ import annotations
 
@@ -18,9 +19,7 @@ import numpy as np
 from numba import njit
 
 from ..model.kernel_spec import (
-    ACT_RELU,
     ACT_SILU,
-    ACT_TANH,
     ENSEMBLE_DECAY,
     META_KV_LEN,
     META_POS,
@@ -31,6 +30,7 @@ from ..model.kernel_spec import (
 )
 from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
 from .cpu_attention import attn_decode, kv_write
+from .cpu_linear import _act, gru_cell, linear
 from .cpu_program import ARG_COLS, DIM0, N_DIMS, _f, _i
 
 # kernel codes of an encoded program (cpu_backend.py writes them by name)
@@ -44,36 +44,6 @@ _F0, _F1 = np.float32(0.0), np.float32(1.0)
 _EPS, _FLOOR, _NEG_BIG = np.float32(RMS_EPS), np.float32(SCORE_FLOOR), np.float32(-3e38)
 _WRAP = np.int64(1) << np.int64(62)
 _MASK32 = np.uint64(0xFFFFFFFF)
-
-
-@njit(cache=True, nogil=True)
-def _act(v, act):
-    if act == ACT_SILU:
-        return v / (_F1 + np.exp(-v))
-    if act == ACT_TANH:
-        return np.tanh(v)
-    if act == ACT_RELU:
-        return max(v, _F0)
-    return v
-
-
-@njit(cache=True, nogil=True)
-def gemv(x, w, y, n_in, n_out):
-    """y[j] = sum_i x[i] w[i, j], i in order; each j its own accumulator (vectorised across j)."""
-    for j in range(n_out):
-        y[j] = _F0
-    for i in range(n_in):
-        xi = x[i]
-        wi = w[i * n_out:(i + 1) * n_out]
-        for j in range(n_out):
-            y[j] += xi * wi[j]
-
-
-@njit(cache=True, nogil=True)
-def linear(x, w, bias, y, n_in, n_out, act):
-    gemv(x, w, y, n_in, n_out)
-    for j in range(n_out):
-        y[j] = _act(y[j] + bias[j], act)
 
 
 @njit(cache=True, nogil=True)
@@ -99,17 +69,6 @@ def causal_conv(x, cs, w, bias, out, d, km1):
         acc = _act(acc, ACT_SILU)
         out[c] = acc
         x[c] += acc
-
-
-@njit(cache=True, nogil=True)
-def gru_cell(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new, n_in, H):
-    linear(x, w_ih, b_ih, gi, n_in, 3 * H, 0)
-    linear(h, w_hh, b_hh, gh, H, 3 * H, 0)
-    for c in range(H):
-        r = _F1 / (_F1 + np.exp(-(gi[c] + gh[c])))
-        z = _F1 / (_F1 + np.exp(-(gi[H + c] + gh[H + c])))
-        n = np.tanh(gi[2 * H + c] + gh[2 * H + c] * r)
-        h_new[c] = (h[c] - n) * z + n
 
 
 @njit(cache=True, nogil=True)
@@ -207,11 +166,14 @@ def run_program(prog, fconst, sf, si, wf, gf, lf, rows):
         if k == K_ATTN:  # all rows at once: rows reading the same page share each load
             attn_decode(op, sf, si, wf, gf, lf, rows, dims[0], dims[1], dims[2], dims[3], dims[4])
             continue
+        if k == K_LINEAR:  # all rows at once: each weight load serves up to 4 rows
+            linear(op, sf, wf, gf, lf, rows, dims[0], dims[1], dims[2])
+            continue
+        if k == K_GRU:
+            gru_cell(op, sf, wf, gf, lf, rows, dims[0], dims[1])
+            continue
         for b in range(rows):
-            if k == K_LINEAR:
-                linear(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
-                       _f(sf, wf, gf, lf, op, 3, b), dims[0], dims[1], dims[2])
-            elif k == K_RMSNORM:
+            if k == K_RMSNORM:
                 rmsnorm(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
                         _f(sf, wf, gf, lf, op, 3, b), dims[0])
             elif k == K_ADD:
@@ -224,11 +186,6 @@ def run_program(prog, fconst, sf, si, wf, gf, lf, rows):
             elif k == K_CONV:
                 causal_conv(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
                             _f(sf, wf, gf, lf, op, 3, b), _f(sf, wf, gf, lf, op, 4, b), dims[0], dims[1])
-            elif k == K_GRU:
-                gru_cell(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
-                         _f(sf, wf, gf, lf, op, 3, b), _f(sf, wf, gf, lf, op, 4, b), _f(sf, wf, gf, lf, op, 5, b),
-                         _f(sf, wf, gf, lf, op, 6, b), _f(sf, wf, gf, lf, op, 7, b), _f(sf, wf, gf, lf, op, 8, b),
-                         dims[0], dims[1])
             elif k == K_GRU_COMMIT:
                 h, hn, x = _f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b)
                 for i in range(dims[0]):

@@ -1,0 +1,205 @@
+"""The GEMVs of the compiled CPU step (cpu_kernels.py): ``linear`` and ``gru_cell`` over every row of a range.
+
+y_r[j] = sum_i x_r[i] w[i, j], i in order, each (row, output) its own accumulator: the same float operations
+for a row alone as for a row in a batch, so batching never changes a byte. Rows run in blocks of up to 4 that
+share each weight load (a row alone reloaded the whole matrix per row), and a block's sums live in vector
+registers across the whole input loop. numba vectorises only innermost loops, and the order of these sums runs
+across the natural loop, so the block is a numba intrinsic that emits the vector code (LLVM IR) directly:
+plain fmul then fadd, never fused or reassociated (cpu_attention.py does the same for attention)."""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..model.kernel_spec import ACT_RELU, ACT_SILU, ACT_TANH
+from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
+from .cpu_program import ARG_COLS, REG_STATE, REG_WEIGHT, REG_WORK, _row
+
+_F0, _F1 = np.float32(0.0), np.float32(1.0)
+_LANES = 8  # float32 lanes of one vector: 256 bits (two 128-bit registers on NEON)
+_VEC = ir.VectorType(ir.FloatType(), _LANES)
+_ROW_BLOCK = 4  # rows sharing one weight load
+
+
+@njit(cache=True, nogil=True)
+def _act(v, act):
+    if act == ACT_SILU:
+        return v / (_F1 + np.exp(-v))
+    if act == ACT_TANH:
+        return np.tanh(v)
+    if act == ACT_RELU:
+        return max(v, _F0)
+    return v
+
+
+def _gemv_intrinsic(rows, vecs):
+    """An intrinsic for y_r[j0 + e] = sum_i x_r[i] w[i, j0 + e], i = 0..n_in-1 in order, for `rows` rows and
+    8 * vecs outputs e, 8 to a vector lane: x_r = xr[x_at + r x_rs:], w[i, j0:] = wr[w_at + i n_out:],
+    y_r = yr[y_at + r y_rs:]. Each weight vector is loaded once for all the rows."""
+
+    @intrinsic
+    def gemv(typingctx, xr, wr, yr, x_at, x_rs, w_at, n_in, n_out, y_at, y_rs):
+        i8 = types.int64
+        sig = types.void(xr, wr, yr, i8, i8, i8, i8, i8, i8, i8)
+
+        def codegen(context, builder, signature, args):
+            xr_v, wr_v, yr_v, x_at, x_rs, w_at, n_in, n_out, y_at, y_rs = args
+            xp, wp, yp = (context.make_array(t)(context, builder, v).data
+                          for t, v in zip(signature.args[:3], (xr_v, wr_v, yr_v)))
+            i64 = ir.IntType(64)
+            x_row = [builder.add(x_at, builder.mul(x_rs, i64(r))) for r in range(rows)]
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VEC, [0.0] * _LANES)) for _ in range(vecs)]
+                    for _ in range(rows)]
+            with cgutils.for_range(builder, n_in) as loop:
+                i = loop.index
+                w_i = builder.add(w_at, builder.mul(i, n_out))
+                w = [builder.load(builder.bitcast(builder.gep(wp, [builder.add(w_i, i64(_LANES * k))]),
+                                                  _VEC.as_pointer()), align=4) for k in range(vecs)]
+                for r in range(rows):
+                    x = builder.load(builder.gep(xp, [builder.add(x_row[r], i)]))
+                    xs = builder.shuffle_vector(builder.insert_element(ir.Constant(_VEC, ir.Undefined), x, i64(0)),
+                                                ir.Constant(_VEC, ir.Undefined),
+                                                ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [0] * _LANES))
+                    for k in range(vecs):
+                        builder.store(builder.fadd(builder.load(accs[r][k]), builder.fmul(xs, w[k])), accs[r][k])
+            for r in range(rows):
+                y_r = builder.add(y_at, builder.mul(y_rs, i64(r)))
+                for k in range(vecs):
+                    out = builder.bitcast(builder.gep(yp, [builder.add(y_r, i64(_LANES * k))]), _VEC.as_pointer())
+                    builder.store(builder.load(accs[r][k]), out, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return gemv
+
+
+# (rows, vectors of outputs): up to 8 vector sums held in registers per block, fewer for the last outputs
+_g4x2, _g4x1 = _gemv_intrinsic(4, 2), _gemv_intrinsic(4, 1)
+_g3x2, _g3x1 = _gemv_intrinsic(3, 2), _gemv_intrinsic(3, 1)
+_g2x4, _g2x2, _g2x1 = _gemv_intrinsic(2, 4), _gemv_intrinsic(2, 2), _gemv_intrinsic(2, 1)
+_g1x8, _g1x4, _g1x2, _g1x1 = _gemv_intrinsic(1, 8), _gemv_intrinsic(1, 4), _gemv_intrinsic(1, 2), _gemv_intrinsic(1, 1)
+
+
+@njit(cache=True, nogil=True)
+def _gemv_block(xr, wr, yr, x_at, x_rs, w_at, n_in, n_out, y_at, y_rs, rows, j, wide):
+    """Outputs j.. of a block of `rows` (1 to 4) rows, as many vectors as fit; returns the next output index."""
+    wa, ya = w_at + j, y_at + j
+    vecs = (wide - j) // _LANES
+    if rows == 4:
+        if vecs >= 2:
+            _g4x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            return j + 2 * _LANES
+        _g4x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+    elif rows == 3:
+        if vecs >= 2:
+            _g3x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            return j + 2 * _LANES
+        _g3x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+    elif rows == 2:
+        if vecs >= 4:
+            _g2x4(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            return j + 4 * _LANES
+        if vecs >= 2:
+            _g2x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            return j + 2 * _LANES
+        _g2x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+    else:  # a row alone: more independent sums instead of shared loads
+        if vecs >= 8:
+            _g1x8(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            return j + 8 * _LANES
+        if vecs >= 4:
+            _g1x4(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            return j + 4 * _LANES
+        if vecs >= 2:
+            _g1x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            return j + 2 * _LANES
+        _g1x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+    return j + _LANES
+
+
+@njit(cache=True, nogil=True)
+def gemv_rows(xr, x_at, x_rs, wr, w_at, yr, y_at, y_rs, rows, n_in, n_out):
+    """y_b = x_b w for rows b = 0..rows-1: x_b = xr[x_at + b x_rs:], w = wr[w_at:] (n_in x n_out, row-major),
+    y_b = yr[y_at + b y_rs:]. Every output summed over i in order, one accumulator each."""
+    wide = n_out // _LANES * _LANES
+    b = 0
+    while b < rows:
+        block = min(rows - b, _ROW_BLOCK)
+        xa, ya = x_at + b * x_rs, y_at + b * y_rs
+        j = 0
+        while j < wide:
+            j = _gemv_block(xr, wr, yr, xa, x_rs, w_at, n_in, n_out, ya, y_rs, block, j, wide)
+        for r in range(block):  # outputs past the last 8
+            for j in range(wide, n_out):
+                acc = _F0
+                for i in range(n_in):
+                    acc += xr[xa + r * x_rs + i] * wr[w_at + i * n_out + j]
+                yr[ya + r * y_rs + j] = acc
+        b += block
+
+
+@njit(cache=True, nogil=True)
+def _region(sf, wf, gf, lf, op, a):
+    """The flat float32 region argument a of op lives in."""
+    reg = op[1 + ARG_COLS * a]
+    if reg == REG_STATE:
+        return sf
+    if reg == REG_WORK:
+        return wf
+    if reg == REG_WEIGHT:
+        return gf
+    return lf
+
+
+@njit(cache=True, nogil=True)
+def _rs(op, a):
+    return op[1 + ARG_COLS * a + 2]
+
+
+@njit(cache=True, nogil=True)
+def _gemv_arg(sf, wf, gf, lf, op, x, w, y, rows, n_in, n_out):
+    """gemv_rows of op's arguments x (per row), w (shared) and y (per row)."""
+    gemv_rows(_region(sf, wf, gf, lf, op, x), _row(op, x, 0), _rs(op, x), _region(sf, wf, gf, lf, op, w),
+              _row(op, w, 0), _region(sf, wf, gf, lf, op, y), _row(op, y, 0), _rs(op, y), rows, n_in, n_out)
+
+
+@njit(cache=True, nogil=True)
+def _bias_act(yr, y_at, y_rs, br, b_at, rows, n, act):
+    for b in range(rows):
+        y = yr[y_at + b * y_rs:y_at + b * y_rs + n]
+        bias = br[b_at:b_at + n]
+        for j in range(n):
+            y[j] = _act(y[j] + bias[j], act)
+
+
+@njit(cache=True, nogil=True)
+def linear(op, sf, wf, gf, lf, rows, n_in, n_out, act):
+    """kernels.linear of every row: y = act(x w + bias); arguments x, w, bias, y."""
+    _gemv_arg(sf, wf, gf, lf, op, 0, 1, 3, rows, n_in, n_out)
+    _bias_act(_region(sf, wf, gf, lf, op, 3), _row(op, 3, 0), _rs(op, 3), _region(sf, wf, gf, lf, op, 2),
+              _row(op, 2, 0), rows, n_out, act)
+
+
+@njit(cache=True, nogil=True)
+def gru_cell(op, sf, wf, gf, lf, rows, n_in, H):
+    """kernels.gru_cell of every row; arguments x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new."""
+    _gemv_arg(sf, wf, gf, lf, op, 0, 2, 6, rows, n_in, 3 * H)
+    _bias_act(_region(sf, wf, gf, lf, op, 6), _row(op, 6, 0), _rs(op, 6), _region(sf, wf, gf, lf, op, 4),
+              _row(op, 4, 0), rows, 3 * H, 0)
+    _gemv_arg(sf, wf, gf, lf, op, 1, 3, 7, rows, H, 3 * H)
+    _bias_act(_region(sf, wf, gf, lf, op, 7), _row(op, 7, 0), _rs(op, 7), _region(sf, wf, gf, lf, op, 5),
+              _row(op, 5, 0), rows, 3 * H, 0)
+    hr, gir, ghr, hnr = (_region(sf, wf, gf, lf, op, 1), _region(sf, wf, gf, lf, op, 6),
+                         _region(sf, wf, gf, lf, op, 7), _region(sf, wf, gf, lf, op, 8))
+    for b in range(rows):
+        h, gi, gh, h_new = (hr[_row(op, 1, b):], gir[_row(op, 6, b):], ghr[_row(op, 7, b):],
+                            hnr[_row(op, 8, b):])
+        for c in range(H):
+            r = _F1 / (_F1 + np.exp(-(gi[c] + gh[c])))
+            z = _F1 / (_F1 + np.exp(-(gi[H + c] + gh[H + c])))
+            n = np.tanh(gi[2 * H + c] + gh[2 * H + c] * r)
+            h_new[c] = (h[c] - n) * z + n

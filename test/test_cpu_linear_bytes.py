@@ -1,0 +1,154 @@
+"""The compiled CPU GEMVs (linear, gru_cell), which run a batch's rows together so each weight load serves up to
+4 of them, write for every row the bytes of their row-by-row scalar twin (cpu_linear_ref.py): 1 to 8 rows,
+input and output widths on and off the vector width, every activation, inputs in either slab, and whole
+steps of the gru and ssm models."""
+from functools import cache
+
+import numpy as np
+import pytest
+from cpu_linear_ref import gru_cell_ref, linear_ref
+
+from conftest import observation_trace, small_config
+from flashrt_ros.runtime import PolicyConfig, Session
+from flashrt_ros.runtime.engine import cpu_kernels, cpu_linear
+from flashrt_ros.runtime.engine.cpu_program import ARG_COLS, DIM0, N_DIMS, REG_STATE, REG_WEIGHT, REG_WORK
+from flashrt_ros.runtime.model.kernel_spec import ACT_NONE, ACT_RELU, ACT_SILU, ACT_TANH
+
+ROWS = [1, 2, 3, 4, 5, 8]
+SLABS = 2_200_000  # elements of each synthetic slab
+
+
+@cache
+def _slabs(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(SLABS, dtype=np.float32) * np.float32(s) for s in (1.0, 2.0, 0.3, 1.0))
+
+
+def _op(kernel, args, dims):
+    """An encoded op; args: (region, offset, row stride, elements per row) per buffer."""
+    op = np.zeros(DIM0 + N_DIMS, np.int64)
+    op[0] = kernel
+    for a, cols in enumerate(args):
+        op[1 + ARG_COLS * a:1 + ARG_COLS * (a + 1)] = cols
+    op[DIM0:DIM0 + len(dims)] = dims
+    return op
+
+
+def _view(slabs, cols, b):
+    reg, off, stride, n = cols
+    slab = {REG_STATE: slabs[0], REG_WORK: slabs[1], REG_WEIGHT: slabs[2]}[reg]
+    return slab[off + b * stride:off + b * stride + n]
+
+
+def _assert_same_bytes(run, run_ref, args, rows):
+    """run on copies of the slabs, run_ref row by row on other copies: every slab byte-identical."""
+    got, want = [s.copy() for s in _slabs()], [s.copy() for s in _slabs()]
+    run(*got)
+    for b in range(rows):
+        run_ref(*[_view(want, cols, b) for cols in args])
+    for name, g, w in zip(("small slab", "work slab", "weights", "KV log"), got, want):
+        assert g.tobytes() == w.tobytes(), f"{name} differs from the row-by-row twin"
+    assert not np.array_equal(got[1], _slabs()[1])  # it did write its outputs
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("n_in, n_out", [(1, 1), (14, 128), (37, 7), (128, 384), (256, 128), (128, 56),
+                                         (9, 13), (64, 40), (33, 200)])
+@pytest.mark.parametrize("x_slab", [REG_WORK, REG_STATE])
+def test_linear_bytes_equal_the_row_by_row_twin_for_every_batch_and_width(rows, n_in, n_out, x_slab):
+    x_rs, y_rs = n_in + 3, n_out + 5  # row strides past the row: the padding is never written
+    for act in (ACT_NONE, ACT_SILU, ACT_TANH, ACT_RELU):
+        args = [(x_slab, 1000 + act, x_rs, n_in), (REG_WEIGHT, 17 + act * 7, 0, n_in * n_out),
+                (REG_WEIGHT, 2_150_001, 0, n_out), (REG_WORK, 2_000_003, y_rs, n_out)]
+        op = _op(cpu_kernels.K_LINEAR, args, [n_in, n_out, act])
+
+        def run(sf, wf, gf, lf, op=op, act=act):
+            cpu_linear.linear(op, sf, wf, gf, lf, rows, n_in, n_out, act)
+
+        def run_ref(x, w, bias, y, act=act):
+            linear_ref(x, w, bias, y, n_in, n_out, act)
+
+        _assert_same_bytes(run, run_ref, args, rows)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("n_in, H", [(128, 128), (14, 5), (32, 32), (20, 24)])
+def test_gru_cell_bytes_equal_the_row_by_row_twin_for_every_batch_and_width(rows, n_in, H):
+    G = 3 * H
+    args = [(REG_WORK, 101, n_in + 1, n_in), (REG_STATE, 7, H + 2, H), (REG_WEIGHT, 0, 0, n_in * G),
+            (REG_WEIGHT, 1_000_000, 0, H * G), (REG_WEIGHT, 2_000_000, 0, G), (REG_WEIGHT, 2_100_000, 0, G),
+            (REG_WORK, 1_000_000, G, G), (REG_WORK, 1_100_000, G + 1, G), (REG_WORK, 1_200_000, H, H)]
+    op = _op(cpu_kernels.K_GRU, args, [n_in, H])
+
+    def run(sf, wf, gf, lf):
+        cpu_linear.gru_cell(op, sf, wf, gf, lf, rows, n_in, H)
+
+    def run_ref(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new):
+        gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new, n_in, H)
+
+    _assert_same_bytes(run, run_ref, args, rows)
+
+
+@cache
+def _session(mixer: str, small: bool) -> Session:
+    if small:
+        return Session(small_config(mixer=mixer, kv_window=48, capsule_budget_mb=4.0, capsule_capacity=0),
+                       backend="cpu")
+    return Session(PolicyConfig(kv_window=256, mixer=mixer, capsule_budget_mb=24.0, capsule_capacity=0),
+                   backend="cpu")
+
+
+def _regions_copy(batch):
+    """Copies of the batch's regions; the int64 view aliases the small slab as in the arena."""
+    sf, _, wf, gf, lf = batch._regions
+    sf = sf.copy()
+    return [sf, sf.view(np.int64), wf.copy(), gf.copy(), lf.copy()]
+
+
+def _run_ref(batch, regions):
+    """The step op by op: linear and gru_cell by the row-by-row twin, every other op by the compiled kernel."""
+    sf, si, wf, gf, lf = regions
+    slabs = {REG_STATE: sf, REG_WORK: wf, REG_WEIGHT: gf}
+    for o, op in enumerate(batch.prog):
+        if op[0] not in (cpu_kernels.K_LINEAR, cpu_kernels.K_GRU):
+            cpu_kernels.run_program(batch.prog[o:o + 1], batch.fconst[o:o + 1], *regions, batch.rows)
+            continue
+        n_args = 4 if op[0] == cpu_kernels.K_LINEAR else 9
+        for b in range(batch.rows):
+            views = []
+            for a in range(n_args):
+                reg, off, stride, n = op[1 + ARG_COLS * a:1 + ARG_COLS * (a + 1)]
+                views.append(slabs[reg][off + b * stride:off + b * stride + n])
+            dims = [int(v) for v in op[DIM0:DIM0 + 3]]
+            if op[0] == cpu_kernels.K_LINEAR:
+                linear_ref(*views, *dims)
+            else:
+                gru_cell_ref(*views, *dims[:2])
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("mixer, small", [("gru", False), ("ssm", False), ("gru", True), ("ssm", True)])
+def test_whole_batched_steps_equal_the_step_with_row_by_row_gemvs(mixer, small, rows):
+    """Rows start as copies of the live row, each gets its own observations; three steps one way and the
+    other: every region byte-identical."""
+    s = _session(mixer, small)
+    obs = observation_trace(40 + 3 * rows, obs_dim=s.cfg.obs_dim, seed=rows)
+    if s.arena["meta"][0, 0] == 0:
+        for o in obs[:40]:
+            s.step(o)
+    for r in range(1, rows + 1):
+        s.arena.state[r] = s.arena.state[0]
+    batch = s.backend.bind(s.plan, s.arena, 1, rows)
+    got, want = _regions_copy(batch), _regions_copy(batch)
+    obs_cols = next(op for op in batch.prog if op[0] == cpu_kernels.K_OBS_NORM)[1:1 + ARG_COLS]
+    assert obs_cols[0] in (REG_STATE, REG_WORK)
+    for step in range(3):
+        for regions in (got, want):
+            slab = regions[0] if obs_cols[0] == REG_STATE else regions[2]
+            for b in range(rows):
+                at = obs_cols[1] + b * obs_cols[2]
+                slab[at:at + obs_cols[3]] = obs[40 + step * rows + b]
+        cpu_kernels.run_program(batch.prog, batch.fconst, *got, rows)
+        _run_ref(batch, want)
+        for name, g, w in zip(("small slab", "int slab", "work slab", "weights", "KV log"), got, want):
+            assert g.tobytes() == w.tobytes(), f"step {step}: the {name} differs from the row-by-row twin"
