@@ -594,11 +594,12 @@ MUTATIONS = [
              ["test/test_readme_ros_commands.py"],
              "a misspelled launch argument: ros2 launch takes it silently and the node starts outside the namespace"),
     # issue 17 (h17conc)
-    Mutation("replan_holds_the_lock_through_its_batched_steps", RT + "replan.py",
-             "    concurrent = getattr(session.backend, \"concurrent_replay\", False)\n",
-             "    concurrent = False\n",
+    Mutation("replan_computes_under_the_lock", RT + "replan.py",
+             "    compute_lock = contextlib.nullcontext() if getattr(session.backend, \"concurrent_replay\", False) "
+             "else session.lock\n",
+             "    compute_lock = session.lock\n",
              ["test/test_concurrent_replan.py::test_live_steps_during_what_ifs_equal_their_serial_bytes_and_so_do_the_what_ifs"],
-             "the live step waits for a whole replan again: the second core idles while the replan computes"),
+             "the live step waits for each batched step again: the second core idles while the replan computes"),
     Mutation("reset_does_not_wait_for_a_running_replan", RT + "session.py",
              "        with self.branch_lock, self.lock, self.backend.activate():\n",
              "        with self.lock, self.backend.activate():\n",

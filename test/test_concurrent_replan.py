@@ -11,7 +11,7 @@ from flashrt_ros.runtime import Session
 WAIT_S = 30  # only a broken build waits this long: every wait below ends on an event
 PRE = 100  # live steps before the concurrent part; sources at 90, 100 and 120 (crossing the page at 128)
 BRANCHES, HORIZON = 3, 12
-LIVE_PER_REPLAN = 5  # live steps taken while each replan is between its first and last batched step
+LIVE_PER_REPLAN = 5  # live steps taken while each replan computes its second batched step
 
 
 @pytest.fixture(params=CPU_BACKENDS)
@@ -40,23 +40,27 @@ def replan_obs(k: int) -> np.ndarray:
 
 
 class Pacer:
-    """The live thread steps LIVE_PER_REPLAN observations each time a replan has done its first batched
-    step; the replan waits for them before its last one, so they complete while it is in flight."""
+    """Only the scheduling changes: each replan's second batched step, as it starts computing, lets the
+    live thread step LIVE_PER_REPLAN observations and waits for them, so they complete while the branch
+    rows compute (and fail to, when the compute holds the session lock)."""
 
-    def __init__(self):
+    def __init__(self, s: Session):
         self.cond = threading.Condition()
-        self.asked = self.done = 0
+        self.asked = self.done = self.replays = 0
         self.stop = False
+        runner = s._branch_runner(BRANCHES)  # the one every replan of BRANCHES rows replays
+        real = runner.replay
 
-    def on_step(self, done: int) -> None:
-        if done == 1:
-            with self.cond:
-                self.asked += LIVE_PER_REPLAN
-                self.cond.notify_all()
-        if done == HORIZON - 1:
-            with self.cond:
-                assert self.cond.wait_for(lambda: self.done >= self.asked, WAIT_S), \
-                    "no live step completed while the replan was in flight: it waited for the replan"
+        def replay():
+            self.replays += 1
+            if self.replays % HORIZON == 2:
+                with self.cond:
+                    self.asked += LIVE_PER_REPLAN
+                    self.cond.notify_all()
+                    assert self.cond.wait_for(lambda: self.done >= self.asked, WAIT_S), \
+                        "no live step completed while a batched replan step computed: it waited for it"
+            real()
+        runner.replay = replay
 
     def live(self, s: Session, obs, out: list) -> None:
         for o in obs:
@@ -98,12 +102,12 @@ def test_live_steps_during_what_ifs_equal_their_serial_bytes_and_so_do_the_what_
     sources[PRE + 1] = s.pin(s.live_capsule_id).id
     plan = [sources[(90, PRE, PRE + 1)[k % 3]] for k in range(6)]
     live_obs = trace[PRE + 1:PRE + 1 + len(plan) * LIVE_PER_REPLAN]
-    pacer, live_out, results = Pacer(), [], []
+    pacer, live_out, results = Pacer(s), [], []
 
     def replans():
         try:
             for k, cid in enumerate(plan):
-                res = s.replan(cid, replan_obs(k), on_step=pacer.on_step)
+                res = s.replan(cid, replan_obs(k))
                 results.append((res.actions.tobytes(), [s.capsule_host(c).tobytes() for c in res.branch_capsule_ids]))
         finally:
             with pacer.cond:
@@ -134,11 +138,11 @@ def test_a_commit_during_live_steps_leaves_them_behind_and_continues_as_serially
     trace = observation_trace(PRE + 40, seed=8)
     s, sources = started(trace, backend)
     live_obs, after = trace[PRE:PRE + LIVE_PER_REPLAN], trace[PRE + 20:PRE + 30]
-    pacer, live_out, out = Pacer(), [], {}
+    pacer, live_out, out = Pacer(s), [], {}
 
     def replan():
         try:
-            out["res"] = s.replan(sources[PRE], replan_obs(0), commit_branch=1, on_step=pacer.on_step)
+            out["res"] = s.replan(sources[PRE], replan_obs(0), commit_branch=1)
         finally:
             with pacer.cond:
                 pacer.stop = True

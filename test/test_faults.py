@@ -294,7 +294,7 @@ def test_a_100_hz_stream_is_stepped_and_published_during_a_long_replan_in_order_
 
     from flashrt_interfaces.action import Replan
 
-    proc, planner = start(ros_domain, tmp_path)
+    proc, planner = start(ros_domain, tmp_path, backend="cpu")  # the default: its replay releases the GIL
     n = 30
     obs = observation_trace(5 + n)
     try:

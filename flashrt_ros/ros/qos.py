@@ -25,7 +25,9 @@ from rclpy.subscription import Subscription
 from .step_link import policy_step_qos
 
 ACTION_DEPTH = 10
-OBSERVATION_DEPTH = 4  # observations the subscription keeps for an executor that fell behind
+# observations the subscription keeps for an executor that fell behind: as many as it (4) and the queue a
+# replan held them in (4) kept together, before observations were stepped beside replans
+OBSERVATION_DEPTH = 8
 
 
 def observation_default(reliable: bool) -> QoSProfile:

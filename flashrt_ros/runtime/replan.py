@@ -6,7 +6,8 @@ committed branch, if any, becomes the live timeline.
 Locks: ``session.branch_lock`` for the whole replan (it owns rows 1..b meanwhile); ``session.lock`` only
 for the bookkeeping (fork, page allocation and references, snapshots, history, commit), released around
 each batched step's compute where the backend can replay rows concurrently (``concurrent_replay``). So a
-live step waits at most for one bookkeeping section, never for a batched step.
+live step waits at most for one bookkeeping section, never for a batched step (on CUDA: for one batched
+step at most).
 """
 from __future__ import annotations
 
@@ -57,10 +58,11 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
         raise ValueError(f"deadline_ms: must be > 0 or None (no deadline), got {deadline_ms}")
     limit_ms = math.inf if deadline_ms is None else float(deadline_ms)
     # The branch rows compute outside the session lock where the backend allows it (concurrent_replay):
-    # a live step (row 0, its own pages) then runs beside a batched step. branch_lock keeps the operations
-    # that touch the branch rows or the whole store (reset, resume) out until the rows are given back.
-    concurrent = getattr(session.backend, "concurrent_replay", False)
-    with session.branch_lock, (contextlib.nullcontext() if concurrent else session.lock):
+    # a live step (row 0, its own pages) then runs beside a batched step; elsewhere (CUDA: one stream,
+    # bound graphs) between two of them. branch_lock keeps the operations that touch the branch rows or
+    # the whole store (reset, resume) out until the rows are given back.
+    compute_lock = contextlib.nullcontext() if getattr(session.backend, "concurrent_replay", False) else session.lock
+    with session.branch_lock:
         with session.lock:
             if capsule_id:
                 src_info = session.store.get(capsule_id)
@@ -94,8 +96,9 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
                     session.backend.from_host(obs_rows, obs[:, t])
                 # rows 1..b only: their own state and work, the window's pages (referenced by these rows, so
                 # never freed or rewritten) and their private pages; weights are read-only
-                runner.replay()
-                actions[:, t] = session.backend.to_host(act_rows)
+                with compute_lock:
+                    runner.replay()
+                    actions[:, t] = session.backend.to_host(act_rows)
                 done += 1
                 if on_step is not None:
                     on_step(done)

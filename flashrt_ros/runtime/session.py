@@ -285,9 +285,9 @@ class Session:
 
         ``deadline_ms`` None runs every step; otherwise the steps left when it passes are abandoned
         (partial result, deadline_met False). A replan stopped by ``cancel`` never commits.
-        ``on_step(done)`` runs after each batched step on the calling thread, outside ``lock`` on a
-        backend with ``concurrent_replay`` (live steps go on meanwhile; a commit leaves them behind, as
-        a rollback would), under it otherwise.
+        ``on_step(done)`` runs after each batched step on the calling thread, outside ``lock``: live
+        steps go on meanwhile (beside the batched steps on a backend with ``concurrent_replay``, between
+        them otherwise), and a commit leaves them behind, as a rollback would.
 
         Branches read the source capsule's KV window in place from the log and append their own
         entries to private pages (a partial page is copied first when it is shared). ``copy_fork``
