@@ -6,8 +6,8 @@ committed branch, if any, becomes the live timeline.
 Locks: ``session.branch_lock`` for the whole replan (it owns rows 1..b meanwhile); ``session.lock`` only
 for the bookkeeping (fork, page allocation and references, snapshots, history, commit), released around
 each batched step's compute where the backend can replay rows concurrently (``concurrent_replay``). So a
-live step waits at most for one bookkeeping section, never for a batched step (on CUDA: for one batched
-step at most).
+live step waits at most for one bookkeeping section, never for a batched step (on CUDA it runs between
+two batched steps; the lock is not fair, so under load it may wait for more than one).
 """
 from __future__ import annotations
 
