@@ -63,20 +63,19 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
     # the whole store (reset, resume) out until the rows are given back.
     compute_lock = contextlib.nullcontext() if getattr(session.backend, "concurrent_replay", False) else session.lock
     with session.branch_lock:
-        with session.lock:
-            if capsule_id:
-                src_info = session.store.get(capsule_id)
-                base_step, parent = src_info.step, capsule_id
-                base_node = session.history.node_of(capsule_id)
-            else:
-                base_step, parent, base_node = session._step, session._live_id, session.history.head
-            # fresh pages: a branch copies its partial page, then one per page boundary it crosses
-            per_branch = (min(session.kv.P, (base_step % KV_PAGE + h) // KV_PAGE + 1)
-                          + (session.kv.P if copy_fork else 0))
-            session.store.check_room(b * per_branch + 1, f"a replan of {b} x {h}",
-                                     keep=[session.store.pages_of(capsule_id)] if capsule_id else [])
         try:
-            with session.lock:
+            with session.lock:  # one section: no live step takes the pages checked or evicts the source meanwhile
+                if capsule_id:
+                    src_info = session.store.get(capsule_id)
+                    base_step, parent = src_info.step, capsule_id
+                    base_node = session.history.node_of(capsule_id)
+                else:
+                    base_step, parent, base_node = session._step, session._live_id, session.history.head
+                # fresh pages: a branch copies its partial page, then one per page boundary it crosses
+                per_branch = (min(session.kv.P, (base_step % KV_PAGE + h) // KV_PAGE + 1)
+                              + (session.kv.P if copy_fork else 0))
+                session.store.check_room(b * per_branch + 1, f"a replan of {b} x {h}",
+                                         keep=[session.store.pages_of(capsule_id)] if capsule_id else [])
                 for r in range(1, 1 + b):  # fork: a small copy per branch, the window shared
                     if capsule_id:
                         session.store.restore(capsule_id, r)
