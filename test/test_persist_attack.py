@@ -183,7 +183,7 @@ def test_a_persist_dir_that_is_a_file_fails_before_touching_the_live_state(tmp_p
 
 # ---- disable_persistence against a running replan -----------------------------------------------
 class WatchedLock:
-    """The session's RLock, telling when a thread finds it held by another and waits for it."""
+    """One of the session's RLocks, telling when a thread finds it held by another and waits for it."""
 
     def __init__(self, inner):
         self.inner, self.contended = inner, threading.Event()
@@ -206,15 +206,15 @@ class WatchedLock:
 
 def test_disable_persistence_waits_for_a_running_replan_whose_commit_is_then_persisted(tmp_path):
     s = persisting(tmp_path, 20)
-    s.lock = WatchedLock(s.lock)
+    s.branch_lock = WatchedLock(s.branch_lock)  # a replan holds it throughout; its session lock only at times
     disabler = threading.Thread(target=s.disable_persistence)
     seen = []
 
     def on_step(done):
         if done == 1:
             disabler.start()
-            # the disabler has reached the session lock and waits there: it ran up to its critical section
-            seen.append(s.lock.contended.wait(30))
+            # the disabler has reached the branch lock and waits there: it ran up to its critical section
+            seen.append(s.branch_lock.contended.wait(30))
             seen.append(disabler.is_alive())
 
     res = s.replan(None, OBS[None, 20:24], commit_branch=0, on_step=on_step)

@@ -172,7 +172,7 @@ def test_sizes_are_read_only_and_diagnostics_report(flashrt):
         status = next((s for d in diags[::-1] for s in d.status if s.name == "test/flashrt: runtime"), None)
         values = {kv.key: kv.value for kv in status.values} if status else {}
     assert int(values["steps"]) == 5 and float(values["step_latency_p99_ms"]) > 0
-    assert {"rejected_inputs", "held_observations", "capsules_used", "capsule_budget_bytes",
+    assert {"rejected_inputs", "capsules_used", "capsule_budget_bytes",
             "step_deadline_misses"} <= set(values)
 
 

@@ -67,7 +67,6 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
         "step_deadline_misses": stats.step_deadline_misses,
         "rejected_inputs": stats.rejected,
         "joint_name_mismatches": stats.joint_name_mismatches,
-        "held_observations": stats.held,
         "capsule_errors": stats.capsule_errors,
         "steps_refused": stats.steps_refused,
         "replans": stats.replans,

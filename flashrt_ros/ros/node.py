@@ -398,18 +398,9 @@ class FlashRTNode(LifecycleNode):
 
     # ---- stepping -------------------------------------------------------------------------
     def on_observation(self, msg) -> None:
-        # [replan] while a replan runs, the latest observation is held and the replan thread steps it
-        # between two batched steps (ReplanServer.hold / LiveGate)
-        server = self._replan_server
-        if server is None:
-            self.step_from_message(msg)
-            return
-        if server.hold(msg):
-            return
-        try:  # a replan that starts now waits for this step before it takes the runtime lock
-            self.step_from_message(msg)
-        finally:
-            server.gate.stepped()
+        # [replan] stepped here even while a replan runs: the replan computes its batched steps outside the
+        # runtime lock, so this step waits at most for one of its bookkeeping sections (runtime/replan.py)
+        self.step_from_message(msg)
 
     def step_from_message(self, msg) -> None:
         session, reader = self.session, self._reader

@@ -1,5 +1,5 @@
 """The node's counters and recent step latencies, shared by three threads: the executor (live steps,
-/diagnostics), the replan worker (held observations, replan results) and the action server's thread
+/diagnostics), the replan worker (replan results) and the action server's thread
 (refused goals). Every change and every read of the latency window goes through one lock, so no
 increment is lost and the window is never trimmed under a reader."""
 from __future__ import annotations
@@ -20,7 +20,6 @@ class NodeStats:
     joint_name_mismatches: int = 0  # JointStates refused because their names do not fit joint_names
     last_joint_name_error: str = ""
     joint_name_mismatches_reported: int = 0  # mismatches seen by the last /diagnostics
-    held: int = 0
     step_deadline_misses: int = 0
     capsule_errors: int = 0
     replans: int = 0

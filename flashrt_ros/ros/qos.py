@@ -22,18 +22,20 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rclpy.qos_overriding_options import QoSOverridingOptions
 from rclpy.subscription import Subscription
 
-from .replan_server import HELD_MAX
 from .step_link import policy_step_qos
 
 ACTION_DEPTH = 10
+# observations the subscription keeps for an executor that fell behind: as many as it (4) and the queue a
+# replan held them in (4) kept together, before observations were stepped beside replans
+OBSERVATION_DEPTH = 8
 
 
 def observation_default(reliable: bool) -> QoSProfile:
-    """Depth HELD_MAX: an executor stalled for a few sensor periods (a loaded CPU) still steps every
-    observation, in order, as a replan does with the ones it holds. ``observation_reliable`` picks reliable
+    """Depth OBSERVATION_DEPTH: an executor stalled for a few sensor periods (a loaded CPU) still steps
+    every observation, in order. ``observation_reliable`` picks reliable
     (lossless replay) or sensor-data best effort; a qos_overrides reliability wins over it."""
     reliability = ReliabilityPolicy.RELIABLE if reliable else qos_profile_sensor_data.reliability
-    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=HELD_MAX, reliability=reliability)
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=OBSERVATION_DEPTH, reliability=reliability)
 
 
 def action_default() -> QoSProfile:

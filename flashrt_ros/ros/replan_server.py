@@ -5,9 +5,10 @@ Threads, and why:
   executor thread. Goals and cancels are therefore answered even while the node's main executor
   thread waits for the runtime lock (a service call behind a running replan): nothing here ever
   takes the session lock on that thread.
-- The replan itself runs on a worker thread. Between two batched steps it steps the observations
-  held meanwhile (LiveGate), publishes throttled feedback and checks whether to stop: a cancel, the
-  node deactivating or shutting down, or the goal's client gone from the graph.
+- The replan itself runs on a worker thread. Between two batched steps it publishes throttled
+  feedback and checks whether to stop: a cancel, the node deactivating or shutting down, or the goal's
+  client gone from the graph. The executor keeps stepping observations meanwhile: the replan holds the
+  runtime lock only for its bookkeeping, not while a batched step computes (runtime/replan.py).
 - At most one replan runs. A goal that arrives meanwhile is rejected at the ROS level: that only
   ever means "busy", and each such answer pauses the admission thread briefly, so that clients
   retrying at once cannot turn answering "busy" into the node's main work. Any other refusal (a
@@ -17,7 +18,6 @@ Threads, and why:
 """
 from __future__ import annotations
 
-import collections
 import math
 import queue
 import threading
@@ -38,7 +38,6 @@ from .convert import replan_observations
 ACTION_SERVICE_QOS = QoSProfile(depth=256, reliability=ReliabilityPolicy.RELIABLE)
 FEEDBACK_PERIOD_S = 0.02  # at most 50 feedback messages a second, however short the batched step
 BUSY_PAUSE_S = 0.005  # bounds what answering "busy" costs: at most 200 answers a second
-HELD_MAX = 4  # observations held during a replan; the subscription keeps as many (a stalled executor)
 CLIENT_CHECK_PERIOD_S = 0.05  # graph queries between batched steps, at most this often
 # rclpy keeps every finished goal this long for a late get_result (default 900 s), and every action
 # client deserialises the status list of all of them at each change: with planners replanning back to
@@ -59,66 +58,9 @@ def check_goal_size(goal, obs_dim: int, max_mb: float) -> None:
                          "(or start the node with a larger replan_max_goal_mb)")
 
 
-class LiveGate:
-    """While a replan runs, observations wait here (the newest HELD_MAX, oldest dropped first) and the
-    replan thread steps them in order between two batched steps. Otherwise the executor steps directly.
-
-    One condition decides both who steps and who may take the runtime lock: `hold` either holds the
-    message or marks a direct step in progress (ended by `stepped`), and `start` closes the gate and
-    then waits for that direct step to end before the replan takes the lock. So the executor never
-    passes the gate and then waits behind a whole replan. `busy` stays set until the queue is empty, and
-    only `finish` clears it, so a held observation is never lost and never overtaken by a newer one."""
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._busy = False
-        self._stepping = False  # the executor passed the gate and is stepping directly
-        self._msgs: collections.deque = collections.deque(maxlen=HELD_MAX)
-
-    def hold(self, msg) -> tuple[bool, bool]:
-        """(held, dropped): held = a replan runs and will step it; dropped = the oldest held one gave way.
-        Not held: the caller steps it now and must call `stepped` afterwards."""
-        with self._cond:
-            if not self._busy:
-                self._stepping = True
-                return False, False
-            dropped = len(self._msgs) == self._msgs.maxlen
-            self._msgs.append(msg)
-            return True, dropped
-
-    def stepped(self) -> None:
-        """The direct step that `hold` let through is over: a waiting replan may take the lock."""
-        with self._cond:
-            self._stepping = False
-            self._cond.notify_all()
-
-    def start(self) -> None:
-        """Hold every observation from now on, then wait (at most one live step) for a direct step."""
-        with self._cond:
-            self._busy = True
-            self._cond.wait_for(lambda: not self._stepping)
-
-    def take(self) -> list:
-        with self._cond:
-            msgs = list(self._msgs)
-            self._msgs.clear()
-            return msgs
-
-    def finish(self, step) -> None:
-        """Step what is still held, oldest first, then let the executor step directly again."""
-        while True:
-            with self._cond:
-                if not self._msgs:
-                    self._busy = False
-                    return
-                msg = self._msgs.popleft()
-            step(msg)
-
-
 class ReplanServer:
     def __init__(self, node):
         self.node = node
-        self.gate = LiveGate()
         self._state = threading.Lock()  # guards _current and _closing; never held across a replan step
         self._current = None  # goal handle of the running replan
         self._closing = ""  # set when the server goes away: the reason, for results and refusals
@@ -149,12 +91,6 @@ class ReplanServer:
             self.executor.spin()
         except Exception:  # noqa: BLE001 - shutdown (SIGINT) ends the spin; nothing to report
             pass
-
-    def hold(self, msg) -> bool:
-        """Called by the node for every observation: True when a running replan will step it."""
-        held, _ = self.gate.hold(msg)
-        self.node.stats.count("held", int(held))
-        return held
 
     def destroy(self, reason: str = "the node is deactivating") -> None:
         """Stop the running goal (answered ABORTED, nothing committed) and go away; returns within
@@ -240,7 +176,6 @@ class ReplanServer:
             if not reason:
                 self._current = goal_handle
                 self._idle.clear()
-                self.gate.start()  # waits for a live step in progress, if any (one step at most)
         if reason:
             goal_handle.request.observations = []  # rclpy keeps the handle RESULT_KEPT_S: not its payload
             self.node.stats.count("replans_rejected")
@@ -298,7 +233,6 @@ class ReplanServer:
                     self.node.get_logger().error(f"replan failed unexpectedly: {e!r}")
                 result = Replan.Result(success=False, message=f"failed: {e!r}")
             finally:
-                self.gate.finish(self._step_held)
                 with self._state:
                     self._current = None
             # A commit does not renew policy_step's history (live_state_replaced): that waits up to 0.3 s for
@@ -307,12 +241,6 @@ class ReplanServer:
             if self.node.context.ok():  # after SIGINT there is no executor left to answer with
                 self._schedule_delivery(goal_handle)
             self._idle.set()
-
-    def _step_held(self, msg) -> None:
-        try:
-            self.node.step_from_message(msg)
-        except Exception as e:  # noqa: BLE001 - a bad held observation must not end the replan
-            self.node.get_logger().error(f"held observation failed: {e!r}", throttle_duration_sec=1.0)
 
     def _action_clients(self) -> int:
         """Action clients of 'replan' in the graph (every rclpy/rclcpp action client subscribes to the
@@ -350,8 +278,6 @@ class ReplanServer:
             return False
 
         def between_steps(done: int) -> None:
-            for msg in self.gate.take():  # the live step waits at most one batched step
-                self._step_held(msg)
             now = time.monotonic()
             if (done == horizon or now - throttle["feedback"] >= FEEDBACK_PERIOD_S) and not self._closing \
                     and self.node.context.ok():

@@ -2,9 +2,16 @@
 
 Branches read the source capsule's KV window in place from the log and append to private pages; the
 committed branch, if any, becomes the live timeline.
+
+Locks: ``session.branch_lock`` for the whole replan (it owns rows 1..b meanwhile); ``session.lock`` only
+for the bookkeeping (fork, page allocation and references, snapshots, history, commit), released around
+each batched step's compute where the backend can replay rows concurrently (``concurrent_replay``). So a
+live step waits at most for one bookkeeping section, never for a batched step (on CUDA it runs between
+two batched steps; the lock is not fair, so under load it may wait for more than one).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -50,36 +57,47 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
     if deadline_ms is not None and not deadline_ms > 0:
         raise ValueError(f"deadline_ms: must be > 0 or None (no deadline), got {deadline_ms}")
     limit_ms = math.inf if deadline_ms is None else float(deadline_ms)
-    with session.lock:
-        if capsule_id:
-            src_info = session.store.get(capsule_id)
-            base_step, parent = src_info.step, capsule_id
-            base_node = session.history.node_of(capsule_id)
-        else:
-            base_step, parent, base_node = session._step, session._live_id, session.history.head
-        # fresh pages: a branch copies its partial page, then one per page boundary it crosses
-        per_branch = min(session.kv.P, (base_step % KV_PAGE + h) // KV_PAGE + 1) + (session.kv.P if copy_fork else 0)
-        session.store.check_room(b * per_branch + 1, f"a replan of {b} x {h}",
-                              keep=[session.store.pages_of(capsule_id)] if capsule_id else [])
+    # The branch rows compute outside the session lock where the backend allows it (concurrent_replay):
+    # a live step (row 0, its own pages) then runs beside a batched step; elsewhere (CUDA: one stream,
+    # bound graphs) between two of them. branch_lock keeps the operations that touch the branch rows or
+    # the whole store (reset, resume) out until the rows are given back.
+    compute_lock = contextlib.nullcontext() if getattr(session.backend, "concurrent_replay", False) else session.lock
+    with session.branch_lock:
         try:
-            for r in range(1, 1 + b):  # fork: a small copy per branch, the window shared
+            with session.lock:  # one section: no live step takes the pages checked or evicts the source meanwhile
                 if capsule_id:
-                    session.store.restore(capsule_id, r)
+                    src_info = session.store.get(capsule_id)
+                    base_step, parent = src_info.step, capsule_id
+                    base_node = session.history.node_of(capsule_id)
                 else:
-                    session.backend.copy(session.arena.state[r], session.live_row())
-                    session.kv.set_row(r, session.kv.tables[0])
-                if copy_fork:
-                    session.kv.privatise_window(r, base_step)
-            runner = session._branch_runner(b)
+                    base_step, parent, base_node = session._step, session._live_id, session.history.head
+                # fresh pages: a branch copies its partial page, then one per page boundary it crosses
+                per_branch = (min(session.kv.P, (base_step % KV_PAGE + h) // KV_PAGE + 1)
+                              + (session.kv.P if copy_fork else 0))
+                session.store.check_room(b * per_branch + 1, f"a replan of {b} x {h}",
+                                         keep=[session.store.pages_of(capsule_id)] if capsule_id else [])
+                for r in range(1, 1 + b):  # fork: a small copy per branch, the window shared
+                    if capsule_id:
+                        session.store.restore(capsule_id, r)
+                    else:
+                        session.backend.copy(session.arena.state[r], session.live_row())
+                        session.kv.set_row(r, session.kv.tables[0])
+                    if copy_fork:
+                        session.kv.privatise_window(r, base_step)
+                runner = session._branch_runner(b)
             obs_rows, act_rows = session.arena["obs"][1:1 + b], session.arena["action"][1:1 + b]
             actions = np.empty((b, h, session.cfg.action_dim), np.float32)
             done, message, cancelled = 0, "", False
             for t in range(h):
-                for r in range(1, 1 + b):
-                    session.kv.prepare_append(r, base_step + t, extend_shared=False)
-                session.backend.from_host(obs_rows, obs[:, t])
-                runner.replay()
-                actions[:, t] = session.backend.to_host(act_rows)
+                with session.lock:  # page references and fills are shared with the live row
+                    for r in range(1, 1 + b):
+                        session.kv.prepare_append(r, base_step + t, extend_shared=False)
+                    session.backend.from_host(obs_rows, obs[:, t])
+                # rows 1..b only: their own state and work, the window's pages (referenced by these rows, so
+                # never freed or rewritten) and their private pages; weights are read-only
+                with compute_lock:
+                    runner.replay()
+                    actions[:, t] = session.backend.to_host(act_rows)
                 done += 1
                 if on_step is not None:
                     on_step(done)
@@ -93,27 +111,30 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
                 raise NonFiniteAction(f"replan refused: branch {commit_branch} produced a non-finite action, so it "
                                       "is not committed and the live state is untouched (its source state cannot "
                                       "come from a run of this policy: a forged or damaged capsule?)")
-            ids = [session.store.snapshot(1 + r, step=base_step + done, parent_id=parent,
-                                       label=f"replan branch {r}").id for r in range(b)]
-            for r, cid in enumerate(ids):
-                session._mark_history(cid, session.history.branch(base_node, base_step, obs[r, :done]))
-            committed = commit_branch is not None and not cancelled
-            if committed:
-                session.store.restore(ids[commit_branch], 0)
-                session._step = base_step + done
-                session._live_id = ids[commit_branch]
-                session.history.head = session.history.node_of(session._live_id)
-                if session.persistence is not None:  # the committed branch is the timeline now
-                    session.persistence.on_capsule(session.store.get(session._live_id))
-            # only now: while they were taken, a branch's capsule must not be evicted for its sibling's
-            session.store.mark_what_if([c for r, c in enumerate(ids) if not (committed and r == commit_branch)])
+            with session.lock:
+                ids = [session.store.snapshot(1 + r, step=base_step + done, parent_id=parent,
+                                              label=f"replan branch {r}").id for r in range(b)]
+                for r, cid in enumerate(ids):
+                    session._mark_history(cid, session.history.branch(base_node, base_step, obs[r, :done]))
+                committed = commit_branch is not None and not cancelled
+                if committed:  # live steps taken meanwhile are left behind, as a rollback would
+                    session.store.restore(ids[commit_branch], 0)
+                    session._step = base_step + done
+                    session._live_id = ids[commit_branch]
+                    session.history.head = session.history.node_of(session._live_id)
+                    if session.persistence is not None:  # the committed branch is the timeline now
+                        session.persistence.on_capsule(session.store.get(session._live_id))
+                # only now: while they were taken, a branch's capsule must not be evicted for its sibling's
+                session.store.mark_what_if([c for r, c in enumerate(ids) if not (committed and r == commit_branch)])
+                live_id = session._live_id
         finally:
-            for r in range(1, 1 + b):  # branch rows give their pages back
-                session.kv.clear_row(r)
+            with session.lock:
+                for r in range(1, 1 + b):  # branch rows give their pages back
+                    session.kv.clear_row(r)
         session.backend.sync()
         elapsed = (time.perf_counter() - t0) * 1e3
         met = done == h and elapsed <= limit_ms
         if not message and not met:
             message = f"finished in {elapsed:.1f} ms, over the {limit_ms:.1f} ms deadline"
-        return ReplanResult(actions[:, :done], ids, elapsed, met, done, h, session._live_id, message or "ok",
+        return ReplanResult(actions[:, :done], ids, elapsed, met, done, h, live_id, message or "ok",
                             cancelled)

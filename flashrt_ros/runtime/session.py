@@ -1,10 +1,18 @@
 """Session = policy + arena + bound plans + capsule store: step, rollback, replan, cold baselines.
 
 Row 0 of the state slab is the live policy; rows 1..max_branches are replan branches, so a what-if
-never touches the live row. One lock serialises step, rollback and replan.
+never touches the live row.
+
+Two locks, always taken in this order: ``branch_lock`` (a replan holds it throughout: it owns the branch
+rows) and ``lock`` (every change to the live row, the store, the KV log's bookkeeping and the history).
+A replan takes ``lock`` only for its bookkeeping and computes its batched steps outside it where the
+backend allows (replan.py), so a live step runs beside a replan instead of behind it. Operations on
+row 0 and the store take ``lock`` only; operations on the branch rows or the whole store (reset, resume,
+a branch row's state) take ``branch_lock`` first and so wait for a running replan.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -69,6 +77,7 @@ class Session:
                                   reserve_records=sizes.reserve_records, reserve_pages=sizes.reserve_pages,
                                   entry_nbytes=sizes.entry_nbytes)
         self.lock = threading.RLock()
+        self.branch_lock = threading.RLock()  # before self.lock, never after it (see the module docstring)
         self._live = self.backend.bind(self.plan, self.arena, 0, 1)
         self._branch_runners: dict[int, object] = {}
         self.history = ObsHistory(cfg.history_limit)
@@ -95,8 +104,9 @@ class Session:
 
     def state_tensors(self, row: int = 0) -> dict[str, np.ndarray]:
         """The full state of a row as host arrays: small state plus the KV window gathered from the
-        log (DESIGN.md contract 4). For checks and files; not on the hot path."""
-        with self.lock:
+        log (DESIGN.md contract 4). For checks and files; not on the hot path. A branch row waits for a
+        running replan (its compute runs outside ``lock``)."""
+        with self.branch_lock if row else contextlib.nullcontext(), self.lock:
             self.backend.sync()
             return self.store.materialize_row(self.backend.to_host(self.arena.state_bytes(row)),
                                               self.kv.tables[row])
@@ -114,7 +124,8 @@ class Session:
         return _as_bytes(self.materialize(capsule_id))
 
     def reset(self) -> None:
-        with self.lock, self.backend.activate():
+        """Every row and the history back to the start (capsules stay); waits for a running replan."""
+        with self.branch_lock, self.lock, self.backend.activate():
             self.arena.state[...] = 0
             for row in range(self.rows):
                 self.kv.clear_row(row)
@@ -274,8 +285,9 @@ class Session:
 
         ``deadline_ms`` None runs every step; otherwise the steps left when it passes are abandoned
         (partial result, deadline_met False). A replan stopped by ``cancel`` never commits.
-        ``on_step(done)`` runs after each batched step on the calling thread, lock held (the node
-        steps a held live observation there).
+        ``on_step(done)`` runs after each batched step on the calling thread, outside ``lock``: live
+        steps go on meanwhile (beside the batched steps on a backend with ``concurrent_replay``, between
+        them otherwise), and a commit leaves them behind, as a rollback would.
 
         Branches read the source capsule's KV window in place from the log and append their own
         entries to private pages (a partial page is copied first when it is shared). ``copy_fork``
@@ -285,6 +297,7 @@ class Session:
         return run_replan(self, capsule_id, observations, commit_branch, deadline_ms, cancel, on_step, copy_fork)
 
     # ---- cold baselines -------------------------------------------------------------------
+    # (row 0, its pages and the history only: ``lock`` suffices beside a running replan)
     def cold_replay(self, n: int | None = None) -> None:
         """Recompute the live state from reset by stepping the first n observations of the live
         branch one by one (byte-identical to the original run). No capsules are taken."""
@@ -311,7 +324,7 @@ class Session:
         """Start from a recorded history: reset, then recompute the state after observations[n, obs_dim]
         with cold_prefill (no capsules are taken)."""
         obs = as_observations(observations, (len(observations), self.cfg.obs_dim), "observations")
-        with self.lock:
+        with self.branch_lock, self.lock:  # reset takes branch_lock: in the order, never after lock
             self.reset()
             for i, o in enumerate(obs):
                 self.history.push(o, i + 1)
@@ -365,6 +378,10 @@ class Session:
         ResumeReport (None without resume). Raises FingerprintMismatch / LogCorrupt, touching nothing,
         when the log cannot be resumed; ResumeDoesNotFit, the session left reset, when a sound log needs a
         bigger capsule store than this one."""
+        with self.branch_lock:  # a resume resets every row and rebuilds the store: never under a replan
+            return self._enable_persistence(settings, resume)
+
+    def _enable_persistence(self, settings, resume: bool):
         from .persist.attach import DirLock, Persistence, layout_of, start_fresh
         from .persist.attach import resume as resume_from
 
@@ -389,7 +406,8 @@ class Session:
 
     def disable_persistence(self) -> None:
         """Write what is queued, fsync, and stop the writer."""
-        with self.lock:  # never between a step's (or a replan commit's) check of self.persistence and its use
+        # never between a step's (or a replan commit's) check of self.persistence and its use
+        with self.branch_lock, self.lock:
             p, self.persistence = self.persistence, None
         if p is not None:  # closed outside the lock: the writer waits for an idle runtime, briefly
             p.close()

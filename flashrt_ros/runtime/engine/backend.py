@@ -19,6 +19,10 @@ log = logging.getLogger("flashrt_ros.runtime")
 class NumpyBackend:
     name = "numpy"
     xp = np
+    # Replaying rows 1..b while another thread replays row 0 is safe: every row's buffers are its own, the
+    # log pages a row writes are its own, and nothing is queued behind another call (replan.py). The CUDA
+    # backend has one stream and bound graphs: without this attribute a replan computes under the lock.
+    concurrent_replay = True
 
     def activate(self):
         """Context in which array-module ops run in order with the backend's own (nothing for NumPy)."""

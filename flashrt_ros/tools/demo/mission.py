@@ -129,7 +129,6 @@ def _print_summary(s: dict, work: Path) -> None:
         ("thread_priority (stepping thread)", s.get("thread_priority", 0)),
         ("steps (one per observation)", s.get("steps", 0)),
         ("rejected observations", s.get("rejected", 0)),
-        ("held during replans", s.get("held_observations", 0)),
         ("step latency p50 / p99 (node)", pp(s.get("step_latency_ms"))),
         ("rollback p50 / p99 (node)", pp(s.get("rollback_ms"))),
         ("replan 4x8 p50 / p99 (round trip)", pp(s.get("replan_ms"))),

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--namespace", default="")
     ap.add_argument("--json", help="write the summary here")
     ap.add_argument("--timeline", action="store_true",
-                    help="also write every step, rollback, replan and held count with its time (for plots)")
+                    help="also write every step, rollback and replan with its time (for plots)")
     args, ros_args = ap.parse_known_args(argv)
     rclpy.init(args=ros_args)
     node = rclpy.create_node("flashrt_demo_planner")
@@ -52,7 +52,6 @@ def main(argv=None) -> int:
         for st in msg.status:
             if st.name.endswith("flashrt: runtime"):
                 diag.update({kv.key: kv.value for kv in st.values})
-                timeline.held.append((time.time_ns(), int(diag.get("held_observations", 0))))
 
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     client.wait_until_ready(30.0)
@@ -124,7 +123,7 @@ def main(argv=None) -> int:
             "deadline_misses": counts["misses"], "step_deadline_misses": int(diag.get("step_deadline_misses", 0)),
             "byte_exact_checks": {"run": checks[0], "passed": checks[1]},
             "rounds": rounds, "commits": counts["commits"], "replans_refused": counts["refused"],
-            "timeouts": counts["timeouts"], "held_observations": int(diag.get("held_observations", 0)),
+            "timeouts": counts["timeouts"],
             "backend": diag.get("backend", "?"), "deep_rollback": deep.summary(),
             "rollback_depth_s_diagnostics": float(diag.get("rollback_depth_s", 0.0) or 0.0),
         }
@@ -145,7 +144,6 @@ class Timeline:
         self.t0_ns = 0
         self.rollbacks: list[tuple] = []  # (ns, node ms)
         self.replans: list[tuple] = []  # (ns, round trip ms, commit, complete within the deadline)
-        self.held: list[tuple] = []  # (ns, held observations so far), one per /diagnostics message
 
     def summary(self, steps: list[PolicyStep]) -> dict:
         def t(ns):
@@ -154,7 +152,7 @@ class Timeline:
                           for m in steps],
                 "rollbacks": [[t(ns), round(ms, 4)] for ns, ms in self.rollbacks],
                 "replans": [[t(ns), round(ms, 4), commit, met] for ns, ms, commit, met in self.replans],
-                "held": [[t(ns), n] for ns, n in self.held], "units": "s, ms"}
+                "units": "s, ms"}
 
 
 class DeepRollbackCheck:

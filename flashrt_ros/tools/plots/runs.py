@@ -43,13 +43,12 @@ def _col(rows, i) -> np.ndarray:
 # ---- flashrt-demo (the ROS mission) ------------------------------------------------------------------
 def mission_timeline(summary: dict, path) -> Path:
     """Step latency over the mission with rollbacks and commits marked, replan round trips against the
-    50 ms budget, and the observations held while a replan ran (cumulative, from /diagnostics)."""
+    50 ms budget."""
     tl = summary.get("timeline")
     if not tl:
         raise ValueError("the mission summary has no timeline (the planner wrote none: did it start?)")
     plt = pyplot()
-    fig, (a1, a2, a3) = plt.subplots(3, 1, figsize=(11, 7.5), sharex=True,
-                                     gridspec_kw={"height_ratios": [3, 2, 1.2]})
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     steps = tl["steps"]
     a1.scatter(_col(steps, 0), _col(steps, 1), s=2, color="tab:blue", label=f"policy step ({len(steps)})")
     rb = tl["rollbacks"]
@@ -76,13 +75,8 @@ def mission_timeline(summary: dict, path) -> Path:
             a2.scatter(_col(late, 0), _col(late, 1), marker=marker, s=30, color="tab:red",
                        label=f"{label}: the node missed its deadline ({len(late)})")
     budget_line(a2, BUDGET_MS)
-    a2.set(ylabel="replan round trip, ms")
+    a2.set(xlabel="mission time, s", ylabel="replan round trip, ms")
     a2.legend(fontsize=8, loc="upper right")
-
-    held = tl["held"]
-    a3.step(_col(held, 0), _col(held, 1), where="post", color="tab:orange")
-    a3.set(xlabel="mission time, s", ylabel="held obs.\n(cumulative)")
-    a3.grid(alpha=0.3)
     fig.tight_layout()
     return save(fig, path)
 
