@@ -301,16 +301,6 @@ MUTATIONS = [
              "        if False:",
              ["test/test_ros_pins.py"],
              "drop_capsule forgets a pinned capsule without it being unpinned"),
-    Mutation("services_destroyed_under_calls_in_flight", "flashrt_ros/ros/services.py",
-             "        if idle or executor is None:\n",
-             "        if True:\n",
-             ["test/test_ros_replan_stop.py::test_service_calls_in_flight_during_deactivate_are_all_answered"],
-             "calls in flight when the node deactivates never get an answer"),
-    Mutation("queued_calls_run_while_deactivating", "flashrt_ros/ros/services.py",
-             "            if refusal is not None:\n                raise refusal\n",
-             "            if False:\n                raise refusal\n",
-             ["test/test_ros_replan_stop.py::test_service_calls_in_flight_during_deactivate_are_all_answered"],
-             "calls queued behind a replan run after the node began deactivating instead of being refused"),
     # issue 15 (h15resume)
     Mutation("timeline_accepts_a_repeated_id", RT + "persist/resume.py",
              "        if rec.id <= prev.id:\n",
@@ -633,4 +623,11 @@ MUTATIONS = [
              "        with self.lock, self.backend.activate():\n",
              ["test/test_concurrent_replan.py::test_a_reset_waits_for_a_running_replan_whose_branches_stay_byte_exact"],
              "a reset clears the branch rows and their pages while a replan computes them"),
+    # issue 15 item 3, retargeted: since the lifecycle gate (issue 19) services are not destroyed on deactivate;
+    # the gate refuses a call queued behind one waiting for a replan when its turn comes after a deactivate
+    Mutation("queued_calls_run_after_deactivating", "flashrt_ros/ros/state_gate.py",
+             "            if self.node.inactive_refusal():\n                raise NodeInactive(",
+             "            if False:\n                raise NodeInactive(",
+             ["test/test_ros_replan_stop.py::test_service_calls_in_flight_during_deactivate_are_all_answered"],
+             "calls queued behind a replan run after the node deactivated instead of being refused"),
 ]
