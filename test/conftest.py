@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +139,25 @@ def flashrt(ros_domain, tmp_path, node_params):
         out = proc.output()
         assert "Traceback" not in out, out[-3000:]
         assert rc == 0, f"node exited with {rc}:\n{out[-3000:]}"
+
+
+class WatchedLock:
+    """One of the session's RLocks, telling when a thread finds it held by another and waits for it."""
+
+    def __init__(self, inner):
+        self.inner, self.contended = inner, threading.Event()
+
+    def acquire(self, blocking=True, timeout=-1):
+        if self.inner.acquire(blocking=False):
+            return True
+        self.contended.set()
+        return self.inner.acquire(blocking, timeout)
+
+    def release(self):
+        self.inner.release()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()

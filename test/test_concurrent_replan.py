@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import CPU_BACKENDS, observation_trace, small_config
+from conftest import CPU_BACKENDS, WatchedLock, observation_trace, small_config
 from flashrt_ros.runtime import Session
 
 WAIT_S = 30  # only a broken build waits this long: every wait below ends on an event
@@ -161,28 +161,6 @@ def test_a_commit_during_live_steps_leaves_them_behind_and_continues_as_serially
     assert ref_res.actions.tobytes() == res.actions.tobytes()
     assert [ref.step(o).action.tobytes() for o in after] == got
     assert ref.state_host().tobytes() == s.state_host().tobytes()
-
-
-class WatchedLock:
-    """An RLock telling when a thread finds it held by another and waits for it."""
-
-    def __init__(self, inner):
-        self.inner, self.contended = inner, threading.Event()
-
-    def acquire(self, blocking=True, timeout=-1):
-        if self.inner.acquire(blocking=False):
-            return True
-        self.contended.set()
-        return self.inner.acquire(blocking, timeout)
-
-    def release(self):
-        self.inner.release()
-
-    def __enter__(self):
-        return self.acquire()
-
-    def __exit__(self, *exc):
-        self.release()
 
 
 def test_a_reset_waits_for_a_running_replan_whose_branches_stay_byte_exact(backend):

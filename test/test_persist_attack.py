@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from persist_fixtures import cfg, settings
 
-from conftest import assert_refused_unchanged, observation_trace
+from conftest import WatchedLock, assert_refused_unchanged, observation_trace
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.persist.attach import layout_of
 from flashrt_ros.runtime.persist.format import (
@@ -182,28 +182,6 @@ def test_a_persist_dir_that_is_a_file_fails_before_touching_the_live_state(tmp_p
 
 
 # ---- disable_persistence against a running replan -----------------------------------------------
-class WatchedLock:
-    """One of the session's RLocks, telling when a thread finds it held by another and waits for it."""
-
-    def __init__(self, inner):
-        self.inner, self.contended = inner, threading.Event()
-
-    def acquire(self, blocking=True, timeout=-1):
-        if self.inner.acquire(blocking=False):
-            return True
-        self.contended.set()
-        return self.inner.acquire(blocking, timeout)
-
-    def release(self):
-        self.inner.release()
-
-    def __enter__(self):
-        return self.acquire()
-
-    def __exit__(self, *exc):
-        self.release()
-
-
 def test_disable_persistence_waits_for_a_running_replan_whose_commit_is_then_persisted(tmp_path):
     s = persisting(tmp_path, 20)
     s.branch_lock = WatchedLock(s.branch_lock)  # a replan holds it throughout; its session lock only at times
