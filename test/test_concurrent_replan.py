@@ -183,3 +183,73 @@ def test_a_reset_waits_for_a_running_replan_whose_branches_stay_byte_exact(backe
 
     ref, ref_sources = started(trace, backend)
     assert ref.replan(ref_sources[PRE], replan_obs(0)).actions.tobytes() == res.actions.tobytes()
+
+
+# Calls that take pages the replan's room check counted as free or evictable (a pin, an import's window,
+# an export's held pages, a cold baseline's fresh window) wait for it, as reset does.
+PAGE_TAKERS = {
+    "pin": lambda s, src, tmp: s.pin(src),
+    "pinned_snapshot": lambda s, src, tmp: s.snapshot("kept", pin=True),
+    "export": lambda s, src, tmp: s.export_capsule(src, tmp / "out.safetensors"),
+    "import": lambda s, src, tmp: s.import_capsule(tmp / "in.safetensors"),
+    "cold_prefill": lambda s, src, tmp: s.cold_prefill(),
+}
+
+
+@pytest.mark.parametrize("call", sorted(PAGE_TAKERS))
+def test_calls_that_take_pages_wait_for_a_running_replan_whose_branches_stay_byte_exact(backend, call, tmp_path):
+    trace = observation_trace(PRE, seed=9)
+    s, sources = started(trace, backend)
+    s.export_capsule(sources[90], tmp_path / "in.safetensors")
+    unpinned = next(c.id for c in s.list_capsules() if not c.pinned)
+    s.branch_lock = WatchedLock(s.branch_lock)
+    caller = threading.Thread(target=PAGE_TAKERS[call], args=(s, unpinned, tmp_path))
+    seen = []
+
+    def on_step(done):
+        if done == 1:
+            caller.start()
+            seen.append(s.branch_lock.contended.wait(WAIT_S))  # the call reached the branch lock and waits
+            seen.append(caller.is_alive())
+
+    res = s.replan(sources[PRE], replan_obs(0), on_step=on_step)
+    caller.join(WAIT_S)
+    assert seen == [True, True], f"{call} ran in the middle of a replan, with pages its room check counted"
+    assert not caller.is_alive()
+    if call == "pin":
+        assert s.capsule_info(unpinned).pinned
+    ref, ref_sources = started(trace, backend)
+    assert ref.replan(ref_sources[PRE], replan_obs(0)).actions.tobytes() == res.actions.tobytes()
+
+
+def test_a_call_that_waits_for_replans_raises_from_inside_a_step_instead_of_deadlocking(backend):
+    s, _ = started(observation_trace(PRE, seed=9), backend, upto=10)
+    with pytest.raises(RuntimeError, match="outside the step"):
+        s.step(observation_trace(1, seed=3)[0], on_action=lambda action: s.reset())
+
+
+def test_without_concurrent_replay_batched_steps_compute_under_the_lock_and_live_steps_run_between_them():
+    """The CUDA path (one stream, bound graphs), run here on NumPy with concurrent_replay off."""
+    trace = observation_trace(PRE + 1, seed=9)
+    s, sources = started(trace, "numpy")
+    s.backend.concurrent_replay = False
+    runner = s._branch_runner(BRANCHES)
+    real, under_lock = runner.replay, []
+
+    def replay():
+        under_lock.append(s.lock._is_owned())
+        real()
+    runner.replay = replay
+    live = []
+
+    def on_step(done):
+        if done == 1:  # between two batched steps a live step gets the lock
+            t = threading.Thread(target=lambda: live.append(s.step(trace[PRE])))
+            t.start()
+            t.join(WAIT_S)
+    res = s.replan(sources[PRE], replan_obs(0), on_step=on_step)
+    assert under_lock == [True] * HORIZON
+    assert len(live) == 1 and s.step_count == PRE + 1
+    ref, ref_sources = started(trace, "numpy")
+    assert ref.replan(ref_sources[PRE], replan_obs(0)).actions.tobytes() == res.actions.tobytes()
+    assert ref.step(trace[PRE]).action.tobytes() == live[0].action.tobytes()

@@ -250,7 +250,7 @@ class FlashRTNode(LifecycleNode):
         """Executor thread only (DDS entities are made and destroyed there): a fresh writer and spare, or
         none (recreate=False, inactive). What current subscribers have not yet acknowledged is briefly
         waited for (deactivate: nothing more is stepped)."""
-        with self._policy_step_lock:  # never the runtime lock: a replan may hold that for long
+        with self._policy_step_lock:  # never the runtime lock: not needed to swap a DDS writer
             old = self._topic_pubs.pop("policy_step", None)
             spare = self._topic_pubs.pop("policy_step_spare", None)
             if old is not None:

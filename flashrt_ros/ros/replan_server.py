@@ -3,8 +3,7 @@
 Threads, and why:
 - The action server lives on a small helper node (`<node>_replan`, same namespace) spun by its own
   executor thread. Goals and cancels are therefore answered even while the node's main executor
-  thread waits for the runtime lock (a service call behind a running replan): nothing here ever
-  takes the session lock on that thread.
+  thread is busy: nothing here ever takes the session lock on that thread.
 - The replan itself runs on a worker thread. Between two batched steps it publishes throttled
   feedback and checks whether to stop: a cancel, the node deactivating or shutting down, or the goal's
   client gone from the graph. The executor keeps stepping observations meanwhile: the replan holds the

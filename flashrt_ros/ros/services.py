@@ -1,9 +1,10 @@
 """Service handlers of the flashrt node.
 
-Every handler runs on a worker thread, never on the executor thread: a call that waits for the
-runtime lock (held by a replan) or writes a file leaves the executor free to step observations and to
-take goals and cancels. The ROS callback is a coroutine that awaits the worker's result; the worker
-completing the future wakes the executor (a done callback is scheduled as a task).
+Every handler runs on a worker thread, never on the executor thread: a call that waits for a
+running replan (reset, pin, import, export: Session._beside_no_replan) or writes a file leaves the
+executor free to step observations and to take goals and cancels. The ROS callback is a coroutine that
+awaits the worker's result; the worker completing the future wakes the executor (a done callback is
+scheduled as a task).
 
 Every error, of any type, becomes success=false with a one-line message; nothing raises into the
 executor, and a failed request leaves the live state as it was.

@@ -6,9 +6,9 @@ publisher matched to the node and its policy_step reader matched to the node's w
 has not matched the reader yet. A volatile writer then drops the first answer, and the client waits forever.
 A transient-local writer (the last POLICY_STEP_DEPTH steps) sends it when the match completes. Volatile
 subscribers (a controller, ``ros2 topic echo``) are unaffected and never see an old step. The history forgets the
-steps of a timeline that was left: the node replaces the writer on a rollback, a reset, a restoring import, a committed
-replan and while inactive (FlashRTNode.live_state_replaced: with a spare made ahead, which subscribers have
-already matched).
+steps of a timeline that was left: the node replaces the writer on a rollback, a reset, a restoring import and while
+inactive (FlashRTNode.live_state_replaced: with a spare made ahead, which subscribers have already matched); not
+on a committed replan, whose answer must stay inside the replan budget (README, the policy_step row).
 The 'action' topic stays volatile: a late controller must never get a stale action.
 """
 from __future__ import annotations

@@ -8,7 +8,10 @@ rows) and ``lock`` (every change to the live row, the store, the KV log's bookke
 A replan takes ``lock`` only for its bookkeeping and computes its batched steps outside it where the
 backend allows (replan.py), so a live step runs beside a replan instead of behind it. Operations on
 row 0 and the store take ``lock`` only; operations on the branch rows or the whole store (reset, resume,
-a branch row's state) take ``branch_lock`` first and so wait for a running replan.
+a branch row's state), and those that take pages a running replan was promised by its room check (pin,
+import, export, the cold baselines), take ``branch_lock`` first (``_beside_no_replan``) and so wait for a
+running replan. Called from a thread that holds ``lock`` but not ``branch_lock`` (a callback inside a
+step), they raise instead of deadlocking against the replan, which waits for ``lock``.
 """
 from __future__ import annotations
 
@@ -106,7 +109,7 @@ class Session:
         """The full state of a row as host arrays: small state plus the KV window gathered from the
         log (DESIGN.md contract 4). For checks and files; not on the hot path. A branch row waits for a
         running replan (its compute runs outside ``lock``)."""
-        with self.branch_lock if row else contextlib.nullcontext(), self.lock:
+        with self._beside_no_replan() if row else self.lock:
             self.backend.sync()
             return self.store.materialize_row(self.backend.to_host(self.arena.state_bytes(row)),
                                               self.kv.tables[row])
@@ -123,9 +126,19 @@ class Session:
     def capsule_host(self, capsule_id: int) -> np.ndarray:
         return _as_bytes(self.materialize(capsule_id))
 
+    @contextlib.contextmanager
+    def _beside_no_replan(self, take_lock: bool = True):
+        """``branch_lock`` then (``take_lock``) ``lock``: waits for a running replan (module docstring)."""
+        if self.lock._is_owned() and not self.branch_lock._is_owned():  # noqa: SLF001 - CPython's RLock
+            raise RuntimeError("this call waits for a running replan, and this thread holds the runtime lock "
+                               "(a callback inside a step?): the replan would wait for it in turn; call it "
+                               "outside the step")
+        with self.branch_lock, self.lock if take_lock else contextlib.nullcontext():
+            yield
+
     def reset(self) -> None:
         """Every row and the history back to the start (capsules stay); waits for a running replan."""
-        with self.branch_lock, self.lock, self.backend.activate():
+        with self._beside_no_replan(), self.backend.activate():
             self.arena.state[...] = 0
             for row in range(self.rows):
                 self.kv.clear_row(row)
@@ -181,7 +194,7 @@ class Session:
 
     def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
         check_label(label)
-        with self.lock:
+        with self._beside_no_replan() if pin else self.lock:  # a pin takes pages a replan may need
             if pin and self.persistence is not None:
                 self.persistence.check_pin_room(0)  # before anything changes
             info = self._snapshot_live(stamp_ns, label, pin)
@@ -201,8 +214,9 @@ class Session:
             return list(self.store.list(pinned_only))
 
     def pin(self, capsule_id: int) -> CapsuleInfo:
-        """Keep a capsule until unpinned; refused (StoreFullOfPins) before pins could starve the live step."""
-        with self.lock:
+        """Keep a capsule until unpinned; refused (StoreFullOfPins) before pins could starve the live step.
+        Waits for a running replan: its room check counted this capsule's pages as evictable."""
+        with self._beside_no_replan():
             if self.persistence is not None:
                 self.persistence.check_pin_room(capsule_id)  # before anything changes
             info = self.store.pin(capsule_id)
@@ -297,11 +311,11 @@ class Session:
         return run_replan(self, capsule_id, observations, commit_branch, deadline_ms, cancel, on_step, copy_fork)
 
     # ---- cold baselines -------------------------------------------------------------------
-    # (row 0, its pages and the history only: ``lock`` suffices beside a running replan)
+    # (row 0, its pages and the history; they wait for a running replan: a window of fresh pages each)
     def cold_replay(self, n: int | None = None) -> None:
         """Recompute the live state from reset by stepping the first n observations of the live
         branch one by one (byte-identical to the original run). No capsules are taken."""
-        with self.lock, self.backend.activate():
+        with self._beside_no_replan(), self.backend.activate():
             obs = self._rewind_history(n)
             self.arena.state[0] = 0
             self.kv.clear_row(0)
@@ -316,7 +330,7 @@ class Session:
         Matches cold_replay within float tolerance; meta matches exactly."""
         from .model.prefill import prefill
 
-        with self.lock:
+        with self._beside_no_replan():
             prefill(self, self._rewind_history(n))
             self.backend.sync()
 
@@ -324,7 +338,7 @@ class Session:
         """Start from a recorded history: reset, then recompute the state after observations[n, obs_dim]
         with cold_prefill (no capsules are taken)."""
         obs = as_observations(observations, (len(observations), self.cfg.obs_dim), "observations")
-        with self.branch_lock, self.lock:  # reset takes branch_lock: in the order, never after lock
+        with self._beside_no_replan():  # reset takes branch_lock: in the order, never after lock
             self.reset()
             for i, o in enumerate(obs):
                 self.history.push(o, i + 1)
@@ -342,8 +356,8 @@ class Session:
     def export_capsule(self, capsule_id: int, path: str | Path) -> str:
         """Write a self-contained capsule file; returns its sha256. Under the lock only its small state is
         copied and its KV pages held; the window is gathered and the file written after the lock is
-        released (steps go on meanwhile)."""
-        with self.lock:
+        released (steps go on meanwhile). Waits for a running replan: held pages count like a pin's."""
+        with self._beside_no_replan():
             cid = capsule_id or self._live_id
             info = self.store.get(cid)
             pages = self.store.hold_pages(cid)  # the window is gathered after the lock is released
@@ -364,7 +378,7 @@ class Session:
         invariants and the state bounds of this policy (state/bounds.py); then add it; optionally make it live."""
         checked = read_capsule_file(path, self.store.window_specs, self.fingerprint, self.cfg.kv_window,
                                     self.state_bounds, self.capsule_hmac_key)
-        with self.lock:
+        with self._beside_no_replan():  # its window takes fresh pages, which a running replan may need
             info = self.store.add_imported(checked)
             self._mark_history(info.id, None)  # its observations are not known here
             if restore:
@@ -378,7 +392,7 @@ class Session:
         ResumeReport (None without resume). Raises FingerprintMismatch / LogCorrupt, touching nothing,
         when the log cannot be resumed; ResumeDoesNotFit, the session left reset, when a sound log needs a
         bigger capsule store than this one."""
-        with self.branch_lock:  # a resume resets every row and rebuilds the store: never under a replan
+        with self._beside_no_replan(take_lock=False):  # a resume resets every row and rebuilds the store
             return self._enable_persistence(settings, resume)
 
     def _enable_persistence(self, settings, resume: bool):
@@ -407,7 +421,7 @@ class Session:
     def disable_persistence(self) -> None:
         """Write what is queued, fsync, and stop the writer."""
         # never between a step's (or a replan commit's) check of self.persistence and its use
-        with self.branch_lock, self.lock:
+        with self._beside_no_replan():
             p, self.persistence = self.persistence, None
         if p is not None:  # closed outside the lock: the writer waits for an idle runtime, briefly
             p.close()

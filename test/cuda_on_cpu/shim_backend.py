@@ -29,6 +29,7 @@ class ShimReplay:
 
 class ShimBackend(NumpyBackend):
     name = "shim"
+    concurrent_replay = False  # the CUDA kernels through the shim: a replan computes under the lock, as on CUDA
 
     def bind(self, plan, arena, start: int, count: int) -> ShimReplay:
         return ShimReplay(plan, arena, start, count)

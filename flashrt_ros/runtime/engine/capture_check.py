@@ -77,6 +77,9 @@ class CheckedReplay:
 
 class CaptureCheckBackend(NumpyBackend):
     name = "numpy+capture-check"
+    # It stands in for CUDA (one replay at a time: in_replay and tracemalloc are process-wide), so a replan
+    # computes under the session lock here too.
+    concurrent_replay = False
 
     def __init__(self):
         self.in_replay = False

@@ -51,6 +51,7 @@ class CudaGraphReplay:
 class CupyBackend:
     name = "cuda"
     fixed_batch = True  # graphs have fixed shapes: replan pads to max_branches rows
+    concurrent_replay = False  # one stream, bound graphs: a replan's batched step computes under the lock
 
     def __init__(self):
         import cupy

@@ -153,7 +153,7 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
     t0 = time.perf_counter()
     store, backend = session.store, session.backend
     _check_ids(contents)  # before anything is touched: a refused log leaves the session as it was
-    with session.lock, backend.activate():
+    with session.branch_lock, session.lock, backend.activate():  # the session's lock order (reset inside)
         try:
             _rebuild_store(session, contents)
         except ValueError as e:  # the checks above missed something: never a half-rebuilt session
