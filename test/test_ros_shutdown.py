@@ -51,6 +51,10 @@ def test_a_signal_during_a_replan_and_a_burst_of_goals_exits_0_with_a_clean_log(
         planner = Planner(namespace=NS, name=f"planner{point}")
         try:
             planner.wait_ready()
+            # From here on: wait_ready's first list_capsules can lose its answer to DDS discovery (the
+            # node's response writer not matched to the new client yet; rmw warns and the client asks
+            # again), which is start-up, not the shutdown this test is about.
+            ready_at = len(proc.output())
             task = planner.client.send_replan(long_goal_observations(), deadline_ms=LONG)
             wait_for_feedback(planner, task)
             goals = [planner.client.send_replan(small) for _ in range(burst)]
@@ -60,7 +64,7 @@ def test_a_signal_during_a_replan_and_a_burst_of_goals_exits_0_with_a_clean_log(
         finally:
             planner.close()
             proc.stop()
-        log = proc.output()
+        log = proc.output()[ready_at:]
         assert rc == 0, (point, rc, log[-2000:])
         noise = [ln for ln in log.splitlines() if "ERROR" in ln or "Traceback" in ln or "Warning" in ln]
         assert not noise, (point, burst, len(goals), noise, log[-3000:])
