@@ -56,3 +56,11 @@ def synthetic_trace(n: int, obs_dim: int, seed: int = 0, rate_hz: float = 100.0)
     if out.shape[1] < obs_dim:
         out = np.pad(out, ((0, 0), (0, obs_dim - out.shape[1])))
     return out.astype(np.float32)
+
+
+def add_backend_argument(parser, default: str, what: str = "") -> None:
+    """``--backend``, with the runtime's one list of backends."""
+    from ..runtime.engine.backend import BACKENDS
+    parser.add_argument("--backend", default=default, choices=BACKENDS,
+                        help=f"{what}auto takes CUDA when CuPy has a device, else the compiled CPU backend, else "
+                             f"NumPy (default {default})")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..common import write_json
+from ..common import add_backend_argument, write_json
 from ..machine import load_average, with_machine
 
 # The backend a subcommand measures when its JSON does not say.
@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     rt.add_argument("--histories", help="comma-separated history lengths (default 2048,4096,8192,16384; "
                     "--quick: 128,256)")
     rt.add_argument("--quick", action="store_true", help="the same measurements at toy sizes, in seconds (tests)")
-    rt.add_argument("--backend", default="numpy", choices=["numpy", "cpu", "cuda", "auto"])
+    add_backend_argument(rt, "numpy")
     rt.add_argument("--config", help="params file (default: built-in defaults = config/flashrt.yaml)")
     gpu = sub.add_parser("gpu", help="the same store measurements on CUDA, snapshot copy vs raw device copy, "
                          "graph vs eager launches")
@@ -33,8 +33,7 @@ def main(argv=None) -> int:
     ros = sub.add_parser("ros", help="service / action / step latency through ROS 2, separate processes")
     ros.add_argument("--json", help="also write the JSON here")
     ros.add_argument("--calls", type=int, default=500, help="calls per measured kind")
-    ros.add_argument("--backend", default="auto", choices=["auto", "cpu", "numpy", "cuda"],
-                     help="the node's backend parameter (default auto, as the shipped config)")
+    add_backend_argument(ros, "auto", "the node's backend parameter, as the shipped config's: ")
     ros.add_argument("--thread-priority", type=int, default=0, metavar="N",
                      help="start the node with thread_priority:=N (SCHED_FIFO stepping thread; 0 = off)")
     pe = sub.add_parser("persist", help="capsule log: step overhead, MiB/s, resume time, records lost to kill -9")

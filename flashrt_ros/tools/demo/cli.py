@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..common import add_backend_argument
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="flashrt-demo", description=__doc__)
@@ -13,8 +15,7 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=20.0, help="mission length in seconds (ROS demo)")
     ap.add_argument("--steps", type=int, default=300,
                     help="trace length (runtime demo), at least 2; it rolls back min(50, steps // 2) steps")
-    ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "numpy", "cuda"],
-                    help="auto (default) takes CUDA when CuPy has a device, else the compiled CPU backend, else NumPy")
+    add_backend_argument(ap, "auto")
     ap.add_argument("--cpu-load", type=int, default=0, metavar="N",
                     help="ROS demo: also run N processes that each keep one core busy (the robot's other work)")
     ap.add_argument("--thread-priority", type=int, default=0, metavar="N",

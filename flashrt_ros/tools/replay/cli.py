@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..common import progress
+from ..common import add_backend_argument, progress
 from .bags import (
     STORAGES,
     BagError,
@@ -110,7 +110,7 @@ def add_bag_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-gap", type=float, default=1.0, metavar="S",
                     help="live: longest wait between two messages, in seconds of bag time (default 1.0)")
     ap.add_argument("--config", help="params file (default: the installed or source config/flashrt.yaml)")
-    ap.add_argument("--backend", default="numpy", choices=["numpy", "cpu", "cuda", "auto"])
+    add_backend_argument(ap, "numpy")
     ap.add_argument("--max-decompressed-mb", type=float, default=DEFAULT_MAX_DECOMPRESSED_MB, metavar="MB",
                     help="most MCAP chunk data decompressed at once (default %(default)g); MB x 8192 is the most "
                     "message records in one chunk; a file that needs more is refused as bad input")
