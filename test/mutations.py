@@ -647,4 +647,16 @@ MUTATIONS = [
              "    compute_lock = contextlib.nullcontext()\n",
              ["test/test_concurrent_replan.py::test_without_concurrent_replay_batched_steps_compute_under_the_lock_and_live_steps_run_between_them"],
              "on CUDA (one stream) a replan's batched step computes beside the live step"),
+    # issue 17: replan_threads
+    Mutation("split_replay_parts_all_start_at_the_first_row", RT + "engine/cpu_backend.py",
+             "CompiledReplay(plan, arena, start + first, rows) for first, rows in parts",
+             "CompiledReplay(plan, arena, start, rows) for first, rows in parts",
+             ["test/test_replan_threads.py"],
+             "a replan split over threads steps its first rows twice and never the others"),
+    Mutation("split_replay_returns_before_its_parts_end", RT + "engine/cpu_backend.py",
+             "            for f in pending:  # every part ends before this returns, even when one raised\n"
+             "                f.result()\n",
+             "            pass\n",
+             ["test/test_replan_threads.py"],
+             "a batched step returns while other threads still compute its rows: actions read half-written"),
 ]

@@ -35,7 +35,7 @@ def test_quick_runtime_bench_prints_the_json_on_stdout_and_progress_on_stderr(qu
     data, res = quick
     assert json.loads(res.stdout) == data
     assert "rollback depth check" in res.stderr and "{" not in res.stderr
-    assert data["quick"] is True and data["backend"] == "numpy"
+    assert data["quick"] is True and data["backend"] == ("cuda" if cuda_probe() is None else "cpu")  # auto
 
 
 def test_capsule_bytes_per_step_is_the_record_plus_one_kv_entry_and_matches_store_growth(quick):
@@ -86,6 +86,17 @@ def test_replan_shared_and_copy_fork_are_reported_for_the_same_cases_with_the_wi
         assert det["kv_len"] == det["kv_window"] and det["step"] > det["kv_window"]
         assert det["kv_fill"] == f"{det['kv_window']}/{det['kv_window']}"  # what the README quotes
     assert d["copy_fork_over_shared_vs"].startswith("shared-window replan")
+
+
+def test_the_compiled_backend_also_reports_each_replan_split_over_two_threads_in_the_same_run(quick):
+    d = quick[0]
+    if d["backend"] != "cpu":
+        assert "replan_split_ms" not in d  # only the compiled CPU step splits rows over threads
+        return
+    assert set(d["replan_split_ms"]) == set(d["replan_ms"])
+    for case, split in d["replan_split_ms"].items():
+        assert split["threads"] == 2 and is_pct(split)
+        assert split["speedup_p50"] == pytest.approx(d["replan_ms"][case]["p50"] / split["p50"], abs=1e-3)
 
 
 def test_history_points_keep_the_old_keys_with_capsule_bytes_independent_of_the_window(quick):

@@ -82,7 +82,8 @@ class Session:
         self.lock = threading.RLock()
         self.branch_lock = threading.RLock()  # before self.lock, never after it (see the module docstring)
         self._live = self.backend.bind(self.plan, self.arena, 0, 1)
-        self._branch_runners: dict[int, object] = {}
+        self._branch_runners: dict[tuple[int, int], object] = {}
+        self.replan_threads = cfg.replan_threads  # the next replan's; a bench compares values in one session
         self.history = ObsHistory(cfg.history_limit)
         self.store.on_release = self.history.forget  # an evicted capsule's observations go with it, O(1)
         self.persistence = None  # a persistence.Persistence once enable_persistence ran
@@ -284,11 +285,14 @@ class Session:
 
     # ---- replan ---------------------------------------------------------------------------
     def _branch_runner(self, branches: int):
-        """Replay rows 1..branches. A backend with fixed graphs (CUDA) pads to max_branches."""
-        key = self.cfg.max_branches if getattr(self.backend, "fixed_batch", False) else branches
+        """Replay rows 1..branches. A backend with fixed graphs (CUDA) pads to max_branches; one that splits
+        rows over threads (cpu) gets replan_threads."""
+        rows = self.cfg.max_branches if getattr(self.backend, "fixed_batch", False) else branches
+        split = {"threads": self.replan_threads} if getattr(self.backend, "splits_rows", False) else {}
+        key = (rows, split.get("threads", 1))
         runner = self._branch_runners.get(key)
         if runner is None:
-            runner = self._branch_runners[key] = self.backend.bind(self.plan, self.arena, 1, key)
+            runner = self._branch_runners[key] = self.backend.bind(self.plan, self.arena, 1, rows, **split)
         return runner
 
     def replan(self, capsule_id: int | None, observations, commit_branch: int | None = None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from math import prod
 
 import numpy as np
@@ -131,14 +132,56 @@ COMPILED_KERNELS = frozenset(("obs_norm", "linear", "add", "rmsnorm", "causal_co
                               "ssm_step", "kv_write", "attn_decode", "temporal_ensemble", "rng_noise", "meta_advance"))
 
 
+class SplitReplay:
+    """Rows [start, start + count) as contiguous parts, one per thread, replayed at the same time: the compiled
+    step releases the GIL, and each row computes the same bytes in any part (no reduction crosses rows)."""
+
+    def __init__(self, parts: list[CompiledReplay]):
+        self.parts = parts
+        self.rows = sum(p.rows for p in parts)
+
+    def replay(self) -> None:
+        pending = [_pool(len(self.parts) - 1).submit(p.replay) for p in self.parts[1:]]
+        try:
+            self.parts[0].replay()
+        finally:
+            for f in pending:  # every part ends before this returns, even when one raised
+                f.result()
+
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """One pool per size for the process: replays of every session share it (a replan holds its own rows)."""
+    with _pools_lock:
+        if workers not in _pools:
+            _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="flashrt-replan")
+        return _pools[workers]
+
+
+def row_parts(count: int, threads: int) -> list[tuple[int, int]]:
+    """(first row, rows) of each part: count rows in min(threads, count) parts, the first ones a row longer."""
+    n = max(1, min(threads, count))
+    sizes = [count // n + (1 if i < count % n else 0) for i in range(n)]
+    return [(sum(sizes[:i]), k) for i, k in enumerate(sizes)]
+
+
 class CpuBackend(NumpyBackend):
     name = "cpu"
+    splits_rows = True  # bind(..., threads=N) splits a batch's rows over N threads
 
     def __init__(self):
         _kernels()  # compile (or load the cache) at construction, not in the first step
 
-    def bind(self, plan, arena, start: int, count: int) -> CompiledReplay:
+    def bind(self, plan, arena, start: int, count: int, threads: int = 1) -> CompiledReplay | SplitReplay:
         unknown = sorted({op.kernel for op in plan.ops} - COMPILED_KERNELS)
         if unknown:
             raise ValueError(f"backend cpu: no compiled kernel for {unknown}; use backend numpy for this model")
-        return CompiledReplay(plan, arena, start, count)
+        if threads < 1:
+            raise ValueError(f"backend cpu: threads must be >= 1, got {threads}")
+        parts = row_parts(count, threads)
+        if len(parts) == 1:
+            return CompiledReplay(plan, arena, start, count)
+        return SplitReplay([CompiledReplay(plan, arena, start + first, rows) for first, rows in parts])

@@ -58,6 +58,10 @@ class PolicyConfig:
                                     fingerprint=False)
     max_branches: int = _f(8, "rows of the batched replan plan: branches per Replan goal", min=1,
                            fingerprint=False)
+    replan_threads: int = _f(1, "cpu backend: threads a replan's batched step is split over, by rows (a row's "
+                                "bytes never depend on the split); more ends a replan sooner but leaves fewer "
+                                "cores to the live step and the rest of the robot: 1 on a 2-core computer, 2 "
+                                "on a Jetson Orin", min=1, fingerprint=False)
     history_limit: int = _f(100_000, "observations kept for the cold-recompute baselines (~17 min at 100 Hz); "
                                "older ones are dropped", min=1, fingerprint=False)
     weights_path: str = _f("", "safetensors weights; empty = seeded random weights", fingerprint=False)

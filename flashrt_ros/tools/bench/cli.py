@@ -21,7 +21,7 @@ def main(argv=None) -> int:
     rt.add_argument("--histories", help="comma-separated history lengths (default 2048,4096,8192,16384; "
                     "--quick: 128,256)")
     rt.add_argument("--quick", action="store_true", help="the same measurements at toy sizes, in seconds (tests)")
-    add_backend_argument(rt, "numpy")
+    add_backend_argument(rt, "auto")
     rt.add_argument("--config", help="params file (default: built-in defaults = config/flashrt.yaml)")
     gpu = sub.add_parser("gpu", help="the same store measurements on CUDA, snapshot copy vs raw device copy, "
                          "graph vs eager launches")

@@ -149,30 +149,45 @@ def step_capsule_overhead(s: Session, obs: np.ndarray) -> dict:
 
 
 # ---- replan: shared window vs a copy per branch ------------------------------------------
-def replan_ab(s: Session, branches: int, horizon: int, obs: np.ndarray, reps: int, warmup: int = 2) -> dict:
-    """Replan from a pinned capsule of the live state, interleaving the shared-window fork and the
-    whole-window copy fork (copy_fork=True); branch capsules are dropped between runs."""
+def replan_ab(s: Session, branches: int, horizon: int, obs: np.ndarray, reps: int, warmup: int = 2,
+              split_threads: int = 2) -> dict:
+    """Replan from a pinned capsule of the live state, interleaving the shared-window fork on one thread, the
+    whole-window copy fork (copy_fork=True) and, on a backend that splits rows over threads, the shared fork
+    on ``split_threads`` threads (replan_threads); branch capsules are dropped between runs."""
     base = s.snapshot(label="bench replan base", pin=True)
     plan = np.stack([obs[:horizon] + 0.1 * b for b in range(branches)]).astype(np.float32)
-    arms = {"shared": [], "copy_fork": []}
+    arms = {"shared": (False, 1), "copy_fork": (True, 1)}  # (copy_fork, replan_threads)
+    if getattr(s.backend, "splits_rows", False):
+        arms["split"] = (False, split_threads)
+    samples = {name: [] for name in arms}
+    threads_before = s.replan_threads
 
-    def once(copy_fork: bool) -> float:
+    def once(copy_fork: bool, threads: int) -> float:
+        s.replan_threads = threads
         r = s.replan(base.id, plan, copy_fork=copy_fork)
         for cid in r.branch_capsule_ids:
             s.drop(cid)
         return r.elapsed_ms
 
-    for i in range(warmup + reps):
-        order = (False, True) if i % 2 == 0 else (True, False)
-        for copy_fork in order:
-            ms = once(copy_fork)
-            if i >= warmup:
-                arms["copy_fork" if copy_fork else "shared"].append(ms)
-    s.unpin(base.id)
-    shared, copied = stats_ms(arms["shared"]), stats_ms(arms["copy_fork"])
+    names = list(arms)
+    try:
+        for i in range(warmup + reps):
+            for name in names[i % len(names):] + names[:i % len(names)]:  # each arm first in turn
+                ms = once(*arms[name])
+                if i >= warmup:
+                    samples[name].append(ms)
+    finally:
+        s.replan_threads = threads_before
+        s.unpin(base.id)
+    shared, copied = stats_ms(samples["shared"]), stats_ms(samples["copy_fork"])
     kv_len = live_kv_len(s)
-    return {"case": f"{branches}x{horizon}@{s.cfg.kv_window}", "kv_window": s.cfg.kv_window,
-            "kv_len": kv_len, "kv_fill": f"{kv_len}/{s.cfg.kv_window}", "step": s.step_count,
-            "reps": reps, "shared": shared, "copy_fork": copied,
-            "copy_fork_over_shared": ratio(copied["p50"], shared["p50"])}
+    out = {"case": f"{branches}x{horizon}@{s.cfg.kv_window}", "kv_window": s.cfg.kv_window,
+           "kv_len": kv_len, "kv_fill": f"{kv_len}/{s.cfg.kv_window}", "step": s.step_count,
+           "reps": reps, "shared": shared, "copy_fork": copied,
+           "copy_fork_over_shared": ratio(copied["p50"], shared["p50"])}
+    if "split" in samples:
+        split = stats_ms(samples["split"])
+        out["split"] = {"threads": split_threads, **split, "speedup_p50": ratio(shared["p50"], split["p50"]),
+                        "speedup_p99": ratio(shared["p99"], split["p99"])}
+    return out
 

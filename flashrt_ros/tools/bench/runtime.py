@@ -160,6 +160,8 @@ def full_window_points(s: Session, obs: np.ndarray, plan: Plan, out: dict) -> No
             out["replan_ms"][r["case"]] = r["shared"]
             out["copy_fork_replan_ms"][r["case"]] = r["copy_fork"]
             out["copy_fork_over_shared"][r["case"]] = r["copy_fork_over_shared"]
+            if "split" in r:  # the same replans on replan_threads threads (cpu), same run
+                out.setdefault("replan_split_ms", {})[r["case"]] = r["split"]
             out["replan_detail"][r["case"]] = {k: r[k] for k in ("kv_window", "kv_len", "kv_fill", "step", "reps")}
 
 
@@ -206,14 +208,17 @@ def acceptance(out: dict, plan: Plan) -> dict:
         check(f"rollback_depth_s.kv_window_{w}", out["rollback_depth_s"][f"kv_window_{w}"], at_least=60)
     for key, o in out["step_capsule_overhead"].items():
         check(f"step_capsule_overhead.{key}", o["overhead"], 0.05)
-    for i, (b, h, w) in enumerate(plan.replan_cases):  # the first case is the tight one (4x8 at 1024)
+    check("step_latency_ms.p50", out["step_latency_ms"]["p50"], 0.35)
+    # issue 17's: 4x8 at the default window p50 <= 5 / p99 <= 8, 8x8 there p99 <= 12, 4x8 at 4x it p99 <= 15
+    for i, (b, h, w) in enumerate(plan.replan_cases):
         case = f"{b}x{h}@{w}"
         r = out["replan_ms"][case]
         if i == 0:
-            check(f"replan_ms.{case}.p50", r["p50"], 15)
-            check(f"replan_ms.{case}.p99", r["p99"], 25)
+            check(f"replan_ms.{case}.p50", r["p50"], 5)
+            check(f"replan_ms.{case}.p99", r["p99"], 8)
         else:
-            check(f"replan_ms.{case}.p99", r["p99"], 50)
+            check(f"replan_ms.{case}.p99", r["p99"], 12 if i == 1 else 15)
+        check(f"replan_floor.{case}.p50_over_floor", out["replan_floor"][case]["p50_over_floor"], 2)
     check("full_restore_max_abs_diff", out["full_restore_max_abs_diff"], 0.0)
     res["quick_run_sizes_differ"] = plan.quick
     return res
