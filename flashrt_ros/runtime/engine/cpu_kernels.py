@@ -59,14 +59,20 @@ def rmsnorm(x, g, y, ms_out, n):
 
 @njit(cache=True, nogil=True)
 def causal_conv(x, cs, w, bias, out, d, km1):
+    """Per channel c: out = silu(x w[km1] + bias + sum_j cs[j] w[j], j in order); cs shifts in x; x += out.
+    Loops over channels innermost (each channel's sum in the same order), so the compiler vectorises them."""
     for c in range(d):
-        acc = x[c] * w[km1 * d + c] + bias[c]
-        for j in range(km1):
-            acc += cs[j * d + c] * w[j * d + c]
-        for j in range(km1 - 1):
+        out[c] = x[c] * w[km1 * d + c] + bias[c]
+    for j in range(km1):
+        for c in range(d):
+            out[c] += cs[j * d + c] * w[j * d + c]
+    for j in range(km1 - 1):
+        for c in range(d):
             cs[j * d + c] = cs[(j + 1) * d + c]
+    for c in range(d):
         cs[(km1 - 1) * d + c] = x[c]
-        acc = _act(acc, ACT_SILU)
+    for c in range(d):
+        acc = _act(out[c], ACT_SILU)
         out[c] = acc
         x[c] += acc
 
