@@ -67,7 +67,7 @@ def test_make_help_creates_no_ros_log_dir(tmp_path):
 ROSDEP_KEYS = {"numpy": "python3-numpy", "yaml": "python3-yaml", "rosbags": "python3-rosbags-pip",
                "pytest": "python3-pytest", "hypothesis": "python3-hypothesis", "matplotlib": "python3-matplotlib",
                "numba": "python3-numba",
-               "llvmlite": "python3-numba",  # numba's own dependency; cpu_attention.py's intrinsics emit its IR
+               "llvmlite": "python3-numba",  # numba's own dependency; cpu_simd.py's intrinsics emit its IR
                "safetensors": None,  # pip (README: Dependencies)
                "cupy": None, "cupyx": None,  # optional, backend: cuda (README)
                "ray": None,  # optional, flashrt-replay --ray: pip extra flashrt_ros[ray] (README)

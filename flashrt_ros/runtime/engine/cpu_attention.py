@@ -4,20 +4,17 @@ paged window, chunk j = page slot j by absolute position, combined per row in sl
 the same float operations as a row alone, so grouping never changes a byte.
 
 The scores and the value sums run in vector lanes without reordering any sum: a score's lane is a slot (its
-channels summed in order), a value sum's lane is a channel (its slots summed in order). numba vectorises only
-innermost loops, and both sums' order runs across the natural loop, so those two are numba intrinsics that
-emit the vector code (LLVM IR) directly: plain fmul then fadd, never fused or reassociated."""
+channels summed in order), a value sum's lane is a channel (its slots summed in order): the intrinsics of
+cpu_simd.py."""
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
 
 from ..model.kernel_spec import KV_PAGE, META_KV_LEN, META_POS, SCORE_FLOOR
 from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
 from .cpu_program import ARG_COLS, _f, _i, _row
+from .cpu_simd import _LANES, _scores1, _scores2, _scores4, _values_1x8, _values_1x32, _values_2x8, _values_2x32
 
 _F0 = np.float32(0.0)
 _FLOOR, _NEG_BIG = np.float32(SCORE_FLOOR), np.float32(-3e38)
@@ -78,127 +75,6 @@ def _dot4(q, k0, k1, k2, k3, n):
     return s0, s1, s2, s3
 
 
-_LANES = 8  # float32 lanes of one vector: 256 bits (two 128-bit registers on NEON)
-_VEC = ir.VectorType(ir.FloatType(), _LANES)
-
-
-def _shuffle(builder, a, b, mask):
-    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), _LANES), mask))
-
-
-def _transpose8(builder, rows):
-    """rows[i][e] (slot i, channel e) -> cols[e][i]: the 8x8 transpose in three rounds of two-input shuffles."""
-    lo, hi = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
-    t = [_shuffle(builder, rows[i], rows[i + 1], m) for i in range(0, 8, 2) for m in (lo, hi)]
-    lo, hi = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
-    u = [_shuffle(builder, t[a], t[a + 2], m) for a in (0, 1, 4, 5) for m in (lo, hi)]
-    lo, hi = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
-    return [_shuffle(builder, u[i], u[i + 4], m) for m in (lo, hi) for i in range(4)]
-
-
-def _splat(builder, x):
-    v = builder.insert_element(ir.Constant(_VEC, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
-    return _shuffle(builder, v, v, [0] * _LANES)
-
-
-def _scores_intrinsic(rows):
-    """An intrinsic for the scores of 8 slots for `rows` rows: wf[s_at + r s_rs + i] = _dot(q_r, k_i, hd) * scale,
-    k_i = lf[k_at + i d:], q_r = wf[q_at + r q_rs:]. One vector lane per slot, each lane summing q[0] k_i[0] +
-    q[1] k_i[1] + ... in channel order with plain fmul and fadd (no contraction): _dot's bytes for every slot and
-    row. The keys load 8 channels of 8 slots at a time and transpose in registers, once for all the rows."""
-
-    @intrinsic
-    def scores(typingctx, wf, lf, q_at, q_rs, k_at, d, hd, s_at, s_rs, scale):
-        i8 = types.int64
-        sig = types.void(wf, lf, i8, i8, i8, i8, i8, i8, i8, types.float32)
-
-        def codegen(context, builder, signature, args):
-            wf_v, lf_v, q_at, q_rs, k_at, d, hd, s_at, s_rs, scale = args
-            wfp = context.make_array(signature.args[0])(context, builder, wf_v).data
-            lfp = context.make_array(signature.args[1])(context, builder, lf_v).data
-            i64 = ir.IntType(64)
-            q_row = [builder.add(q_at, builder.mul(q_rs, i64(r))) for r in range(rows)]
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(_VEC, [0.0] * _LANES)) for _ in range(rows)]
-
-            def accumulate(q_idx, cols):  # acc_r += q_r[e] * col_e, e in order
-                for r, acc in enumerate(accs):
-                    a = builder.load(acc)
-                    for e, col in zip(q_idx, cols):
-                        q = builder.load(builder.gep(wfp, [builder.add(q_row[r], e)]))
-                        a = builder.fadd(a, builder.fmul(_splat(builder, q), col))
-                    builder.store(a, acc)
-
-            full = builder.mul(builder.sdiv(hd, i64(_LANES)), i64(_LANES))
-            with cgutils.for_range_slice(builder, i64(0), full, i64(_LANES), inc=True) as (e0, _):
-                keys = []
-                for i in range(_LANES):
-                    at = builder.add(k_at, builder.add(builder.mul(d, i64(i)), e0))
-                    keys.append(builder.load(builder.bitcast(builder.gep(lfp, [at]), _VEC.as_pointer()), align=4))
-                accumulate([builder.add(e0, i64(c)) for c in range(_LANES)], _transpose8(builder, keys))
-            with cgutils.for_range(builder, hd, start=full) as loop:  # channels past the last 8
-                e = loop.index
-                k = ir.Constant(_VEC, ir.Undefined)
-                for i in range(_LANES):
-                    at = builder.add(k_at, builder.add(builder.mul(d, i64(i)), e))
-                    k = builder.insert_element(k, builder.load(builder.gep(lfp, [at])), ir.Constant(ir.IntType(32), i))
-                accumulate([e], [k])
-            for r, acc in enumerate(accs):
-                out = builder.gep(wfp, [builder.add(s_at, builder.mul(s_rs, i64(r)))])
-                builder.store(builder.fmul(builder.load(acc), _splat(builder, scale)),
-                              builder.bitcast(out, _VEC.as_pointer()), align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return scores
-
-
-_scores4, _scores2, _scores1 = _scores_intrinsic(4), _scores_intrinsic(2), _scores_intrinsic(1)
-
-
-def _values_intrinsic(rows, blocks):
-    """An intrinsic for acc_r[e] += p_r[t] v_t[e], t = 0..n-1 in order, for `rows` rows and 8 * blocks channels,
-    8 to a vector lane: p_r = wf[p_at + r p_rs:], v_t = lf[v_at + t d:], acc_r = wf[acc_at + r acc_rs:]. Every
-    sum stays in a register across the slots (independent chains); the rows share each value load."""
-
-    @intrinsic
-    def values(typingctx, wf, lf, p_at, p_rs, v_at, d, n, acc_at, acc_rs):
-        i8 = types.int64
-        sig = types.void(wf, lf, i8, i8, i8, i8, i8, i8, i8)
-
-        def codegen(context, builder, signature, args):
-            wf_v, lf_v, p_at, p_rs, v_at, d, n, acc_at, acc_rs = args
-            wfp = context.make_array(signature.args[0])(context, builder, wf_v).data
-            lfp = context.make_array(signature.args[1])(context, builder, lf_v).data
-            i64 = ir.IntType(64)
-            p_row = [builder.add(p_at, builder.mul(p_rs, i64(r))) for r in range(rows)]
-            outs = [[builder.bitcast(builder.gep(wfp, [builder.add(builder.add(acc_at, builder.mul(acc_rs, i64(r))),
-                                                                   i64(_LANES * k))]), _VEC.as_pointer())
-                     for k in range(blocks)] for r in range(rows)]
-            accs = [[cgutils.alloca_once_value(builder, builder.load(o, align=4)) for o in row] for row in outs]
-            with cgutils.for_range(builder, n) as loop:
-                t = loop.index
-                at = builder.add(v_at, builder.mul(t, d))
-                v = [builder.load(builder.bitcast(builder.gep(lfp, [builder.add(at, i64(_LANES * k))]),
-                                                  _VEC.as_pointer()), align=4) for k in range(blocks)]
-                for r in range(rows):
-                    p = _splat(builder, builder.load(builder.gep(wfp, [builder.add(p_row[r], t)])))
-                    for k in range(blocks):
-                        builder.store(builder.fadd(builder.load(accs[r][k]), builder.fmul(p, v[k])), accs[r][k])
-            for row_outs, row_accs in zip(outs, accs):
-                for o, acc in zip(row_outs, row_accs):
-                    builder.store(builder.load(acc), o, align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return values
-
-
-_values_2x32, _values_1x32 = _values_intrinsic(2, 4), _values_intrinsic(1, 4)
-_values_2x8, _values_1x8 = _values_intrinsic(2, 1), _values_intrinsic(1, 1)
-
-
 @njit(cache=True, nogil=True)
 def _slots_in_window(j, lo, R, count):
     """[t0, t1): the slots of page slot j inside the window. Slot t is ring index j * KV_PAGE + t, inside when
@@ -248,45 +124,60 @@ def _softmax2(wa, wb):
 
 
 @njit(cache=True, nogil=True)
-def _chunk(op, wf, si, lf, b0, b1, h, j, n_pages, P, d, hd, kv_window):
-    """Chunk j (page slot j) of head h for rows b0..b1-1, which read the same page over the same slots: a key
-    load serves up to 4 of them, a value load 2. Per row: scores (each summed in channel order), m = max,
-    p = exp(s - m) and l = sum p in slot order, acc = sum p v in slot order; the same float operations whether
-    a row runs alone or in a group, so grouping never changes a byte. q, scores, chunk_m/l/acc live in the
-    work slab."""
+def _chunk(op, wf, si, lf, b0, b1, j, n_pages, P, d, n_heads, hd, kv_window):
+    """Chunk j (page slot j) of every head for rows b0..b1-1, which read the same page over the same slots: a
+    key load serves up to 4 of them, a value load 2. Per row and head: scores (each summed in channel order),
+    m = max, p = exp(s - m) and l = sum p in slot order, acc = sum p v in slot order; the same float
+    operations whether a row runs alone or in a group, so grouping never changes a byte. The scores take
+    every head of 8 slots before the next 8, so the page's key rows are read in order (at long windows the
+    page comes from L3). q, scores, chunk_m/l/acc live in the work slab."""
     R = P * KV_PAGE
     page = _i(si, op, 4, b0)[j] % n_pages
     pos, first, count = _window(_i(si, op, 3, b0), kv_window)
     t0, t1 = _slots_in_window(j, first % R, R, count)
     k_off, v_off = op[1 + ARG_COLS * 1 + 1], op[1 + ARG_COLS * 2 + 1]
-    q0, c = h * hd, h * P + j
     scale = np.float32(1.0 / np.sqrt(hd))
-    for b in range(b0, b1):
-        acc = _row(op, 9, b) + c * hd
-        for e in range(hd):
-            wf[acc + e] = _F0
-        wf[_row(op, 7, b) + c] = _NEG_BIG  # chunk_m: an empty chunk weighs exp(-3e38 - max) = 0
-        wf[_row(op, 8, b) + c] = _F0  # chunk_l
+    for h in range(n_heads):
+        c = h * P + j
+        for b in range(b0, b1):
+            acc = _row(op, 9, b) + c * hd
+            for e in range(hd):
+                wf[acc + e] = _F0
+            wf[_row(op, 7, b) + c] = _NEG_BIG  # chunk_m: an empty chunk weighs exp(-3e38 - max) = 0
+            wf[_row(op, 8, b) + c] = _F0  # chunk_l
     if t0 >= t1:
         return
     t8 = t0 + (t1 - t0) // _LANES * _LANES
     q_rs, s_rs = op[1 + ARG_COLS * 0 + 2], op[1 + ARG_COLS * 6 + 2]  # row strides
     for t in range(t0, t8, _LANES):  # eight slots' sums side by side, one vector lane each
-        at = k_off + (page * KV_PAGE + t) * d + q0
-        b = b0
-        while b < b1:
-            q_at, s_at = _row(op, 0, b) + q0, _row(op, 6, b) + c * KV_PAGE + t
-            if b1 - b >= 4:
-                _scores4(wf, lf, q_at, q_rs, at, d, hd, s_at, s_rs, scale)
-                b += 4
-            elif b1 - b >= 2:
-                _scores2(wf, lf, q_at, q_rs, at, d, hd, s_at, s_rs, scale)
-                b += 2
-            else:
-                _scores1(wf, lf, q_at, q_rs, at, d, hd, s_at, s_rs, scale)
-                b += 1
+        for h in range(n_heads):
+            q0, c = h * hd, h * P + j
+            at = k_off + (page * KV_PAGE + t) * d + q0
+            b = b0
+            while b < b1:
+                q_at, s_at = _row(op, 0, b) + q0, _row(op, 6, b) + c * KV_PAGE + t
+                if b1 - b >= 4:
+                    _scores4(wf, lf, q_at, q_rs, at, d, hd, s_at, s_rs, scale)
+                    b += 4
+                elif b1 - b >= 2:
+                    _scores2(wf, lf, q_at, q_rs, at, d, hd, s_at, s_rs, scale)
+                    b += 2
+                else:
+                    _scores1(wf, lf, q_at, q_rs, at, d, hd, s_at, s_rs, scale)
+                    b += 1
+    for h in range(n_heads):
+        q0, c = h * hd, h * P + j
+        _last_scores(op, wf, lf, b0, b1, page, t8, t1, k_off, d, hd, q0, c, scale)
+        _softmax_rows(op, wf, b0, b1, c, t0, t1)
+        _values(op, wf, lf, b0, b1, page, t0, t1, v_off, d, hd, q0, c)
+
+
+@njit(cache=True, nogil=True)
+def _last_scores(op, wf, lf, b0, b1, page, t8, t1, k_off, d, hd, q0, c, scale):
+    """The scores of slots t8..t1-1 (fewer than 8, past the vector blocks): four independent chains, each in
+    channel order, then one at a time."""
     t4 = t8 + (t1 - t8) // 4 * 4
-    for t in range(t8, t4, 4):  # the last slots: four independent chains, each in channel order
+    for t in range(t8, t4, 4):
         at = k_off + (page * KV_PAGE + t) * d + q0
         for b in range(b0, b1):
             q = wf[_row(op, 0, b) + q0:_row(op, 0, b) + q0 + hd]
@@ -303,8 +194,14 @@ def _chunk(op, wf, si, lf, b0, b1, h, j, n_pages, P, d, hd, kv_window):
         for b in range(b0, b1):
             q = _row(op, 0, b) + q0
             wf[_row(op, 6, b) + c * KV_PAGE + t] = _dot(wf[q:q + hd], k, hd) * scale
+
+
+@njit(cache=True, nogil=True)
+def _softmax_rows(op, wf, b0, b1, c, t0, t1):
+    """Scores -> softmax weights in place, chunk_m and chunk_l, for chunk c of rows b0..b1-1 (two rows' max
+    and sum chains side by side where there are two)."""
     b = b0
-    while b < b1:  # two rows' max and sum chains side by side where there are two
+    while b < b1:
         sa = _row(op, 6, b) + c * KV_PAGE
         if b + 2 <= b1:
             sb = _row(op, 6, b + 1) + c * KV_PAGE
@@ -314,6 +211,11 @@ def _chunk(op, wf, si, lf, b0, b1, h, j, n_pages, P, d, hd, kv_window):
             ma, la = _softmax1(wf[sa + t0:sa + t1])
         wf[_row(op, 7, b) + c], wf[_row(op, 8, b) + c] = ma, la
         b += 2 if b + 2 <= b1 else 1
+
+
+@njit(cache=True, nogil=True)
+def _values(op, wf, lf, b0, b1, page, t0, t1, v_off, d, hd, q0, c):
+    """acc += p v over slots t0..t1-1 in order, for chunk c (head channels q0..) of rows b0..b1-1."""
     wide = hd // _LANES * _LANES
     v_at = v_off + (page * KV_PAGE + t0) * d + q0
     n = t1 - t0
@@ -363,12 +265,10 @@ def attn_decode(op, sf, si, wf, gf, lf, rows, n_pages, P, d, n_heads, kv_window)
     hd = d // n_heads
     for j in range(P):
         if _same_chunk(op, si, rows, j, n_pages):
-            for h in range(n_heads):
-                _chunk(op, wf, si, lf, 0, rows, h, j, n_pages, P, d, hd, kv_window)
+            _chunk(op, wf, si, lf, 0, rows, j, n_pages, P, d, n_heads, hd, kv_window)
         else:
             for b in range(rows):
-                for h in range(n_heads):
-                    _chunk(op, wf, si, lf, b, b + 1, h, j, n_pages, P, d, hd, kv_window)
+                _chunk(op, wf, si, lf, b, b + 1, j, n_pages, P, d, n_heads, hd, kv_window)
     for b in range(rows):
         out, cm, cl = _f(sf, wf, gf, lf, op, 5, b), _f(sf, wf, gf, lf, op, 7, b), _f(sf, wf, gf, lf, op, 8, b)
         cacc = _f(sf, wf, gf, lf, op, 9, b)

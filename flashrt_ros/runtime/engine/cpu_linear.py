@@ -3,24 +3,18 @@
 y_r[j] = sum_i x_r[i] w[i, j], i in order, each (row, output) its own accumulator: the same float operations
 for a row alone as for a row in a batch, so batching never changes a byte. Rows run in blocks of up to 4 that
 share each weight load (a row alone reloaded the whole matrix per row), and a block's sums live in vector
-registers across the whole input loop. numba vectorises only innermost loops, and the order of these sums runs
-across the natural loop, so the block is a numba intrinsic that emits the vector code (LLVM IR) directly:
-plain fmul then fadd, never fused or reassociated (cpu_attention.py does the same for attention)."""
+registers across the whole input loop: the intrinsics of cpu_simd.py."""
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
 
 from ..model.kernel_spec import ACT_RELU, ACT_SILU, ACT_TANH
 from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
 from .cpu_program import ARG_COLS, REG_STATE, REG_WEIGHT, REG_WORK, _row
+from .cpu_simd import _LANES, _g1x1, _g1x2, _g1x4, _g1x8, _g2x1, _g2x2, _g2x4, _g3x1, _g3x2, _g4x1, _g4x2
 
 _F0, _F1 = np.float32(0.0), np.float32(1.0)
-_LANES = 8  # float32 lanes of one vector: 256 bits (two 128-bit registers on NEON)
-_VEC = ir.VectorType(ir.FloatType(), _LANES)
 _ROW_BLOCK = 4  # rows sharing one weight load
 
 
@@ -33,55 +27,6 @@ def _act(v, act):
     if act == ACT_RELU:
         return max(v, _F0)
     return v
-
-
-def _gemv_intrinsic(rows, vecs):
-    """An intrinsic for y_r[j0 + e] = sum_i x_r[i] w[i, j0 + e], i = 0..n_in-1 in order, for `rows` rows and
-    8 * vecs outputs e, 8 to a vector lane: x_r = xr[x_at + r x_rs:], w[i, j0:] = wr[w_at + i n_out:],
-    y_r = yr[y_at + r y_rs:]. Each weight vector is loaded once for all the rows."""
-
-    @intrinsic
-    def gemv(typingctx, xr, wr, yr, x_at, x_rs, w_at, n_in, n_out, y_at, y_rs):
-        i8 = types.int64
-        sig = types.void(xr, wr, yr, i8, i8, i8, i8, i8, i8, i8)
-
-        def codegen(context, builder, signature, args):
-            xr_v, wr_v, yr_v, x_at, x_rs, w_at, n_in, n_out, y_at, y_rs = args
-            xp, wp, yp = (context.make_array(t)(context, builder, v).data
-                          for t, v in zip(signature.args[:3], (xr_v, wr_v, yr_v)))
-            i64 = ir.IntType(64)
-            x_row = [builder.add(x_at, builder.mul(x_rs, i64(r))) for r in range(rows)]
-            accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VEC, [0.0] * _LANES)) for _ in range(vecs)]
-                    for _ in range(rows)]
-            with cgutils.for_range(builder, n_in) as loop:
-                i = loop.index
-                w_i = builder.add(w_at, builder.mul(i, n_out))
-                w = [builder.load(builder.bitcast(builder.gep(wp, [builder.add(w_i, i64(_LANES * k))]),
-                                                  _VEC.as_pointer()), align=4) for k in range(vecs)]
-                for r in range(rows):
-                    x = builder.load(builder.gep(xp, [builder.add(x_row[r], i)]))
-                    xs = builder.shuffle_vector(builder.insert_element(ir.Constant(_VEC, ir.Undefined), x, i64(0)),
-                                                ir.Constant(_VEC, ir.Undefined),
-                                                ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [0] * _LANES))
-                    for k in range(vecs):
-                        builder.store(builder.fadd(builder.load(accs[r][k]), builder.fmul(xs, w[k])), accs[r][k])
-            for r in range(rows):
-                y_r = builder.add(y_at, builder.mul(y_rs, i64(r)))
-                for k in range(vecs):
-                    out = builder.bitcast(builder.gep(yp, [builder.add(y_r, i64(_LANES * k))]), _VEC.as_pointer())
-                    builder.store(builder.load(accs[r][k]), out, align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return gemv
-
-
-# (rows, vectors of outputs): up to 8 vector sums held in registers per block, fewer for the last outputs
-_g4x2, _g4x1 = _gemv_intrinsic(4, 2), _gemv_intrinsic(4, 1)
-_g3x2, _g3x1 = _gemv_intrinsic(3, 2), _gemv_intrinsic(3, 1)
-_g2x4, _g2x2, _g2x1 = _gemv_intrinsic(2, 4), _gemv_intrinsic(2, 2), _gemv_intrinsic(2, 1)
-_g1x8, _g1x4, _g1x2, _g1x1 = _gemv_intrinsic(1, 8), _gemv_intrinsic(1, 4), _gemv_intrinsic(1, 2), _gemv_intrinsic(1, 1)
 
 
 @njit(cache=True, nogil=True)
