@@ -176,3 +176,21 @@ _g4x2, _g4x1 = _gemv_intrinsic(4, 2), _gemv_intrinsic(4, 1)
 _g3x2, _g3x1 = _gemv_intrinsic(3, 2), _gemv_intrinsic(3, 1)
 _g2x4, _g2x2, _g2x1 = _gemv_intrinsic(2, 4), _gemv_intrinsic(2, 2), _gemv_intrinsic(2, 1)
 _g1x8, _g1x4, _g1x2, _g1x1 = _gemv_intrinsic(1, 8), _gemv_intrinsic(1, 4), _gemv_intrinsic(1, 2), _gemv_intrinsic(1, 1)
+
+
+@intrinsic
+def prefetch(typingctx, arr, idx):
+    """A hint to load the cache line of arr[idx] (llvm.prefetch: read, keep in every level). No effect on any
+    value; a long window's pages are not contiguous, so the CPU's own prefetcher stops at each."""
+    sig = types.void(arr, types.int64)
+
+    def codegen(context, builder, signature, args):
+        arr_v, idx = args
+        ptr = builder.gep(context.make_array(signature.args[0])(context, builder, arr_v).data, [idx])
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
