@@ -530,8 +530,8 @@ MUTATIONS = [
              ["test/test_ros_thread_priority.py::test_thread_priority_runs_the_stepping_thread_and_only_it_sched_fifo"],
              "service workers started by the stepping thread run SCHED_FIFO at its priority too"),
     Mutation("refused_thread_priority_is_silent", "flashrt_ros/ros/realtime.py",
-             "    except PermissionError:\n        logger.warning(",
-             "    except PermissionError:\n        (lambda *_: None)(",
+             "    except PermissionError:\n        logger.warning(f\"thread_priority",
+             "    except PermissionError:\n        (lambda *_: None)(f\"thread_priority",
              ["test/test_ros_thread_priority.py::test_a_refused_thread_priority_is_one_warning_saying_how_to_allow_it_and_the_node_steps"],
              "a node that may not use SCHED_FIFO runs without it and without a word"),
     # issue 15 (fix3)
@@ -659,4 +659,9 @@ MUTATIONS = [
              "            pass\n",
              ["test/test_replan_threads.py"],
              "a batched step returns while other threads still compute its rows: actions read half-written"),
+    Mutation("replan_nice_never_applied", "flashrt_ros/ros/replan_server.py",
+             "        apply_thread_nice(self.node.replan_nice(), self.node.get_logger())",
+             "        pass",
+             ["test/test_ros_thread_priority.py::test_replan_nice_runs_the_replan_worker_and_only_its_threads_at_that_nice_value"],
+             "replan_nice is declared and documented but the replan worker keeps the stepping thread's share"),
 ]

@@ -1,7 +1,8 @@
 """thread_priority: the thread that steps observations runs SCHED_FIFO at that priority, and only it (the
 replan worker, the service workers and DDS keep normal scheduling); 0 leaves every thread alone; where the
-process may not use SCHED_FIFO the node says so in one warning and steps as usual. Checked on a real node
-process, reading its threads' scheduling from the kernel."""
+process may not use SCHED_FIFO the node says so in one warning and steps as usual. replan_nice: the replan
+worker (and the threads it splits a replan over) runs at that nice value, every other thread at 0. Checked on
+a real node process, reading its threads' scheduling from the kernel."""
 import ctypes
 import os
 import resource
@@ -115,3 +116,29 @@ def test_a_thread_priority_past_99_fails_configure_naming_it(ros_domain, tmp_pat
     out = proc.output()
     assert "configure failed: thread_priority: must be in [0, 99], got 100" in out, out[-2000:]
     assert "Traceback" not in out and "SCHED_FIFO" not in out, out[-2000:]
+
+
+def nice_threads(pid: int) -> dict[int, int]:
+    """tid -> nice value of the process's threads whose nice value is not 0."""
+    out = {}
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+        try:
+            nice = os.getpriority(os.PRIO_PROCESS, tid)
+        except ProcessLookupError:
+            continue
+        if nice:
+            out[tid] = nice
+    return out
+
+
+@pytest.mark.parametrize("replan_threads", [1, 2])
+def test_replan_nice_runs_the_replan_worker_and_only_its_threads_at_that_nice_value(start, replan_threads):
+    proc, planner = start(replan_nice=11, replan_threads=replan_threads, backend="cpu")
+    assert nice_threads(proc.proc.pid) == {}  # nothing before the first replan
+    out = planner.client.replan(observation_trace(5, seed=3)[None].repeat(4, axis=0))
+    assert out.succeeded, (out.reason, out.result.message)
+    niced = nice_threads(proc.proc.pid)
+    assert set(niced.values()) == {11} and len(niced) == replan_threads, niced  # worker (+ a split thread)
+    assert proc.proc.pid not in niced  # the stepping thread
+    actions = planner.run(observation_trace(8, seed=5))  # and it steps (the compiled backend: no NumPy bytes)
+    assert actions.shape == (8, 7) and np.isfinite(actions).all()

@@ -119,6 +119,10 @@ class FlashRTNode(LifecycleNode):
         self._replan_server = GatedReplanServer(self)
         self._servers_open = True
 
+    def replan_nice(self) -> int:
+        """replan_nice as the last configure read it (0 before one)."""
+        return self._own["replan_nice"] if self._own else 0
+
     def inactive_refusal(self) -> str:
         """'' while active; otherwise why a service call or replan goal is refused, naming the state."""
         return "" if self._active else inactive_refusal(self.lifecycle_state())

@@ -79,6 +79,7 @@ NODE_RANGES = {
     "persist_queue_mb": (0.0, 1_048_576.0),
     "control_period_s": (0.0001, 3600.0),
     "thread_priority": (0, 99),
+    "replan_nice": (0, 19),
 }
 
 
@@ -179,6 +180,9 @@ NODE_PARAMS = {
                         "scheduling. Needs CAP_SYS_NICE or an rtprio limit (ulimit -r); where it is not allowed "
                         "the node says so in one warning and runs on normally. The replan worker is unchanged",
                         _ranged, False),
+    "replan_nice": (0, "nice value (0..19) of the replan worker (and of its threads, replan_threads): higher lets "
+                    "the stepping thread, DDS and the robot's other processes take the cores first, so a replan "
+                    "takes longer when they are busy; needs no privilege. 0 = normal scheduling", _ranged, False),
 }
 LIVE_PARAMS = {n for n, (_, _, _, live) in NODE_PARAMS.items() if live}
 FLOAT_PARAMS = ({n for n, (default, *_) in NODE_PARAMS.items() if isinstance(default, float)}

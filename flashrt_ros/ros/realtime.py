@@ -1,5 +1,6 @@
 """thread_priority: SCHED_FIFO for the thread that steps observations, as ros2_control's controller_manager
-does for its control loop (realtime_tools::configure_sched_fifo), but off by default here.
+does for its control loop (realtime_tools::configure_sched_fifo), but off by default here. replan_nice: a
+nice value for the replan worker, which needs no privilege (bulk work yields the cores).
 
 Only the calling thread changes (Linux schedules threads one by one, by their thread id), and with
 SCHED_RESET_ON_FORK: threads it starts later (service workers, the persistence writer of a later
@@ -36,4 +37,22 @@ def apply_thread_priority(priority: int, logger) -> bool:
         return False
     logger.info(f"thread_priority: the thread that steps observations (tid {tid}) runs SCHED_FIFO at "
                 f"priority {priority}")
+    return True
+
+
+def apply_thread_nice(nice: int, logger) -> bool:
+    """The calling thread's nice value (0..19; threads it starts later inherit it). True if it is now `nice`.
+    Raising it needs no privilege; lowering it again may not be allowed, which one warning says."""
+    tid = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, tid) == nice:
+            return True
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except PermissionError:
+        logger.warning(f"replan_nice {nice}: this process may not lower the replan worker's nice value back to "
+                       f"{nice} (CAP_SYS_NICE or an RLIMIT_NICE would allow it); it keeps its current one")
+        return False
+    except (AttributeError, OSError) as e:  # not Linux
+        logger.warning(f"replan_nice {nice}: per-thread nice values are not available here ({e})")
+        return False
     return True

@@ -31,6 +31,7 @@ from flashrt_interfaces.action import Replan
 
 from ..runtime.errors import CapsuleError
 from .convert import replan_observations
+from .realtime import apply_thread_nice
 
 # Deep enough that a burst of goals from several clients is never dropped before it is answered
 # (the rclpy default, depth 10, lost 9 of 20 goals sent at once).
@@ -252,6 +253,7 @@ class ReplanServer:
     def _run(self, goal_handle, capsule_id, obs, commit_branch, deadline_ms) -> Replan.Result:
         t0 = time.perf_counter()
         session = self.node.session
+        apply_thread_nice(self.node.replan_nice(), self.node.get_logger())  # the value of the last configure
         branches, horizon = obs.shape[:2]
         why_stopped = [""]
         throttle = {"feedback": 0.0, "client": time.monotonic()}

@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     add_backend_argument(ros, "auto", "the node's backend parameter, as the shipped config's: ")
     ros.add_argument("--thread-priority", type=int, default=0, metavar="N",
                      help="start the node with thread_priority:=N (SCHED_FIFO stepping thread; 0 = off)")
+    ros.add_argument("--replan-nice", type=int, default=0, metavar="N",
+                     help="start the node with replan_nice:=N (nice value of the replan worker, 0..19; 0 = off)")
     pe = sub.add_parser("persist", help="capsule log: step overhead, MiB/s, resume time, records lost to kill -9")
     pe.add_argument("--json", help="also write the JSON here")
     pe.add_argument("--quick", action="store_true", help="the same measurements at toy sizes, in seconds (tests)")

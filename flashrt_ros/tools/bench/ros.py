@@ -125,7 +125,8 @@ def run(args) -> dict:
     procs = [subprocess.Popen([sys.executable, "-c", TRIGGER_NODE], env=env),
              subprocess.Popen([sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file",
                                params_file(None), "-p", f"backend:={args.backend}", "-p", "observation_reliable:=true",
-                               "-p", f"thread_priority:={args.thread_priority}"],
+                               "-p", f"thread_priority:={args.thread_priority}", "-p",
+                               f"replan_nice:={args.replan_nice}"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)]
     rclpy.init()
     node = rclpy.create_node("flashrt_bench_client")
@@ -198,7 +199,7 @@ def run(args) -> dict:
                "replan_from_step": base.step,
                "step_latency": p50_p99(lat), "step_in_node_ms": p50_p99(in_node),
                "step_beside_replans": beside,
-               "thread_priority": args.thread_priority, "units": "ms",
+               "thread_priority": args.thread_priority, "replan_nice": args.replan_nice, "units": "ms",
                "backend": diag.get("backend", args.backend)}  # what the node's `auto` resolved to
         if getattr(args, "plot", None):  # every sample, for the CDFs (only then: 4 x calls numbers)
             out["samples_ms"] = {k: [round(x, 4) for x in v] for k, v in (

@@ -20,6 +20,8 @@ def main(argv=None) -> int:
                     help="ROS demo: also run N processes that each keep one core busy (the robot's other work)")
     ap.add_argument("--thread-priority", type=int, default=0, metavar="N",
                     help="ROS demo: start the node with thread_priority:=N (SCHED_FIFO stepping thread; 0 = off)")
+    ap.add_argument("--replan-nice", type=int, default=0, metavar="N",
+                    help="ROS demo: start the node with replan_nice:=N (nice value of the replan worker; 0 = off)")
     ap.add_argument("--config", help="params file (default: the shipped config/flashrt.yaml values)")
     ap.add_argument("--json", help="write the summary JSON here")
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the run into this PNG (needs matplotlib): the "
@@ -42,6 +44,8 @@ def main(argv=None) -> int:
             ap.error("--duration must be > 0 seconds")
         if not 0 <= args.thread_priority <= 99:
             ap.error("--thread-priority must be 0 (off) to 99")
+        if not 0 <= args.replan_nice <= 19:
+            ap.error("--replan-nice must be 0 (off) to 19")
         if args.cpu_load < 0:
             ap.error("--cpu-load must be >= 0 processes")
     from ..machine import load_average, with_machine

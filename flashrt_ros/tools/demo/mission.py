@@ -46,6 +46,8 @@ def run(args) -> dict:
                 "-p", f"backend:={args.backend}", "-p", f"capsule_dir:={work / 'capsules'}"]
     if args.thread_priority:  # else the params file's value
         node_cmd += ["-p", f"thread_priority:={args.thread_priority}"]
+    if args.replan_nice:
+        node_cmd += ["-p", f"replan_nice:={args.replan_nice}"]
     progress(f"ROS_DOMAIN_ID={env['ROS_DOMAIN_ID']}, discovery LOCALHOST, logs in {env['ROS_LOG_DIR']}")
     t0 = time.monotonic()
     node_log = open(work / "node.log", "w")
@@ -86,6 +88,7 @@ def run(args) -> dict:
     summary["node_exit_code"] = node.returncode
     summary["cpu_load_processes"] = args.cpu_load
     summary["thread_priority"] = args.thread_priority
+    summary["replan_nice"] = args.replan_nice
     summary["node_traceback"] = "Traceback" in node_out
     summary["wall_s"] = round(time.monotonic() - t0, 1)
     summary["ok"] = bool(rc == 0 and node.returncode == 0 and not summary["node_traceback"]
@@ -127,6 +130,7 @@ def _print_summary(s: dict, work: Path) -> None:
         ("backend", s.get("backend", "?")),
         ("other load (busy processes)", s.get("cpu_load_processes", 0)),
         ("thread_priority (stepping thread)", s.get("thread_priority", 0)),
+        ("replan_nice (replan worker)", s.get("replan_nice", 0)),
         ("steps (one per observation)", s.get("steps", 0)),
         ("rejected observations", s.get("rejected", 0)),
         ("step latency p50 / p99 (node)", pp(s.get("step_latency_ms"))),
