@@ -664,4 +664,9 @@ MUTATIONS = [
              "        pass",
              ["test/test_ros_thread_priority.py::test_replan_nice_runs_the_replan_worker_and_only_its_threads_at_that_nice_value"],
              "replan_nice is declared and documented but the replan worker keeps the stepping thread's share"),
+    Mutation("branch_appends_in_place_to_a_shared_page", RT + "state/kv_log.py",
+             "            if ((self.fill[pages] == slot) & (self.refs[pages] == 1)).all():",
+             "            if (self.fill[pages] == slot).all():",
+             ["test/test_replan.py", "test/test_concurrent_replan.py"],
+             "replan branches append in place to the page they share with the source: the source's window changes"),
 ]

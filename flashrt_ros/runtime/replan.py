@@ -90,8 +90,7 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
             done, message, cancelled = 0, "", False
             for t in range(h):
                 with session.lock:  # page references and fills are shared with the live row
-                    for r in range(1, 1 + b):
-                        session.kv.prepare_append(r, base_step + t, extend_shared=False)
+                    session.kv.prepare_branch_appends(1, b, base_step + t)
                     session.backend.from_host(obs_rows, obs[:, t])
                 # rows 1..b only: their own state and work, the window's pages (referenced by these rows, so
                 # never freed or rewritten) and their private pages; weights are read-only

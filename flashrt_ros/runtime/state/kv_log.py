@@ -121,6 +121,18 @@ class KvLog:
         self.tables[row, j] = new
         self._write_device(row)
 
+    def prepare_branch_appends(self, first: int, count: int, pos: int) -> None:
+        """prepare_append(row, pos, extend_shared=False) for rows first..first+count-1 (a replan's branches,
+        which step in lockstep): one check for all of them where each appends in place to its own page."""
+        j, slot = (pos // KV_PAGE) % self.P, pos % KV_PAGE
+        pages = self.tables[first:first + count, j]
+        if slot and (pages >= 0).all():
+            if ((self.fill[pages] == slot) & (self.refs[pages] == 1)).all():  # each its own page: distinct
+                self.fill[pages] = slot + 1
+                return
+        for row in range(first, first + count):
+            self.prepare_append(row, pos, extend_shared=False)
+
     def privatise_window(self, row: int, pos: int) -> int:
         """Copy every page of the row's window into fresh pages (the whole-row-copy fork, kept as the
         benchmark's baseline). Returns the entries copied."""
