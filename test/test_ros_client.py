@@ -36,6 +36,12 @@ def test_client_goal_handles_named_services_and_failures(flashrt, tmp_path):
     out = task.get_result()
     assert out.accepted and out.succeeded and out.result.steps_done == 6
     assert out.actions().shape == (2, 6, 7) and out.actions().dtype == np.float32
+    # feedback starts 20 ms into a replan: one that ends sooner sends only its result (1 x 2: a few ms)
+    short = [client.replan(obs[None, 20:22]) for _ in range(5)]
+    assert all(o.succeeded for o in short)
+    fast = [o for o in short if o.result.elapsed_ms < 10.0]
+    assert fast, [o.result.elapsed_ms for o in short]
+    assert all(o.feedback == [] for o in fast), [(o.result.elapsed_ms, len(o.feedback)) for o in fast]
     # ...and cancel() stops a running one, which then says so
     task = client.send_replan(long_goal_observations(), deadline_ms=60_000.0)
     wait_for_feedback(planner, task)
