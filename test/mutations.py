@@ -654,8 +654,8 @@ MUTATIONS = [
              ["test/test_replan_threads.py"],
              "a replan split over threads steps its first rows twice and never the others"),
     Mutation("split_replay_returns_before_its_parts_end", RT + "engine/cpu_backend.py",
-             "            for f in pending:  # every part ends before this returns, even when one raised\n"
-             "                f.result()\n",
+             "            wait(pending)  # every part has ended before this returns, whichever raised: the rows are "
+             "free then\n",
              "            pass\n",
              ["test/test_replan_threads.py"],
              "a batched step returns while other threads still compute its rows: actions read half-written"),

@@ -1,13 +1,15 @@
 """replan_threads: the compiled CPU step splits a replan's rows over threads, and every branch comes out
 byte for byte as on one thread (no reduction crosses rows), beside live steps too."""
+import os
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from conftest import observation_trace, small_config
 from flashrt_ros.runtime import PolicyConfig, Session
-from flashrt_ros.runtime.engine.cpu_backend import SplitReplay, row_parts
+from flashrt_ros.runtime.engine.cpu_backend import SplitReplay, _nice, row_parts
 
 PRE = 150  # live steps before the replans: a kv_window of 96 wrapped, its pages crossed more than once
 HORIZON = 10
@@ -91,3 +93,46 @@ def test_a_split_replan_beside_live_steps_matches_both_serial_runs():
 def test_replan_threads_below_one_is_refused_with_its_name():
     with pytest.raises(ValueError, match="replan_threads: must be >= 1"):
         PolicyConfig(replan_threads=0)
+
+
+class Part:
+    """A stand-in part: records its thread's nice value; waits at a barrier all parts must reach together (so
+    parts replayed one after another never pass it), or sleeps, or raises."""
+
+    def __init__(self, log, barrier=None, sleep_s=0.0, fail=False, rows=1):
+        self.log, self.barrier, self.sleep_s, self.fail, self.rows = log, barrier, sleep_s, fail, rows
+
+    def replay(self):
+        self.log.append(("start", threading.get_ident(), _nice()))
+        if self.fail:
+            raise RuntimeError("part failed")
+        if self.barrier is not None:
+            self.barrier.wait(timeout=10)
+        time.sleep(self.sleep_s)
+        self.log.append(("end", threading.get_ident(), _nice()))
+
+
+def test_split_parts_run_at_the_same_time_on_other_threads_at_the_callers_nice_value():
+    log, barrier = [], threading.Barrier(3)
+    nice = min(19, _nice() + 3)
+    result = {}
+
+    def caller():
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        SplitReplay([Part(log, barrier) for _ in range(3)]).replay()
+        result["nice"] = _nice()
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join(30)
+    starts = [e for e in log if e[0] == "start"]
+    assert len(starts) == 3 and len({e[1] for e in starts}) == 3  # three threads, all through the barrier
+    assert {e[2] for e in starts} == {result["nice"]} == {nice}
+
+
+def test_a_failing_part_is_raised_after_every_other_part_has_ended():
+    log = []
+    parts = [Part(log), Part(log, fail=True), Part(log, sleep_s=0.3)]  # the slow part is waited for last
+    with pytest.raises(RuntimeError, match="part failed"):
+        SplitReplay(parts).replay()
+    assert [e[0] for e in log].count("end") == 2, log  # its rows are free only once it has ended

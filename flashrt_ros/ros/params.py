@@ -180,9 +180,11 @@ NODE_PARAMS = {
                         "scheduling. Needs CAP_SYS_NICE or an rtprio limit (ulimit -r); where it is not allowed "
                         "the node says so in one warning and runs on normally. The replan worker is unchanged",
                         _ranged, False),
-    "replan_nice": (0, "nice value (0..19) of the replan worker (and of its threads, replan_threads): higher lets "
-                    "the stepping thread, DDS and the robot's other processes take the cores first, so a replan "
-                    "takes longer when they are busy; needs no privilege. 0 = normal scheduling", _ranged, False),
+    "replan_nice": (0, "nice value (1..19) the replan worker and the threads it splits a replan over "
+                    "(replan_threads) run at, at least: higher lets the stepping thread, DDS and the robot's other "
+                    "processes take the cores first, so a replan takes longer when they are busy. Needs no "
+                    "privilege; only ever raised while the node runs (restart it to lower it). 0 = leave it",
+                    _ranged, False),
 }
 LIVE_PARAMS = {n for n, (_, _, _, live) in NODE_PARAMS.items() if live}
 FLOAT_PARAMS = ({n for n, (default, *_) in NODE_PARAMS.items() if isinstance(default, float)}

@@ -41,18 +41,18 @@ def apply_thread_priority(priority: int, logger) -> bool:
 
 
 def apply_thread_nice(nice: int, logger) -> bool:
-    """The calling thread's nice value (0..19; threads it starts later inherit it). True if it is now `nice`.
-    Raising it needs no privilege; lowering it again may not be allowed, which one warning says."""
+    """Raise the calling thread's nice value to `nice` (1..19) if it is lower; 0 leaves it alone. Never lowers
+    it (that needs a privilege), so a thread started under `nice` keeps its own and a lower value set later
+    takes effect at the next start. Threads it starts later inherit it. True if it runs at >= `nice` now."""
+    if nice <= 0:
+        return True
     tid = threading.get_native_id()
     try:
-        if os.getpriority(os.PRIO_PROCESS, tid) == nice:
+        if os.getpriority(os.PRIO_PROCESS, tid) >= nice:
             return True
         os.setpriority(os.PRIO_PROCESS, tid, nice)
-    except PermissionError:
-        logger.warning(f"replan_nice {nice}: this process may not lower the replan worker's nice value back to "
-                       f"{nice} (CAP_SYS_NICE or an RLIMIT_NICE would allow it); it keeps its current one")
-        return False
     except (AttributeError, OSError) as e:  # not Linux
-        logger.warning(f"replan_nice {nice}: per-thread nice values are not available here ({e})")
+        logger.warning(f"replan_nice {nice}: per-thread nice values are not available here ({e})",
+                       throttle_duration_sec=60.0)
         return False
     return True

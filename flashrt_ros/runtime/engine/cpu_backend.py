@@ -12,9 +12,10 @@ compiled sources (numba_cache.py), so later starts load it in about a second.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from math import prod
 
 import numpy as np
@@ -134,19 +135,42 @@ COMPILED_KERNELS = frozenset(("obs_norm", "linear", "add", "rmsnorm", "causal_co
 
 class SplitReplay:
     """Rows [start, start + count) as contiguous parts, one per thread, replayed at the same time: the compiled
-    step releases the GIL, and each row computes the same bytes in any part (no reduction crosses rows)."""
+    step releases the GIL, and each row computes the same bytes in any part (no reduction crosses rows). The
+    other parts run at the calling thread's nice value (replan_nice)."""
 
     def __init__(self, parts: list[CompiledReplay]):
         self.parts = parts
         self.rows = sum(p.rows for p in parts)
 
     def replay(self) -> None:
-        pending = [_pool(len(self.parts) - 1).submit(p.replay) for p in self.parts[1:]]
+        nice = _nice()
+        pending = []
         try:
+            pool = _pool(len(self.parts) - 1)
+            pending = [pool.submit(_replay_at_nice, p, nice) for p in self.parts[1:]]
             self.parts[0].replay()
         finally:
-            for f in pending:  # every part ends before this returns, even when one raised
-                f.result()
+            wait(pending)  # every part has ended before this returns, whichever raised: the rows are free then
+        for f in pending:
+            f.result()  # a part's error, raised here
+
+
+def _nice() -> int:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    except (AttributeError, OSError):  # not Linux: nothing to follow
+        return 0
+
+
+def _replay_at_nice(part: CompiledReplay, nice: int) -> None:
+    """A part on a pool thread at the caller's nice value (a pool thread serves every later replan, whose
+    caller's may differ); one that may not be lowered stays as it is."""
+    if _nice() != nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except (AttributeError, OSError):
+            pass
+    part.replay()
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -154,7 +178,8 @@ _pools_lock = threading.Lock()
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """One pool per size for the process: replays of every session share it (a replan holds its own rows)."""
+    """One pool per size for the process, shared by every session's replays (each holds its own rows; two
+    sessions replanning at once queue their parts, never deadlock: each caller runs its first part itself)."""
     with _pools_lock:
         if workers not in _pools:
             _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="flashrt-replan")
@@ -180,7 +205,7 @@ class CpuBackend(NumpyBackend):
         if unknown:
             raise ValueError(f"backend cpu: no compiled kernel for {unknown}; use backend numpy for this model")
         if threads < 1:
-            raise ValueError(f"backend cpu: threads must be >= 1, got {threads}")
+            raise ValueError(f"replan_threads: must be >= 1, got {threads}")
         parts = row_parts(count, threads)
         if len(parts) == 1:
             return CompiledReplay(plan, arena, start, count)

@@ -48,6 +48,10 @@ def main(argv=None) -> int:
     for p in (rt, ros, cap, pe):
         p.add_argument("--plot", metavar="FILE.png", help="also draw the results into this PNG (needs matplotlib)")
     args = ap.parse_args(argv)
+    if args.which == "ros" and not 0 <= args.thread_priority <= 99:
+        ap.error("--thread-priority must be 0 (off) to 99")
+    if args.which == "ros" and not 0 <= args.replan_nice <= 19:
+        ap.error("--replan-nice must be 0 (off) to 19")
     if getattr(args, "plot", None):
         from ..plots.figures import PlotUnavailable, require_matplotlib
         try:
