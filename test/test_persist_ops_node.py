@@ -80,7 +80,7 @@ def test_an_untrusted_or_overlapping_persist_dir_fails_configure_with_one_line(r
             procs[name] = NodeProcess(ros_domain, tmp_path / f"{name}.log", namespace=f"/{name}", **params)
         end = time.monotonic() + 120
         while any(p.proc.poll() is None for p in procs.values()) and time.monotonic() < end:
-            started = [n for n, p in procs.items() if "active: stepping" in p.output()]
+            started = [n for n, p in procs.items() if "now active, stepping" in p.output()]
             assert not started, f"configured and serving: {started}"
             time.sleep(0.2)
     finally:
@@ -140,7 +140,7 @@ def test_a_node_restarted_on_mismatched_logs_keeps_only_the_newest_moved_aside_l
                            persist_dir=str(persist), resume=True, resume_fresh_on_mismatch=True)
         try:
             end = time.monotonic() + 120
-            while "active: stepping" not in proc.output() and proc.proc.poll() is None and time.monotonic() < end:
+            while "now active, stepping" not in proc.output() and proc.proc.poll() is None and time.monotonic() < end:
                 time.sleep(0.2)
         finally:
             rc = proc.stop()
