@@ -177,6 +177,7 @@ def test_an_inactive_node_publishes_nothing_on_its_lifecycle_publishers(ros_doma
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.lifecycle import TransitionCallbackReturn
     from rclpy.parameter import Parameter
+    from std_msgs.msg import Float64MultiArray
 
     from flashrt_interfaces.msg import PolicyStep
     from flashrt_ros.ros.node import FlashRTNode
@@ -185,32 +186,36 @@ def test_an_inactive_node_publishes_nothing_on_its_lifecycle_publishers(ros_doma
         Parameter("autostart", value=False), Parameter("backend", value="numpy"),
         Parameter("kv_window", value=64), Parameter("capsule_dir", value=str(tmp_path / "capsules"))])
     listener = rclpy.create_node("listener")
-    got = []
+    got, actions = [], []
     listener.create_subscription(PolicyStep, "/policy_step", got.append, 10)
+    listener.create_subscription(Float64MultiArray, "/action", actions.append, 10)
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     executor.add_node(listener)
     try:
         assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        # the action publisher is made on configure and matched while inactive (policy_step's writer is made
+        # on activate: an inactive node has none)
         end = time.monotonic() + 10
-        while listener.count_publishers("/policy_step") == 0 and time.monotonic() < end:
+        while listener.count_publishers("/action") == 0 and time.monotonic() < end:
             executor.spin_once(timeout_sec=0.05)
+        assert listener.count_publishers("/action") == 1 and listener.count_publishers("/policy_step") == 0
         obs = observation_trace(4)
         node.step_from_message(joint_state(obs[0], 1))  # the policy steps ...
         for _ in range(20):
             executor.spin_once(timeout_sec=0.05)
-        assert node.stats.steps == 1 and got == []  # ... but an inactive node publishes nothing
+        assert node.stats.steps == 1 and got == [] and actions == []  # ... but an inactive node publishes nothing
         node.trigger_activate()
         node.step_from_message(joint_state(obs[1], 2))
         end = time.monotonic() + 10
-        while not got and time.monotonic() < end:
+        while not (got and actions) and time.monotonic() < end:
             executor.spin_once(timeout_sec=0.05)
-        assert [m.step for m in got] == [2]
+        assert [m.step for m in got] == [2] and len(actions) == 1
         node.trigger_deactivate()
         node.step_from_message(joint_state(obs[2], 3))
         for _ in range(20):
             executor.spin_once(timeout_sec=0.05)
-        assert [m.step for m in got] == [2]
+        assert [m.step for m in got] == [2] and len(actions) == 1
     finally:
         node.release()
         executor.shutdown()
