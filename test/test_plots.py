@@ -118,10 +118,16 @@ def test_runtime_demo_json_has_no_samples_without_plot(tmp_path):
 
 @pytest.mark.ros
 def test_mission_plot_draws_the_timeline_of_steps_rollbacks_and_replans(ros_domain, tmp_path):
-    res = run_tool("demo", "--duration", 4, "--json", tmp_path / "m.json", "--plot", tmp_path / "m.png",
+    """Also the mission demo's own end-to-end check (three processes, a clean exit, byte-exact checks
+    passed): one run of the demo serves both, as the plot is drawn from that run's JSON."""
+    res = run_tool("demo", "--duration", 5, "--json", tmp_path / "m.json", "--plot", tmp_path / "m.png",
                    env=ros_domain)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     s = json.loads((tmp_path / "m.json").read_text())
+    assert s["ok"] and s["node_exit_code"] == 0 and not s["node_traceback"]
+    assert s["steps"] > 200 and s["rounds"] >= 5 and s["commits"] >= 1
+    assert s["byte_exact_checks"]["run"] == s["byte_exact_checks"]["passed"]
+    assert {"step_latency_ms", "rollback_ms", "replan_ms", "deadline_misses", "rejected"} <= set(s)
     tl = s["timeline"]
     # one replan per round, unless the round timed out (a timeout in the repeat comes after its replan)
     assert len(tl["steps"]) == s["steps"] and s["rounds"] - s["timeouts"] <= len(tl["replans"]) <= s["rounds"]
