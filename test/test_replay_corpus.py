@@ -73,8 +73,15 @@ def test_a_failing_bag_is_reported_the_others_still_run_and_the_exit_code_says_s
     assert (out / "summary.txt").read_text().strip() == res.stdout.strip()
 
 
-def test_jobs_2_gives_the_rows_of_jobs_1(corpus, tmp_path):
-    one, _ = run_corpus(corpus, "--jobs", 1, *ROLLBACK, expect=1, tmp_path=tmp_path, name="one.json")
+@pytest.fixture(scope="module")
+def jobs_1(corpus, tmp_path_factory):
+    """The corpus replayed by one worker (the summary), the rows --jobs 2 and Ray must give: read-only."""
+    return run_corpus(corpus, "--jobs", 1, *ROLLBACK, expect=1, tmp_path=tmp_path_factory.mktemp("jobs_1"),
+                      name="one.json")[0]
+
+
+def test_jobs_2_gives_the_rows_of_jobs_1(corpus, jobs_1, tmp_path):
+    one = jobs_1
     two, _ = run_corpus(corpus, "--jobs", 2, *ROLLBACK, expect=1, tmp_path=tmp_path, name="two.json")
     assert without_timing(one["rows"]) == without_timing(two["rows"])
     assert (one["workers"], two["workers"]) == (1, 2)
@@ -133,11 +140,11 @@ def test_a_bad_corpus_is_refused_up_front_with_exit_2(corpus, tmp_path, case):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install ray)")
-def test_ray_gives_the_rows_of_local_workers(corpus, tmp_path):
+def test_ray_gives_the_rows_of_local_workers(corpus, jobs_1, tmp_path):
     """A local Ray, started by the command itself (no cluster running), 2 CPUs."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
-    local, _ = run_corpus(corpus, "--jobs", 1, *ROLLBACK, expect=1, tmp_path=tmp_path, name="local.json")
+    local = jobs_1
     _, res = replay(corpus, "--ray", "auto", "--jobs", 2, *ROLLBACK, "--json", tmp_path / "ray.json", env=env,
                     expect=1, timeout=600)
     on_ray = json.loads((tmp_path / "ray.json").read_text())
