@@ -161,15 +161,20 @@ class Planner:
         assert len(self.steps) > n, "no policy_step"
         return self.steps[-1]
 
-    def step(self, obs: np.ndarray, timeout: float = 5.0):
-        """Publish one observation and wait for its policy_step (flow control: nothing is overwritten)."""
+    def step(self, obs: np.ndarray, timeout: float = 5.0, dead=None, grace: float = 0.3):
+        """Publish one observation and wait for its policy_step (flow control: nothing is overwritten).
+        dead(): the node is known dead, so the wait ends ``grace`` seconds later (an answer sent before it
+        died still arrives in that time) instead of at the timeout. TimeoutError either way."""
         n = len(self.steps)
         self.stamp += 10_000_000
         self.publish(joint_state(obs, self.stamp))
         deadline = time.monotonic() + timeout
         while len(self.steps) == n:
             self.rclpy.spin_once(self.node, timeout_sec=0.01)
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if dead is not None and dead():
+                deadline = min(deadline, now + grace)
+            if now > deadline:
                 raise TimeoutError("no policy_step for the observation")
         return self.steps[-1]
 

@@ -13,7 +13,9 @@ pytestmark = pytest.mark.ros
 
 @pytest.fixture
 def node_params():
-    return {"observation_reliable": False}  # sensor-data QoS, as a real driver publishes
+    # sensor-data QoS, as a real driver publishes; 2 s of capsules at 200 Hz, so a committed branch is still
+    # listed when the test looks its step up (48, the harness's, is 0.24 s: a loaded machine evicted it first)
+    return {"observation_reliable": False, "capsule_capacity": 400}
 
 
 def test_sensor_stream_with_concurrent_rollbacks_and_replans(flashrt, ros_domain, tmp_path):
