@@ -136,3 +136,14 @@ def test_a_failing_part_is_raised_after_every_other_part_has_ended():
     with pytest.raises(RuntimeError, match="part failed"):
         SplitReplay(parts).replay()
     assert [e[0] for e in log].count("end") == 2, log  # its rows are free only once it has ended
+
+
+def test_a_replan_threads_below_one_set_on_a_session_is_refused_and_the_next_replan_unchanged():
+    trace = observation_trace(PRE)
+    s, src = started(2, trace)
+    (plan,) = plans((4,))
+    with pytest.raises(ValueError, match="replan_threads: must be an int >= 1, got 0"):
+        s.replan_threads = 0
+    assert s.replan_threads == 2
+    want_s, want_src = started(1, trace)
+    assert branch_bytes(s, src, plan) == branch_bytes(want_s, want_src, plan)

@@ -83,7 +83,7 @@ class Session:
         self.branch_lock = threading.RLock()  # before self.lock, never after it (see the module docstring)
         self._live = self.backend.bind(self.plan, self.arena, 0, 1)
         self._branch_runners: dict[tuple[int, int], object] = {}
-        self.replan_threads = cfg.replan_threads  # the next replan's; a bench compares values in one session
+        self._replan_threads = cfg.replan_threads
         self.history = ObsHistory(cfg.history_limit)
         self.store.on_release = self.history.forget  # an evicted capsule's observations go with it, O(1)
         self.persistence = None  # a persistence.Persistence once enable_persistence ran
@@ -101,6 +101,18 @@ class Session:
     @property
     def live_capsule_id(self) -> int:
         return self._live_id
+
+    @property
+    def replan_threads(self) -> int:
+        """Threads the next replan's rows are split over (cpu backend; starts as cfg.replan_threads). Settable,
+        so a bench compares values in one session."""
+        return self._replan_threads
+
+    @replan_threads.setter
+    def replan_threads(self, threads: int) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"replan_threads: must be an int >= 1, got {threads!r}")
+        self._replan_threads = threads
 
     def live_row(self):
         """The live row's small state (device memory)."""
