@@ -121,8 +121,8 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
                     session._step = base_step + done
                     session._live_id = ids[commit_branch]
                     session.history.head = session.history.node_of(session._live_id)
-                    if session.persistence is not None:  # the committed branch is the timeline now
-                        session.persistence.on_capsule(session.store.get(session._live_id))
+                    for tap in session.record_taps():  # the committed branch is the timeline now
+                        tap.on_capsule(session.store.get(session._live_id))
                 # only now: while they were taken, a branch's capsule must not be evicted for its sibling's
                 session.store.mark_what_if([c for r, c in enumerate(ids) if not (committed and r == commit_branch)])
                 live_id = session._live_id

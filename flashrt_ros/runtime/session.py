@@ -87,6 +87,7 @@ class Session:
         self.history = ObsHistory(cfg.history_limit)
         self.store.on_release = self.history.forget  # an evicted capsule's observations go with it, O(1)
         self.persistence = None  # a persistence.Persistence once enable_persistence ran
+        self.stream = None  # a stream.CapsuleStream once enable_stream ran
         self.state_bounds = StateBounds.of_policy(cfg, weights, self.arena.state_specs())  # for outside states
         self.record_bounds = RecordBounds(self.state_bounds, self.arena)
         self.capsule_hmac_key: bytes | None = None  # set: exports carry an HMAC, imports must (capsule_file.py)
@@ -158,8 +159,8 @@ class Session:
             self._step = 0
             self._live_id = 0
             self.history.reset()
-            if self.persistence is not None:  # a crash before the next capsule resumes reset, not before it
-                self.persistence.on_reset()
+            for tap in self.record_taps():  # a crash before the next capsule resumes reset, not before it
+                tap.on_reset()
 
     # ---- step -----------------------------------------------------------------------------
     def step(self, obs, stamp_ns: int = 0, on_action: Callable[[np.ndarray], None] | None = None) -> StepResult:
@@ -198,8 +199,8 @@ class Session:
                                    label=label, pin=pin)
         self._live_id = info.id
         self._mark_history(info.id, self.history.head)
-        if self.persistence is not None:
-            self.persistence.on_capsule(info)
+        for tap in self.record_taps():
+            tap.on_capsule(info)
         return info
 
     def _mark_history(self, capsule_id: int, node) -> None:
@@ -277,8 +278,8 @@ class Session:
             self._step = info.step
             self._live_id = info.id
             self.history.head = self.history.node_of(info.id)
-            if self.persistence is not None:  # a crash before the next capsule resumes here, not past it
-                self.persistence.on_live(info)
+            for tap in self.record_taps():  # a crash before the next capsule resumes here, not past it
+                tap.on_live(info)
             return info
 
     def restore_roles(self, capsule_id: int, roles: tuple[str, ...]) -> CapsuleInfo:
@@ -441,6 +442,28 @@ class Session:
             p, self.persistence = self.persistence, None
         if p is not None:  # closed outside the lock: the writer waits for an idle runtime, briefly
             p.close()
+
+    def record_taps(self) -> list:
+        """Under the lock: every consumer of the timeline's capsule records (the disk log, the stream)."""
+        return [tap for tap in (self.persistence, self.stream) if tap is not None]
+
+    # ---- the capsule stream ---------------------------------------------------------------
+    def enable_stream(self, publish, keyframe_s: float = 10.0, queue_mb: float = 16.0):
+        """Hand every timeline capsule record to ``publish(StreamRecord)`` on a thread of its own
+        (persist/stream.py), a whole-window record at least every ``keyframe_s``. Returns the stream."""
+        from .persist.stream import CapsuleStream
+
+        with self._beside_no_replan():
+            if self.stream is not None:
+                raise RuntimeError("the capsule stream is already enabled")
+            self.stream = CapsuleStream(self, publish, keyframe_s, queue_mb)
+            return self.stream
+
+    def disable_stream(self) -> None:
+        with self._beside_no_replan():
+            stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.close()
 
     def save_weights(self, path: str | Path) -> None:
         save_weights(path, self.weights)

@@ -1,13 +1,8 @@
-"""The Session's side of persistence: which record each new timeline capsule becomes, pins on disk, and
-resuming (persist/writer.py writes, resume.py reads).
+"""The Session's side of persistence: pins on disk, capsule ids, and resuming (persist/writer.py writes,
+resume.py reads; which record each timeline capsule becomes is tap.py's, shared with the capsule stream).
 
 Capsule ids are reserved ahead of their use in ``ids.frl`` (IdReservation), so a resume never hands out an
 id that a client may have seen before the crash.
-
-A capsule whose parent is the last queued record becomes a DELTA: its small state and the KV entries of
-the steps since (one per step). Anything else (the first record, a rollback, a committed replan, after a
-drop) becomes a RESYNC with the whole window, gathered on the step thread: a few MiB, once per jump.
-Replan branches nobody committed are what-ifs and are not persisted.
 """
 from __future__ import annotations
 
@@ -19,8 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import FingerprintMismatch
 from .format import (
     DELTA,
@@ -28,30 +21,23 @@ from .format import (
     MAX_ID_LIMIT,
     RESYNC,
     LogCorrupt,
-    LogLayout,
     encode_id_limit,
     iter_segment_paths,
     read_id_limit,
 )
 from .resume import ResumeReport, meta_reader, read_log, rebuild
+from .tap import RecordTap, layout_of
 from .writer import CapsuleLog, DirLock, PersistDirInUse, PersistSettings, PersistStats
 
 log = logging.getLogger(__name__)
 STALE_KEEP = 3  # stale-* directories kept by move_aside, newest first; older ones are deleted (logged)
 
 
-def layout_of(session) -> LogLayout:
-    cfg = session.cfg
-    return LogLayout(session.fingerprint, session.arena.row_nbytes, cfg.n_layers, cfg.d_model, cfg.kv_window)
-
-
-class Persistence:
+class Persistence(RecordTap):
     def __init__(self, session, settings: PersistSettings, dir_lock: DirLock | None = None,
                  moved_aside: Path | None = None):
-        self.session = session
-        self.layout = layout_of(session)
-        self.log = CapsuleLog(settings, self.layout, quiet=session.lock, dir_lock=dir_lock,
-                              is_pinned=session.store.is_pinned)
+        super().__init__(session, CapsuleLog(settings, layout_of(session), quiet=session.lock, dir_lock=dir_lock,
+                                             is_pinned=session.store.is_pinned))
         self.moved_aside = moved_aside  # where start_fresh put a log this session could not continue
         try:
             self.ids = IdReservation(self.log.dir, session.store, self.log.record_error)
@@ -62,45 +48,6 @@ class Persistence:
         except BaseException:
             self.log.close()
             raise
-
-    def _window(self, row_pages: np.ndarray, step: int) -> np.ndarray:
-        W = self.layout.kv_window
-        pairs = self.session.kv.gather(row_pages, step, min(step, W), W)
-        return np.stack([np.stack(pair) for pair in pairs])  # [n_layers, 2, W, d]
-
-    def on_capsule(self, info) -> None:
-        """Called under the session lock right after a timeline capsule of row 0 was taken. Never raises:
-        the step already ran, and the log resynchronises after a lost record."""
-        s, log, W = self.session, self.log, self.layout.kv_window
-        try:
-            if log.wants_resync(info.parent_id, info.step):
-                kind, n, floats = RESYNC, min(info.step, W), W  # the whole window, zeros outside it
-            else:
-                kind, n = DELTA, info.step - log.last_step
-                floats = n
-            if not log.has_room(self.layout.row_nbytes + 4 * self.layout.entry_floats * floats):
-                log.drop()
-                return
-            small = s.backend.to_host(s.arena.state[0])
-            kv = self._window(s.kv.tables[0], info.step) if kind == RESYNC else s.kv.entries(0, log.last_step,
-                                                                                               info.step)
-            log.submit(kind, info, small, kv, n)
-        except Exception as e:  # noqa: BLE001 - counted and visible in stats; the next record resyncs
-            log.drop(e)
-
-    def on_live(self, info) -> None:
-        """Under the session lock, after a rollback made capsule ``info`` live. Never raises."""
-        try:
-            self.log.mark_live(info)
-        except Exception as e:  # noqa: BLE001 - a lost marker only means a resume picks the newest capsule
-            self.log.record_error(f"live marker of capsule {info.id}", e)
-
-    def on_reset(self) -> None:
-        """Under the session lock, after the live row was reset. Never raises."""
-        try:
-            self.log.mark_reset()
-        except Exception as e:  # noqa: BLE001 - a lost marker only means a resume picks the newest capsule
-            self.log.record_error("reset marker", e)
 
     def check_pin_room(self, capsule_id: int) -> None:
         """Under the session lock, before a pin changes anything: PinNotPersistable when its file would not

@@ -198,6 +198,15 @@ def _decode(path: Path, blob, at: int, layout: LogLayout, meta_of: Callable[[np.
                   RECORD_HEAD.size + n, path)
 
 
+def decode_record(blob: bytes, layout: LogLayout, meta_of, where: str) -> Record:
+    """One record that arrived on its own (the capsule stream), validated as a scan validates it, and
+    nothing after it. Raises LogCorrupt naming ``where``."""
+    rec = _decode(Path(where), blob, 0, layout, meta_of)
+    if rec.nbytes != len(blob):
+        raise LogCorrupt(Path(where), rec.nbytes, f"{len(blob) - rec.nbytes} bytes after the record")
+    return rec
+
+
 def scan(path: Path, blob, layout: LogLayout, meta_of) -> tuple[list[Record], LogCorrupt | None]:
     """Every valid record of a segment in order, and the error that ended the scan (None: clean end).
     A bad segment header raises."""

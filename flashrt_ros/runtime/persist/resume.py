@@ -216,19 +216,19 @@ def _rebuild_store(session, contents: LogContents) -> None:
     for rec in sorted(contents.pins, key=lambda r: r.id):
         if rec.id in timeline:
             continue
-        _load_row(session, rec, sources(rec))
+        load_row(session, rec, sources(rec))
         store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
                        pin=True, cid=rec.id)
     for rec in contents.records:
         if rec.kind == RESYNC:  # a rollback, a commit, a new segment: shares pages where entries are equal
-            _load_row(session, rec, sources(rec))
+            load_row(session, rec, sources(rec))
         else:
-            _append_row(session, rec)
+            append_row(session, rec)
         store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns, label=rec.label,
                        pin=rec.id in pinned, cid=rec.id)
 
 
-def _load_row(session, rec: Record, candidates) -> None:
+def load_row(session, rec: Record, candidates) -> None:
     """Row 0 becomes the record's state. Its window shares the pages of the candidate page table (the
     record's parent, what the row held before) that holds, bit for bit, the longest run of the record's
     entries from the window's start, and re-enacts the steps after that run as the step made them
@@ -301,7 +301,7 @@ def _shared_until(session, pages: np.ndarray, rec: Record) -> int:
     return start + (n if same.all() else int(np.argmin(same)))
 
 
-def _append_row(session, rec: Record) -> None:
+def append_row(session, rec: Record) -> None:
     kv, backend = session.kv, session.backend
     for i, pos in enumerate(range(rec.step - rec.kv.shape[0], rec.step)):
         kv.prepare_append(0, pos)
@@ -315,4 +315,5 @@ def meta_reader(arena):
     return lambda small: np.asarray(arena.row_view("meta", small))
 
 
-__all__ = ["LogContents", "ResumeDoesNotFit", "ResumeReport", "check_timeline", "meta_reader", "read_log", "rebuild"]
+__all__ = ["LogContents", "ResumeDoesNotFit", "ResumeReport", "append_row", "check_timeline", "load_row", "meta_reader",
+           "read_log", "rebuild"]

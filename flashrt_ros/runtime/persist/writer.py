@@ -35,16 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import StoreFullOfPins
-from ..state.capsule_store import CapsuleInfo
 from ..state.private_dir import check_private_dir
 from .format import (
     DELTA,
-    EMPTY_KV,
-    EMPTY_SMALL,
-    LIVE,
     MARKERS,
     RECORD_HEAD,
-    RESET,
     RESYNC,
     LogLayout,
     encode_record,
@@ -52,6 +47,7 @@ from .format import (
     pin_name,
     segment_header_bytes,
 )
+from .record_queue import RecordQueue
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +162,7 @@ class DirLock:
             self._fd = None
 
 
-class CapsuleLog:
+class CapsuleLog(RecordQueue):
     def __init__(self, settings: PersistSettings, layout: LogLayout, quiet=None, dir_lock: DirLock | None = None,
                  is_pinned: Callable[[int], bool] = lambda cid: False):
         """``quiet``: a lock the runtime holds while it steps (the session lock), or None. ``dir_lock``: the
@@ -174,22 +170,13 @@ class CapsuleLog:
         by close(). ``is_pinned(id)``: whether a capsule is pinned now (safe without the session lock):
         retention never removes such a capsule's pin file."""
         settings = settings.sized_for(layout)
-        self.settings, self.layout, self.quiet, self.is_pinned = settings, layout, quiet, is_pinned
+        super().__init__(layout, int(settings.queue_mb * MB))
+        self.settings, self.quiet, self.is_pinned = settings, quiet, is_pinned
         self.dir = Path(settings.directory)
         self._dir_lock = dir_lock or DirLock(self.dir)
-        self._queue: queue.Queue = queue.Queue()
-        self._queue_bytes = 0
-        self._queue_cap = int(settings.queue_mb * MB)
-        self._lock = threading.Lock()  # counters shared by the two threads
         self._pin_lock = threading.Lock()  # a pin file's name against an unpin's removal (never nests the session lock)
-        # step-thread state: what the last queued record was, so a DELTA can follow it
-        self.last_id, self.last_step, self.need_resync = 0, 0, True
-        self._dropped = self._written = self._resyncs = self._errors = 0
-        self._last_error = ""
         self._fsync_last = self._fsync_max = 0.0
         # writer-thread state
-        L, d, W = layout.n_layers, layout.d_model, layout.kv_window
-        self._mirror = np.zeros((L, 2, W, d), np.float32)  # the last record's window, slot = position % W
         self._resync_next = True
         self._fd: int | None = None
         self._seg_path: Path | None = None
@@ -201,48 +188,6 @@ class CapsuleLog:
         self._next_seg = 1 + max((int(p.stem[4:]) for p in self._sizes if p.stem[4:].isdigit()), default=0)
         self._thread = threading.Thread(target=self._run, name="flashrt-persist", daemon=True)
         self._thread.start()
-
-    # ---- step thread ----------------------------------------------------------------------
-    def has_room(self, nbytes: int) -> bool:
-        return self._queue_bytes + nbytes <= self._queue_cap
-
-    def wants_resync(self, parent_id: int, step: int) -> bool:
-        return (self.need_resync or parent_id != self.last_id or parent_id == 0
-                or not 0 <= step - self.last_step <= self.layout.kv_window)
-
-    def drop(self, error: Exception | None = None) -> None:
-        """The record could not be queued (no room, or ``error``): the next one must stand alone."""
-        with self._lock:
-            self._dropped += 1
-        if error is not None:
-            self.record_error("a record on the step thread", error)
-        self.need_resync = True
-
-    def record_error(self, what: str, error: Exception) -> None:
-        with self._lock:
-            self._errors += 1
-            self._last_error = f"{what}: {type(error).__name__}: {error}"
-
-    def submit(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n_entries: int) -> None:
-        """Queue a record (host copies the caller does not touch again). Never blocks."""
-        nbytes = small.nbytes + kv.nbytes
-        with self._lock:
-            self._queue_bytes += nbytes
-        self._queue.put((time.monotonic(), kind, info, small, kv, n_entries, nbytes))
-        self.last_id, self.last_step, self.need_resync = info.id, info.step, False
-
-    def mark_live(self, info) -> None:
-        """Capsule ``info`` (already recorded) is live now (a rollback): a small marker, so a crash before
-        the next capsule resumes there. The next record still resynchronises (its parent is not the last
-        record), so the DELTA chain is untouched."""
-        marker = replace(info, parent_id=0, pinned=False, label="")  # the id and the step say it all
-        self._queue.put((time.monotonic(), LIVE, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
-
-    def mark_reset(self, stamp_ns: int = 0) -> None:
-        """The live row was reset to zeros (capsules kept): a marker, so a crash before the next capsule
-        resumes reset. The next record stands alone (its parent is 0)."""
-        marker = CapsuleInfo(0, 0, 0, stamp_ns, "", False, 0, "")  # names no capsule
-        self._queue.put((time.monotonic(), RESET, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
 
     # ---- pins (a service thread) ----------------------------------------------------------
     @property
@@ -364,17 +309,8 @@ class CapsuleLog:
             except Exception as e:  # noqa: BLE001 - the writer must outlive any one record
                 self._failed(e)
             finally:
-                with self._lock:
-                    self._queue_bytes -= item[6]
+                self._dequeued(item)
             self._maybe_fsync()
-
-    def _apply_to_mirror(self, kind: int, step: int, kv: np.ndarray, n: int) -> None:
-        W = self.layout.kv_window
-        if kind == RESYNC:
-            self._mirror[...] = kv
-        elif n:
-            slots = np.arange(step - n, step) % W
-            self._mirror[:, :, slots] = kv.transpose(1, 2, 0, 3)
 
     def _write(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int) -> None:
         marker = kind in MARKERS

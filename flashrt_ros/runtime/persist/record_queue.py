@@ -1,0 +1,88 @@
+"""The step thread's side of a capsule record consumer (the disk log in writer.py, the capsule stream in
+stream.py): a queue bounded in bytes that never blocks, which record may follow which, and the host
+mirror of the last record's window that lets a consumer turn a DELTA into a RESYNC on its own thread.
+
+RecordTap (tap.py) calls has_room / wants_resync / submit / drop / mark_live / mark_reset under the session
+lock; a consumer's thread takes the queued tuples ``(queued_at, kind, info, small, kv, n_entries, nbytes)``.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ..state.capsule_store import CapsuleInfo
+from .format import EMPTY_KV, EMPTY_SMALL, LIVE, RESET, RESYNC, LogLayout
+
+
+class RecordQueue:
+    def __init__(self, layout: LogLayout, queue_bytes: int):
+        self.layout = layout
+        self._queue: queue.Queue = queue.Queue()
+        self._queue_bytes = 0
+        self._queue_cap = int(queue_bytes)
+        self._lock = threading.Lock()  # counters shared by the two threads
+        # step-thread state: what the last queued record was, so a DELTA can follow it
+        self.last_id, self.last_step, self.need_resync = 0, 0, True
+        self._dropped = self._written = self._resyncs = self._errors = 0
+        self._last_error = ""
+        L, d, W = layout.n_layers, layout.d_model, layout.kv_window
+        # consumer thread: the last record's window, slot = position % W
+        self._mirror = np.zeros((L, 2, W, d), np.float32)
+
+    # ---- step thread ----------------------------------------------------------------------
+    def has_room(self, nbytes: int) -> bool:
+        return self._queue_bytes + nbytes <= self._queue_cap
+
+    def wants_resync(self, parent_id: int, step: int) -> bool:
+        return (self.need_resync or parent_id != self.last_id or parent_id == 0
+                or not 0 <= step - self.last_step <= self.layout.kv_window)
+
+    def drop(self, error: Exception | None = None) -> None:
+        """The record could not be queued (no room, or ``error``): the next one must stand alone."""
+        with self._lock:
+            self._dropped += 1
+        if error is not None:
+            self.record_error("a record on the step thread", error)
+        self.need_resync = True
+
+    def record_error(self, what: str, error: Exception) -> None:
+        with self._lock:
+            self._errors += 1
+            self._last_error = f"{what}: {type(error).__name__}: {error}"
+
+    def submit(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n_entries: int) -> None:
+        """Queue a record (host copies the caller does not touch again). Never blocks."""
+        nbytes = small.nbytes + kv.nbytes
+        with self._lock:
+            self._queue_bytes += nbytes
+        self._queue.put((time.monotonic(), kind, info, small, kv, n_entries, nbytes))
+        self.last_id, self.last_step, self.need_resync = info.id, info.step, False
+
+    def mark_live(self, info) -> None:
+        """Capsule ``info`` (already recorded) is live now (a rollback): a small marker. The next record
+        still resynchronises (its parent is not the last record), so the DELTA chain is untouched."""
+        marker = replace(info, parent_id=0, pinned=False, label="")  # the id and the step say it all
+        self._queue.put((time.monotonic(), LIVE, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
+
+    def mark_reset(self, stamp_ns: int = 0) -> None:
+        """The live row was reset to zeros (capsules kept): a marker. The next record stands alone (its
+        parent is 0)."""
+        marker = CapsuleInfo(0, 0, 0, stamp_ns, "", False, 0, "")  # names no capsule
+        self._queue.put((time.monotonic(), RESET, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
+
+    # ---- consumer thread ------------------------------------------------------------------
+    def _dequeued(self, item) -> None:
+        with self._lock:
+            self._queue_bytes -= item[6]
+
+    def _apply_to_mirror(self, kind: int, step: int, kv: np.ndarray, n: int) -> None:
+        W = self.layout.kv_window
+        if kind == RESYNC:
+            self._mirror[...] = kv
+        elif n:
+            slots = np.arange(step - n, step) % W
+            self._mirror[:, :, slots] = kv.transpose(1, 2, 0, 3)

@@ -1,0 +1,151 @@
+"""A replica: a Session whose store is rebuilt, record by record, from a primary's capsule stream
+(stream.py), with resume's code (resume.load_row / append_row: the same page sharing, the same ids).
+
+Every record is validated before it touches anything, as a resume validates the log: the fingerprint, the
+record's checksum and layout (format.decode_record), the state bounds (record_bounds), and its place in the
+chain (a DELTA extends the last record applied; ids increase). A refused record raises RecordRefused and
+changes nothing; the chain is then broken, so the replica skips DELTAs until the next RESYNC (a keyframe,
+or one it asked for). So does a gap in the sequence numbers.
+
+The replica's own capsules (what-if replan branches) take ids from LOCAL_IDS_FROM on, so they never collide
+with the primary's ids, which count up from 1. Row 0 is the stream's cursor: only apply() changes it.
+Pins are the primary's: a record's pinned flag is not copied, so the replica's store evicts oldest first.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..errors import CapsuleError
+from .format import DELTA, LIVE, RESET, RESYNC, LogCorrupt, Record, decode_record
+from .resume import append_row, load_row, meta_reader
+from .tap import layout_of
+
+LOCAL_IDS_FROM = 1 << 61  # ids of the replica's own capsules; the primary's stay below (format.MAX_ID is 1 << 62)
+
+
+class RecordRefused(ValueError):
+    """A stream record the replica did not apply; it changed nothing."""
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    applied: int
+    refused: int  # forged, damaged, another fingerprint, out of chain
+    gaps: int  # sequence numbers missing
+    skipped: int  # DELTAs passed over while waiting for a RESYNC
+    waiting_for_keyframe: bool
+    last_seq: int
+    last_id: int  # the capsule the replica's row 0 holds (0: none yet)
+    last_step: int
+    last_stamp_ns: int  # the primary's stamp of that capsule
+    last_applied_at: float  # time.time() when it was applied (0: never)
+    last_error: str
+
+
+class StreamReplica:
+    def __init__(self, session):
+        self.session = session
+        self.layout = layout_of(session)
+        self.meta_of = meta_reader(session.arena)
+        session.store.continue_ids_after(LOCAL_IDS_FROM - 1)
+        self.last: Record | None = None
+        self.last_seq = 0
+        self.waiting = True  # for a RESYNC: nothing applied yet, or the chain broke
+        self._applied = self._refused = self._gaps = self._skipped = 0
+        self._applied_at = 0.0
+        self._last_error = ""
+
+    def stats(self) -> ReplicaStats:
+        last = self.last
+        return ReplicaStats(self._applied, self._refused, self._gaps, self._skipped, self.waiting, self.last_seq,
+                            last.id if last else 0, last.step if last else 0, last.stamp_ns if last else 0,
+                            self._applied_at, self._last_error)
+
+    def apply(self, seq: int, fingerprint: str, blob: bytes) -> bool:
+        """Apply one stream record. True: applied; False: skipped (waiting for a RESYNC: ask for one).
+        Raises RecordRefused (nothing changed, waiting for a RESYNC from here)."""
+        if self.last_seq and seq != self.last_seq + 1:
+            self._gaps += 1
+            self.waiting = True
+        self.last_seq = seq
+        try:
+            rec = self._check(fingerprint, blob)
+        except RecordRefused as e:
+            self._refused += 1
+            self._last_error = str(e)
+            self.waiting = True
+            raise
+        if self.waiting and rec.kind == DELTA or rec.kind == LIVE and rec.id not in self.session.store:
+            self._skipped += 1
+            self.waiting = True
+            return False
+        self._apply(rec)
+        self._applied += 1
+        self._applied_at = time.time()
+        return True
+
+    def _check(self, fingerprint: str, blob: bytes) -> Record:
+        s = self.session
+        if fingerprint != s.fingerprint:
+            raise RecordRefused(f"record of fingerprint {fingerprint[:12]}, this replica runs {s.fingerprint[:12]} "
+                                "(another config, weights or plan): give the replica the primary's parameters")
+        try:
+            rec = decode_record(blob, self.layout, self.meta_of, "capsule_stream")
+        except LogCorrupt as e:
+            raise RecordRefused(f"damaged or forged record: {e.why}") from None
+        if rec.kind in (DELTA, RESYNC):
+            try:
+                s.record_bounds.check(rec.small, rec.kv, rec.kind == RESYNC)
+            except ValueError as e:
+                raise RecordRefused(f"capsule {rec.id}: {e}") from None
+        last = self.last
+        if rec.kind == DELTA and not self.waiting and (
+                last is None or rec.parent_id != last.id or rec.step - len(rec.kv) != last.step):
+            raise RecordRefused(f"a delta of capsule {rec.parent_id} at step {rec.step - len(rec.kv)} does not "
+                                f"follow capsule {last.id if last else 0} at step {last.step if last else 0}")
+        if rec.kind == DELTA and rec.id in s.store:
+            raise RecordRefused(f"a delta of capsule {rec.id}, which the replica holds already")
+        fresh = rec.kind in (DELTA, RESYNC) and rec.id not in s.store
+        if fresh and (rec.id >= LOCAL_IDS_FROM or last is not None and rec.id <= last.id):
+            raise RecordRefused(f"capsule id {rec.id} after {last.id if last else 0}: the primary's ids increase "
+                                f"and stay below {LOCAL_IDS_FROM}")
+        return rec
+
+    def _apply(self, rec: Record) -> None:
+        s = self.session
+        if rec.kind == RESET:
+            s.reset()
+            self.last, self.waiting = None, True  # the next capsule record stands alone (parent 0)
+            return
+        with s.lock, s.backend.activate():
+            store = s.store
+            try:
+                if rec.id in store:  # a re-sent keyframe, a LIVE marker: the capsule the replica holds
+                    store.restore(rec.id, 0)
+                    info = store.get(rec.id)
+                else:
+                    if rec.kind == RESYNC:
+                        sources = [*([store.pages_of(rec.parent_id)] if rec.parent_id in store else []),
+                                   s.kv.tables[0]]
+                        load_row(s, rec, sources)
+                    else:
+                        append_row(s, rec)
+                    info = store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns,
+                                          label=rec.label, cid=rec.id)
+                    s._mark_history(info.id, None)  # noqa: SLF001 - the observations are the primary's
+            except (ValueError, CapsuleError) as e:  # row 0 may be half-written: it holds no capsule now
+                self.waiting = True
+                self._last_error = f"capsule {rec.id}: {e}"
+                raise RecordRefused(f"capsule {rec.id} could not be applied ({e}); waiting for a keyframe") from None
+            s._step, s._live_id = info.step, info.id  # noqa: SLF001 - the replica's row 0 follows the primary's
+            s.backend.sync()
+        if rec.kind != LIVE:
+            self.last = rec
+        else:
+            self.last = Record(RESYNC, info.id, info.parent_id, info.step, info.stamp_ns, False, "", rec.small,
+                               rec.kv)
+        self.waiting = False
+
+
+__all__ = ["LOCAL_IDS_FROM", "RecordRefused", "ReplicaStats", "StreamReplica"]

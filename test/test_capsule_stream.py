@@ -1,0 +1,240 @@
+"""The capsule stream and a replica rebuilt from it, without ROS (issue 18, points 1 and 2): every record a
+primary publishes rebuilds, on the replica, the same capsules byte for byte; keyframes let a late replica
+start; a gap, a forged or damaged record, or another fingerprint is refused without touching the replica."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from persist_fixtures import cfg
+
+from conftest import CPU_BACKENDS, observation_trace
+from flashrt_ros.runtime import Session
+from flashrt_ros.runtime.persist.format import DELTA, LIVE, RESET, RESYNC
+from flashrt_ros.runtime.persist.replica import LOCAL_IDS_FROM, RecordRefused, StreamReplica
+
+OBS = observation_trace(400)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def streaming(backend="numpy", keyframe_s=10.0, clock=None, **kw):
+    s = Session(cfg(**kw), backend)
+    records = []
+    stream = s.enable_stream(records.append, keyframe_s=keyframe_s)
+    if clock is not None:
+        stream.log.clock = clock
+    return s, stream, records
+
+
+def replica_of(s) -> tuple[Session, StreamReplica]:
+    r = Session(s.cfg, s.backend.name)
+    return r, StreamReplica(r)
+
+
+def feed(replica: StreamReplica, records) -> list[bool]:
+    return [replica.apply(rec.seq, replica.session.fingerprint, rec.blob) for rec in records]
+
+
+def assert_same_capsules(r: Session, s: Session) -> None:
+    held = [i.id for i in r.list_capsules()]
+    assert held, "the replica holds no capsule"
+    for cid in held:
+        assert r.capsule_host(cid).tobytes() == s.capsule_host(cid).tobytes(), cid
+        assert r.capsule_info(cid).step == s.capsule_info(cid).step
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_replica_fed_the_stream_holds_every_capsule_byte_exactly_through_rollbacks_and_a_wrapped_window(backend):
+    s, stream, records = streaming(backend)
+    for o in OBS[:170]:  # past kv_window 150: the window wraps
+        s.step(o)
+    back = s.rollback(steps_back=30)
+    for o in OBS[200:240]:
+        s.step(o)
+    s.replan(back.id, np.stack([OBS[300:305], OBS[305:310]]), commit_branch=1)
+    for o in OBS[240:260]:
+        s.step(o)
+    assert stream.flush()
+    kinds = [rec.kind for rec in records]
+    assert kinds[0] == RESYNC and LIVE in kinds and kinds.count(DELTA) > 200
+    r, replica = replica_of(s)
+    assert all(feed(replica, records))
+    assert_same_capsules(r, s)
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+    assert r.live_capsule_id == s.live_capsule_id and r.step_count == s.step_count
+    assert replica.stats().refused == replica.stats().gaps == 0
+
+
+def test_a_replica_what_if_is_byte_identical_to_the_primarys_from_the_same_capsule():
+    s, stream, records = streaming("cpu")
+    for o in OBS[:120]:
+        s.step(o)
+    assert stream.flush()
+    r, replica = replica_of(s)
+    feed(replica, records)
+    base = s.list_capsules()[-40].id
+    plan = np.stack([OBS[200:208] + 0.1 * b for b in range(4)])
+    mine, theirs = r.replan(base, plan), s.replan(base, plan)
+    assert mine.actions.tobytes() == theirs.actions.tobytes()
+    assert min(mine.branch_capsule_ids) >= LOCAL_IDS_FROM  # never an id the primary hands out next
+    for o in OBS[120:125]:  # and the stream goes on after the replica's own capsules
+        s.step(o)
+    assert stream.flush()
+    feed(replica, records[-5:])
+    assert_same_capsules(r, s)
+
+
+def test_a_late_replica_starts_at_the_next_keyframe_and_skips_the_deltas_before_it():
+    clock = Clock()
+    s, stream, records = streaming(keyframe_s=1.0, clock=clock)
+    for i, o in enumerate(OBS[:60]):
+        clock.t = i * 0.05  # 20 Hz: a keyframe every 20 steps
+        s.step(o)
+        assert stream.flush()
+    kinds = [rec.kind for rec in records]
+    assert [i for i, k in enumerate(kinds) if k == RESYNC] == [0, 20, 40]
+    r, replica = replica_of(s)
+    applied = feed(replica, records[5:])  # joins at step 6
+    assert applied == [False] * 15 + [True] * 40
+    assert replica.stats().skipped == 15
+    assert_same_capsules(r, s)
+    assert min(i.step for i in r.list_capsules()) == 21
+
+
+def test_a_resync_request_on_an_idle_primary_resends_the_live_capsule_at_once():
+    s, stream, records = streaming()
+    for o in OBS[:30]:
+        s.step(o)
+    s.rollback(steps_back=10)
+    assert stream.flush()
+    n = len(records)
+    assert stream.request_resync()
+    assert not stream.request_resync()  # a client asking in a loop gets one resend per RESEND_MIN_S
+    assert stream.flush()
+    resent = records[n:]
+    assert [(rec.kind, rec.capsule_id) for rec in resent] == [(RESYNC, s.live_capsule_id)]
+    r, replica = replica_of(s)
+    assert feed(replica, resent) == [True]
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+    assert r.live_capsule_id == s.live_capsule_id
+
+
+def test_a_gap_in_the_sequence_makes_the_replica_wait_for_the_next_resync():
+    s, stream, records = streaming()
+    for o in OBS[:20]:
+        s.step(o)
+    assert stream.flush()
+    r, replica = replica_of(s)
+    feed(replica, records[:10])
+    before = r.state_host().tobytes()
+    assert feed(replica, records[11:15]) == [False] * 4  # record 11 lost
+    assert r.state_host().tobytes() == before and replica.stats().gaps == 1
+    assert stream.request_resync()
+    assert stream.flush()
+    assert feed(replica, records[-1:]) == [True]
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+
+
+def _flip(blob: bytes, at: int) -> bytes:
+    b = bytearray(blob)
+    b[at] ^= 0x40
+    return bytes(b)
+
+
+def _forged_delta(blob: bytes, value: float) -> bytes:
+    """A DELTA whose last KV float is ``value``, with a valid checksum: a forgery, not damage."""
+    import zlib
+    head = struct.Struct("<4sB3xII")
+    magic, kind, n, _ = head.unpack_from(blob, 0)
+    payload = bytearray(blob[head.size:])
+    payload[-4:] = struct.pack("<f", value)
+    crc = zlib.crc32(bytes(payload), zlib.crc32(struct.pack("<BI", kind, n)))
+    return head.pack(magic, kind, n, crc) + bytes(payload)
+
+
+@pytest.mark.parametrize("attack", ["flipped_byte", "truncated", "trailing", "non_finite", "huge", "wrong_fp",
+                                    "out_of_chain", "local_id"])
+def test_a_bad_record_is_refused_and_leaves_the_replica_byte_identical(attack):
+    s, stream, records = streaming()
+    for o in OBS[:25]:
+        s.step(o)
+    assert stream.flush()
+    r, replica = replica_of(s)
+    feed(replica, records[:20])
+    good = records[20]
+    fp, seq, blob = r.fingerprint, good.seq, good.blob
+    if attack == "flipped_byte":
+        blob = _flip(blob, len(blob) // 2)
+    elif attack == "truncated":
+        blob = blob[:-7]
+    elif attack == "trailing":
+        blob = blob + b"\0"
+    elif attack == "non_finite":
+        blob = _forged_delta(blob, float("nan"))
+    elif attack == "huge":
+        blob = _forged_delta(blob, 3e38)
+    elif attack == "wrong_fp":
+        fp = "0" * 64
+    elif attack == "out_of_chain":
+        blob, seq = records[22].blob, good.seq  # step 23 where step 21 is due
+    elif attack == "local_id":
+        blob = _forged_id(blob, LOCAL_IDS_FROM + 5)
+    state, capsules = r.state_host().tobytes(), [(i.id, i.step) for i in r.list_capsules()]
+    with pytest.raises(RecordRefused):
+        replica.apply(seq, fp, blob)
+    assert r.state_host().tobytes() == state
+    assert [(i.id, i.step) for i in r.list_capsules()] == capsules
+    assert replica.stats().refused == 1 and replica.stats().waiting_for_keyframe
+
+
+def _forged_id(blob: bytes, cid: int) -> bytes:
+    import zlib
+    head = struct.Struct("<4sB3xII")
+    magic, kind, n, _ = head.unpack_from(blob, 0)
+    payload = bytearray(blob[head.size:])
+    struct.pack_into("<Q", payload, 0, cid)
+    crc = zlib.crc32(bytes(payload), zlib.crc32(struct.pack("<BI", kind, n)))
+    return head.pack(magic, kind, n, crc) + bytes(payload)
+
+
+def test_a_reset_on_the_primary_resets_the_replica_and_the_next_capsule_stands_alone():
+    s, stream, records = streaming()
+    for o in OBS[:15]:
+        s.step(o)
+    s.reset()
+    for o in OBS[100:110]:
+        s.step(o)
+    assert stream.flush()
+    kinds = [rec.kind for rec in records]
+    assert kinds[15] == RESET and kinds[16] == RESYNC
+    r, replica = replica_of(s)
+    assert all(feed(replica, records))
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+    assert_same_capsules(r, s)
+
+
+def test_the_stream_is_off_the_step_thread_and_drops_nothing_at_a_slow_subscriber():
+    """A publish that blocks (a slow DDS peer) never holds up a step: the records queue, none is lost."""
+    import threading
+    gate = threading.Event()
+    s = Session(cfg())
+    got = []
+
+    def slow(rec):
+        gate.wait(5)
+        got.append(rec)
+    stream = s.enable_stream(slow)
+    for o in OBS[:50]:
+        s.step(o)
+    assert len(got) == 0  # nothing published while the steps ran: they did not wait for it
+    gate.set()
+    assert stream.flush()
+    assert len(got) == 50 and stream.stats().records_dropped == 0
