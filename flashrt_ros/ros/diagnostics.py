@@ -53,8 +53,9 @@ def observed_step_rate_hz(step_times) -> float:
 
 
 def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats, session, usage,
-                        step_deadline_ms: float) -> DiagnosticArray:
-    """``usage``: the store's StoreUsage, or None when it could not be read without waiting."""
+                        step_deadline_ms: float, role: tuple[dict, str] = ({}, "")) -> DiagnosticArray:
+    """``usage``: the store's StoreUsage, or None when it could not be read without waiting. ``role``: the
+    stream's or the replica's values, and a warning ("" = none) (replica.role_diagnostics)."""
     latencies, step_times = stats.recent()
     lat = np.asarray(latencies, dtype=np.float64)
     p50, p99 = (float(np.percentile(lat, 50)), float(np.percentile(lat, 99))) if lat.size else (0.0, 0.0)
@@ -96,6 +97,7 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
                       persist_pins=persist.pins)
         if persist.last_error:
             values["persist_last_error"] = persist.last_error
+    values.update(role[0])
     if stats.last_joint_name_error:
         values["last_joint_name_error"] = stats.last_joint_name_error
     mismatches = stats.joint_name_mismatches
@@ -116,6 +118,8 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
     elif persist is not None and persist.records_dropped > stats.persist_drops_reported:
         level, message = DiagnosticStatus.WARN, (f"persist: {persist.records_dropped} records dropped, the disk is "
                                                  f"behind or failing ({persist.last_error or 'queue full'})")
+    elif role[1]:
+        level, message = DiagnosticStatus.WARN, role[1]
     stats.joint_name_mismatches_reported = mismatches
     stats.steps_refused_reported = stats.steps_refused
     if persist is not None:

@@ -38,6 +38,7 @@ from ..runtime.persist.writer import PersistSettings
 from ..runtime.session import Session
 from ..runtime.state.capsule_file import load_hmac_key
 from .capsule_dir import CapsuleDir
+from .capsule_stream import StreamPublisher
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .diagnostics import device_name, diagnostics_message
 from .node_stats import NodeStats
@@ -45,6 +46,7 @@ from .outputs import ActionOutputs, action_joint_names
 from .params import check_node_param, command_line_overrides, declare_all, guard_live_params, read_config
 from .qos import resolve_profiles
 from .realtime import apply_thread_priority
+from .replica import REPLICA_SERVICES, ReplicaLink, replica_refusal, role_diagnostics
 from .state_gate import GatedCapsuleServices, GatedReplanServer, inactive_refusal
 
 NODE_NAME = "flashrt"
@@ -105,6 +107,8 @@ class FlashRTNode(LifecycleNode):
         self._policy_step_lock = threading.Lock()  # the policy_step writer: publishing vs replacing it
         self._policy_step_history = False  # the writer has published since it was made
         self._observation_sub = None
+        self._stream: StreamPublisher | None = None  # role primary, capsule_stream on: while active
+        self._replica: ReplicaLink | None = None  # role replica: while active
         self._last_usage = None
         # /diagnostics is a plain publisher on a timer made here: it reports every lifecycle state,
         # so a supervisor sees an inactive node as inactive instead of as stale.
@@ -126,6 +130,12 @@ class FlashRTNode(LifecycleNode):
     def inactive_refusal(self) -> str:
         """'' while active; otherwise why a service call or replan goal is refused, naming the state."""
         return "" if self._active else inactive_refusal(self.lifecycle_state())
+
+    def role_refusal(self, what: str) -> str:
+        """'' when this node's role serves ``what`` (a service name, or 'a committing replan')."""
+        if self._own.get("role") != "replica" or what in REPLICA_SERVICES:
+            return ""
+        return replica_refusal(self._own["primary"], what)
 
     def _transition_failed(self, transition: str, err: Exception) -> TransitionCallbackReturn:
         # rclpy turns an exception in a transition into ERROR without a word: say what happened
@@ -180,22 +190,39 @@ class FlashRTNode(LifecycleNode):
         try:
             msg_type = JointState if self._own["observation_type"] == "joint_state" else Float32MultiArray
             super().on_activate(state)  # enables the lifecycle publishers
+            if self._own["role"] == "replica":
+                return self._activate_replica()
             self._renew_policy_step_writer()
             self._observation_sub = self.create_subscription(msg_type, "observation", self.on_observation,
                                                              self._qos["observation"])
+            if self._own["capsule_stream"]:
+                self._stream = StreamPublisher(self, self.session, self._own["stream_keyframe_s"])
         except Exception as e:  # noqa: BLE001 - logged, then rclpy's error processing (on_error)
             return self._transition_failed("activate", e)
         self._active = True
+        stream = f", capsule records on '{self._stream.pub.topic_name}'" if self._stream is not None else ""
         self.get_logger().info(f"activate: now active, stepping on '{self._observation_sub.topic_name}' "
-                               f"({msg_type.__name__}); services and replan open")
+                               f"({msg_type.__name__}){stream}; services and replan open")
         if msg_type is JointState and not self._own["joint_names"]:
             self.get_logger().warning("joint_names is unset: JointState values are taken in message order and "
                                       "their names are not checked; set joint_names to map joints by name and "
                                       "refuse messages from a publisher with other joints")
         return TransitionCallbackReturn.SUCCESS
 
+    def _activate_replica(self) -> TransitionCallbackReturn:
+        self._replica = ReplicaLink(self, self.session, self._own["primary"])
+        self._active = True
+        self.get_logger().info(f"activate: now active as a replica of {self._own['primary']}, rebuilding its capsules "
+                               f"from '{self._replica.sub.topic_name}'; list_capsules, export_capsule and what-if "
+                               "replans open")
+        return TransitionCallbackReturn.SUCCESS
+
     def on_deactivate(self, state: State | None) -> TransitionCallbackReturn:
         self._active = False  # from here every call and goal is refused
+        for link in (self._stream, self._replica):
+            if link is not None:
+                link.destroy()
+        self._stream = self._replica = None
         # The running replan first: it may still publish feedback, which needs a live node and context.
         if self._replan_server is not None and not self._replan_server.stop_running("the node is deactivating"):
             self.get_logger().warning("deactivate: the running replan did not stop in time; it ends on its own")
@@ -485,7 +512,8 @@ class FlashRTNode(LifecycleNode):
             session = self.session
             msg = diagnostics_message(self.get_fully_qualified_name(), self.lifecycle_state(), self.hardware_id,
                                       self.stats, session, self._store_usage(session),
-                                      float(self.get_parameter("step_deadline_ms").value))
+                                      float(self.get_parameter("step_deadline_ms").value),
+                                      role_diagnostics(self._own.get("role", "primary"), self._stream, self._replica))
             msg.header.stamp = self.get_clock().now().to_msg()
             self._diagnostics_pub.publish(msg)
         except Exception as e:  # noqa: BLE001 - a diagnostics hiccup must not stop the node

@@ -61,6 +61,7 @@ def _joint_names(name: str, v) -> list[str]:
     return list(v)
 
 
+ROLES = ("primary", "replica")
 INT64_MAX = 2**63 - 1
 FLOAT_MAX = sys.float_info.max
 REPLAN_DEADLINE_CEILING_MS = 600_000.0  # 10 min: the most replan_max_deadline_ms may say, even at start-up
@@ -80,6 +81,7 @@ NODE_RANGES = {
     "control_period_s": (0.0001, 3600.0),
     "thread_priority": (0, 99),
     "replan_nice": (0, 19),
+    "stream_keyframe_s": (0.1, 3600.0),
 }
 
 
@@ -185,6 +187,17 @@ NODE_PARAMS = {
                     "processes take the cores first, so a replan takes longer when they are busy. Needs no "
                     "privilege; only ever raised while the node runs (restart it to lower it). 0 = leave it",
                     _ranged, False),
+    # the capsule stream and replicas (capsule_stream.py, replica.py)
+    "role": ("primary", "primary | replica. A primary steps observations and publishes every capsule record on "
+             "~/capsule_stream; a replica steps nothing: it rebuilds the primary's capsule store from that stream "
+             "and serves list_capsules, export_capsule and what-if replan goals from it, off the robot",
+             lambda n, v: _string(n, v, ROLES), False),
+    "primary": ("", "role replica: the primary node's fully qualified name (/robot1/flashrt), or its namespace "
+                "alone (/robot1) for a node named flashrt", lambda n, v: _string(n, v), False),
+    "capsule_stream": (True, "publish every capsule record on ~/capsule_stream (reliable, off the step's thread) "
+                       "for replicas and bags, and serve ~/capsule_stream/resync", _bool, False),
+    "stream_keyframe_s": (10.0, "a whole-window record (RESYNC) goes out on ~/capsule_stream at least this often, "
+                          "in s: where a late replica or a bag can start", _ranged, False),
 }
 LIVE_PARAMS = {n for n, (_, _, _, live) in NODE_PARAMS.items() if live}
 FLOAT_PARAMS = ({n for n, (default, *_) in NODE_PARAMS.items() if isinstance(default, float)}
@@ -310,7 +323,20 @@ def read_config(node) -> tuple[PolicyConfig, dict]:
     if ceiling is not None:
         _number_in("replan_max_deadline_ms", own["replan_max_deadline_ms"], *ceiling)
     check_deadlines(own["replan_deadline_ms"], own["replan_max_deadline_ms"])
+    if own["role"] == "replica":
+        if not own["primary"].strip():
+            raise ValueError("primary: role replica needs the primary node's name, e.g. /robot1/flashrt")
+        if own["persist_dir"] or own["resume"]:
+            raise ValueError("persist_dir: a replica keeps no capsule log of its own (its store is the primary's "
+                             "stream); leave persist_dir empty and resume false")
+        own["primary"] = primary_node_name(own["primary"])
     return cfg, own
+
+
+def primary_node_name(value: str) -> str:
+    """``/robot1/flashrt`` as given; a namespace alone (``/robot1``, ``robot1``) names its node flashrt."""
+    name = "/" + value.strip().strip("/")
+    return name if name.rsplit("/", 1)[-1] == "flashrt" else f"{name.rstrip('/')}/flashrt"
 
 
 def _value(node, name: str):

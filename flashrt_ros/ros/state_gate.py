@@ -1,4 +1,5 @@
-"""Services and the replan action in every lifecycle state, as nav2 servers behave.
+"""Services and the replan action in every lifecycle state, as nav2 servers behave; and the replica role's
+refusals (replica.py) of what would change the robot's state.
 
 They are created once, with the node, and live as long as it does: a caller never sees them vanish or
 waits on a service that is gone. While the node is not active every call and goal is answered at once
@@ -53,7 +54,7 @@ class GatedCapsuleServices(CapsuleServices):
         inner = super()._off_executor(name, gated_work)
 
         async def callback(request, response):
-            refusal = self.node.inactive_refusal()
+            refusal = self.node.inactive_refusal() or self.node.role_refusal(name)
             if refusal:
                 response.success, response.message = False, f"{name} refused: {refusal}"
                 self.node.get_logger().warning(response.message, throttle_duration_sec=1.0)
@@ -70,6 +71,8 @@ class GatedReplanServer(ReplanServer):
 
     def _on_accepted(self, goal_handle) -> None:
         refusal = self.node.inactive_refusal()
+        if not refusal and goal_handle.request.commit_branch >= 0:
+            refusal = self.node.role_refusal("a committing replan")
         if not refusal:
             super()._on_accepted(goal_handle)
             return

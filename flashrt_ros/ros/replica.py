@@ -1,0 +1,95 @@
+"""The replica role (issue 18): a node that rebuilds the primary's capsule store from its
+``<primary>/capsule_stream`` (runtime/persist/replica.py validates and applies each record) and serves
+list_capsules, export_capsule and what-if replan goals from it. Services that would change the robot's
+state (snapshot, rollback, drop, pins, import, reset) and committing replans are refused with the name
+of the primary to call instead.
+
+A refused record or a gap in the sequence asks the primary for a resync (at most every RESYNC_ASK_S).
+The lag (primary step stamp to capsule held here, same clock on one machine) goes on /diagnostics.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from std_srvs.srv import Trigger
+
+from flashrt_interfaces.msg import CapsuleRecord
+
+from ..runtime.persist.replica import RecordRefused, StreamReplica
+from .capsule_stream import stream_qos
+
+RESYNC_ASK_S = 0.5
+REPLICA_SERVICES = ("list_capsules", "export_capsule")  # the read-only ones a replica serves
+
+
+def replica_refusal(primary: str, what: str) -> str:
+    return (f"this node is a replica of {primary}: it serves list_capsules, export_capsule and what-if replans; "
+            f"{what} changes the robot's state: call {primary} instead")
+
+
+class ReplicaLink:
+    def __init__(self, node, session, primary: str):
+        self.node, self.primary = node, primary
+        self.replica = StreamReplica(session)
+        self._lock = threading.Lock()  # the replica's counters: executor (records) vs diagnostics
+        self._asked_at = -1e9
+        self._lags: list[float] = []  # ms, since the last diagnostics
+        self.client = node.create_client(Trigger, f"{primary}/capsule_stream/resync")
+        self.sub = node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record, stream_qos())
+
+    def _on_record(self, msg) -> None:
+        try:
+            applied = self.replica.apply(msg.seq, msg.fingerprint, msg.record.tobytes())
+        except RecordRefused as e:
+            self.node.get_logger().error(f"capsule record {msg.seq} from {self.primary} refused: {e}",
+                                         throttle_duration_sec=1.0)
+            applied = False
+        if applied:
+            lag = time.time() * 1e3 - (msg.stamp.sec * 1e3 + msg.stamp.nanosec / 1e6)
+            with self._lock:
+                self._lags.append(lag)
+                del self._lags[:-1000]
+        elif time.monotonic() - self._asked_at >= RESYNC_ASK_S:
+            self._asked_at = time.monotonic()
+            if self.client.service_is_ready():
+                self.client.call_async(Trigger.Request())
+
+    def lag_ms(self) -> list[float]:
+        """The lags since the last call (ms), and forgets them."""
+        with self._lock:
+            lags, self._lags = self._lags, []
+        return lags
+
+    def stats(self):
+        return self.replica.stats()
+
+    def destroy(self) -> None:
+        self.node.destroy_subscription(self.sub)
+        self.node.destroy_client(self.client)
+
+
+def role_diagnostics(role: str, stream, link: ReplicaLink | None) -> tuple[dict, str]:
+    """/diagnostics values of the capsule stream (primary) or of the replica, and a warning ("" = none)."""
+    values: dict = {"role": role}
+    if stream is not None:
+        st = stream.stats()
+        values.update(stream_records=st.records_published, stream_keyframes=st.keyframes_published,
+                      stream_dropped=st.records_dropped, stream_lag_ms=f"{st.lag_ms:.1f}", stream_seq=st.seq)
+        if st.last_error:
+            values["stream_last_error"] = st.last_error
+    if link is None:
+        return values, ""
+    st, lags = link.stats(), link.lag_ms()
+    lag50 = sorted(lags)[len(lags) // 2] if lags else 0.0
+    values.update(primary=link.primary, replica_applied=st.applied, replica_refused=st.refused,
+                  replica_gaps=st.gaps, replica_skipped=st.skipped, replica_capsule_id=st.last_id,
+                  replica_step=st.last_step, replica_lag_ms_p50=f"{lag50:.2f}",
+                  replica_lag_ms_max=f"{max(lags, default=0.0):.2f}")
+    if st.last_error:
+        values["replica_last_error"] = st.last_error
+    warn = ""
+    if st.waiting_for_keyframe:
+        warn = (f"replica: waiting for a keyframe from {link.primary}" if st.applied
+                else f"replica: nothing received from {link.primary} yet")
+    return values, warn

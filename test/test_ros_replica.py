@@ -1,0 +1,127 @@
+"""A replica over DDS (issue 18, point 2): a primary and a replica node in their own processes. The replica
+rebuilds the primary's capsules from ~/capsule_stream byte for byte, serves list/export and what-if replans
+that match the primary's bytes, refuses what would change the robot's state (naming the primary), and a
+replica of another fingerprint refuses every record without touching its store."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from ros_harness import NodeProcess, Planner
+
+from conftest import observation_trace
+
+pytestmark = pytest.mark.ros
+
+OBS = observation_trace(200)
+
+
+def _wait(cond, timeout: float, planner, what: str):
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise TimeoutError(what)
+        planner.spin(0.05)
+
+
+def _content(path) -> tuple:
+    """An export's metadata (sorted: safetensors writes its map in a per-process hash order) and its bytes."""
+    import json
+    import struct
+    blob = path.read_bytes()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    return sorted(header.pop("__metadata__").items()), sorted(header.items()), blob[8 + n:]
+
+
+def _capsules(client):
+    res = client.list_capsules()
+    assert res.success, res.message
+    return {c.id: c for c in res.capsules}
+
+
+@pytest.fixture
+def primary_and_replica(ros_domain, tmp_path):
+    primary = NodeProcess(ros_domain, tmp_path / "primary.log", namespace="/robot1",
+                          capsule_dir=str(tmp_path / "primary_caps"), stream_keyframe_s=1.0)
+    replica = NodeProcess(ros_domain, tmp_path / "replica.log", namespace="/ws", role="replica",
+                          primary="/robot1", capsule_dir=str(tmp_path / "replica_caps"))
+    planner = Planner(namespace="/robot1")
+    from flashrt_ros.ros.client import FlashRTClient
+    remote = FlashRTClient(planner.node, "/ws")
+    try:
+        planner.wait_ready()
+        remote.wait_until_ready(30.0)
+        yield planner, remote, primary, replica
+    finally:
+        planner.close()
+        outs = []
+        for proc in (primary, replica):
+            rc = proc.stop()
+            outs.append((rc, proc.output()))
+        for rc, out in outs:
+            assert "Traceback" not in out, out[-3000:]
+            assert rc == 0, out[-3000:]
+
+
+def test_a_replica_holds_the_primarys_capsules_and_its_what_ifs_match_byte_for_byte(primary_and_replica, tmp_path):
+    planner, remote, primary, replica = primary_and_replica
+    planner.run(OBS[:40])
+    live = planner.steps[-1].capsule_id
+    _wait(lambda: live in _capsules(remote), 15.0, planner, "the replica never held the live capsule")
+    mine, theirs = _capsules(remote), _capsules(planner.client)
+    assert set(mine) <= set(theirs) and len(mine) >= 30
+    for cid in list(mine)[-5:]:
+        a = remote.export_capsule(f"r{cid}.safetensors", cid)
+        b = planner.client.export_capsule(f"p{cid}.safetensors", cid)
+        assert a.success and b.success, (a.message, b.message)
+        got = _content(tmp_path / "replica_caps" / f"r{cid}.safetensors")
+        want = _content(tmp_path / "primary_caps" / f"p{cid}.safetensors")
+        assert got == want, f"capsule {cid}: the replica's export differs from the primary's"
+    base = list(mine)[-10]
+    plan = np.stack([OBS[100:106] + 0.1 * b for b in range(3)])
+    a = remote.replan(plan, capsule_id=base)
+    b = planner.client.replan(plan, capsule_id=base)
+    assert a.succeeded and b.succeeded, (a.reason, b.reason)
+    assert a.actions().tobytes() == b.actions().tobytes()
+
+    # what would change the robot's state is refused, naming the primary; the replica is unchanged
+    for res in (remote.snapshot(label="x"), remote.rollback(steps_back=2), remote.reset(),
+                remote.drop_capsule(base)):
+        assert not res.success and "replica of /robot1/flashrt" in res.message, res.message
+    out = remote.replan(plan, capsule_id=base, commit_branch=1)
+    assert not out.succeeded and "replica of /robot1/flashrt" in out.reason, out.reason
+    assert set(_capsules(remote)) >= set(mine)
+
+    # the stream follows a rollback and more steps on the primary
+    back = planner.client.rollback(steps_back=5)
+    assert back.success, back.message
+    planner.run(OBS[40:50])
+    live = planner.steps[-1].capsule_id
+    _wait(lambda: live in _capsules(remote), 15.0, planner, "the replica stopped following after a rollback")
+    a = remote.export_capsule("r_after.safetensors", live)
+    b = planner.client.export_capsule("p_after.safetensors", live)
+    assert a.success and b.success
+    assert _content(tmp_path / "replica_caps" / "r_after.safetensors") == \
+        _content(tmp_path / "primary_caps" / "p_after.safetensors")
+
+
+def test_a_replica_of_another_fingerprint_refuses_every_record_and_holds_nothing(ros_domain, tmp_path):
+    primary = NodeProcess(ros_domain, tmp_path / "primary.log", namespace="/robot1",
+                          capsule_dir=str(tmp_path / "pc"), stream_keyframe_s=0.5)
+    replica = NodeProcess(ros_domain, tmp_path / "replica.log", namespace="/ws", role="replica",
+                          primary="/robot1/flashrt", seed=7, capsule_dir=str(tmp_path / "rc"))
+    planner = Planner(namespace="/robot1")
+    from flashrt_ros.ros.client import FlashRTClient
+    remote = FlashRTClient(planner.node, "/ws")
+    try:
+        planner.wait_ready()
+        remote.wait_until_ready(30.0)
+        planner.run(OBS[:30])
+        _wait(lambda: "refused" in replica.output() and "fingerprint" in replica.output(), 15.0, planner,
+              "the replica never said it refused a record")
+        assert _capsules(remote) == {}
+    finally:
+        planner.close()
+        assert primary.stop() == 0 and replica.stop() == 0, replica.output()[-3000:]
