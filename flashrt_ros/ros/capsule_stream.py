@@ -9,7 +9,8 @@ sees a gap in ``seq`` and asks for a resync rather than holding up the robot.
 from __future__ import annotations
 
 from builtin_interfaces.msg import Time
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.duration import Duration
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, LivelinessPolicy, QoSProfile, ReliabilityPolicy
 from std_srvs.srv import Trigger
 
 from flashrt_interfaces.msg import CapsuleRecord
@@ -21,14 +22,20 @@ RESYNC_SERVICE = "~/capsule_stream/resync"
 STREAM_DEPTH = 200  # 2 s at 100 Hz
 
 
-def stream_qos() -> QoSProfile:
-    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=STREAM_DEPTH, reliability=ReliabilityPolicy.RELIABLE,
-                      durability=DurabilityPolicy.VOLATILE)
+def stream_qos(lease_ms: float = 0.0) -> QoSProfile:
+    """``lease_ms`` > 0: automatic liveliness with that lease (the primary offers it; a standby asks for it
+    and hears within about one lease that the primary's process is gone). 0: the rmw's default."""
+    qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=STREAM_DEPTH, reliability=ReliabilityPolicy.RELIABLE,
+                     durability=DurabilityPolicy.VOLATILE)
+    if lease_ms > 0:
+        qos.liveliness = LivelinessPolicy.AUTOMATIC
+        qos.liveliness_lease_duration = Duration(nanoseconds=int(lease_ms * 1e6))
+    return qos
 
 
-def record_message(rec, fingerprint: str) -> CapsuleRecord:
-    msg = CapsuleRecord(stamp=ns_to_stamp(rec.stamp_ns, Time), seq=rec.seq, kind=rec.kind, capsule_id=rec.capsule_id,
-                        parent_id=rec.parent_id, step=rec.step, fingerprint=fingerprint)
+def record_message(rec, fingerprint: str, epoch: int) -> CapsuleRecord:
+    msg = CapsuleRecord(stamp=ns_to_stamp(rec.stamp_ns, Time), seq=rec.seq, epoch=epoch, kind=rec.kind,
+                        capsule_id=rec.capsule_id, parent_id=rec.parent_id, step=rec.step, fingerprint=fingerprint)
     msg.record = rec.blob  # uint8[]: an array.array, filled from the bytes in one copy
     return msg
 
@@ -36,10 +43,10 @@ def record_message(rec, fingerprint: str) -> CapsuleRecord:
 class StreamPublisher:
     """The stream of one configured session, from activate to deactivate."""
 
-    def __init__(self, node, session, keyframe_s: float):
-        self.node, self.session = node, session
+    def __init__(self, node, session, keyframe_s: float, epoch: int, lease_ms: float):
+        self.node, self.session, self.epoch = node, session, epoch
         self.fingerprint = session.fingerprint
-        self.pub = node.create_publisher(CapsuleRecord, STREAM_TOPIC, stream_qos())
+        self.pub = node.create_publisher(CapsuleRecord, STREAM_TOPIC, stream_qos(lease_ms))
         self.srv = node.create_service(Trigger, RESYNC_SERVICE, self._on_resync)
         try:
             self.stream = session.enable_stream(self._publish, keyframe_s)
@@ -48,7 +55,7 @@ class StreamPublisher:
             raise
 
     def _publish(self, rec) -> None:  # the stream thread
-        self.pub.publish(record_message(rec, self.fingerprint))
+        self.pub.publish(record_message(rec, self.fingerprint, self.epoch))
 
     def _on_resync(self, request, response):
         try:

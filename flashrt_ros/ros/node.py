@@ -41,12 +41,14 @@ from .capsule_dir import CapsuleDir
 from .capsule_stream import StreamPublisher
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .diagnostics import device_name, diagnostics_message
+from .leader import LEADER_TOPIC, LeaderGuard
 from .node_stats import NodeStats
 from .outputs import ActionOutputs, action_joint_names
 from .params import check_node_param, command_line_overrides, declare_all, guard_live_params, read_config
 from .qos import resolve_profiles
 from .realtime import apply_thread_priority
 from .replica import REPLICA_SERVICES, ReplicaLink, replica_refusal, role_diagnostics
+from .standby import StandbyLink
 from .state_gate import GatedCapsuleServices, GatedReplanServer, inactive_refusal
 
 NODE_NAME = "flashrt"
@@ -108,7 +110,9 @@ class FlashRTNode(LifecycleNode):
         self._policy_step_history = False  # the writer has published since it was made
         self._observation_sub = None
         self._stream: StreamPublisher | None = None  # role primary, capsule_stream on: while active
-        self._replica: ReplicaLink | None = None  # role replica: while active
+        self._replica: ReplicaLink | None = None  # role replica or standby: while active (until a takeover)
+        self._leader: LeaderGuard | None = None  # primary and standby: while active
+        self._deposed = ""  # why this node stopped leading (a standby took over): it steps nothing more
         self._last_usage = None
         # /diagnostics is a plain publisher on a timer made here: it reports every lifecycle state,
         # so a supervisor sees an inactive node as inactive instead of as stale.
@@ -133,9 +137,15 @@ class FlashRTNode(LifecycleNode):
 
     def role_refusal(self, what: str) -> str:
         """'' when this node's role serves ``what`` (a service name, or 'a committing replan')."""
-        if self._own.get("role") != "replica" or what in REPLICA_SERVICES:
+        if self._own.get("role", "primary") == "primary" or what in REPLICA_SERVICES:
             return ""
         return replica_refusal(self._own["primary"], what)
+
+    def robot_topic(self, name: str) -> str:
+        """Where the robot's ``name`` topic is: relative for a primary, the primary's for a standby (also after
+        it took over)."""
+        ns = self._own.get("robot_namespace")
+        return name if ns is None else f"{ns}/{name}"
 
     def _transition_failed(self, transition: str, err: Exception) -> TransitionCallbackReturn:
         # rclpy turns an exception in a transition into ERROR without a word: say what happened
@@ -179,7 +189,7 @@ class FlashRTNode(LifecycleNode):
         # Lifecycle publishers: nothing goes out on them unless the node is active. policy_step is made on
         # activate instead (see _renew_policy_step_writer).
         self._outputs = ActionOutputs(self, cfg.action_dim, cfg.chunk_len, out_names, own["publish_trajectory"],
-                                      own["control_period_s"], qos)
+                                      own["control_period_s"], qos, self.robot_topic)
         if own["publish_trajectory"] and not own["action_joint_names"]:
             self.get_logger().warning(f"action_joint_names is unset: 'action_trajectory' names the joints "
                                       f"{out_names[0]} .. {out_names[-1]}, which no controller knows; set "
@@ -190,13 +200,17 @@ class FlashRTNode(LifecycleNode):
         try:
             msg_type = JointState if self._own["observation_type"] == "joint_state" else Float32MultiArray
             super().on_activate(state)  # enables the lifecycle publishers
+            self._deposed = ""
             if self._own["role"] == "replica":
-                return self._activate_replica()
-            self._renew_policy_step_writer()
-            self._observation_sub = self.create_subscription(msg_type, "observation", self.on_observation,
-                                                             self._qos["observation"])
-            if self._own["capsule_stream"]:
-                self._stream = StreamPublisher(self, self.session, self._own["stream_keyframe_s"])
+                return self._activate_replica(ReplicaLink(self, self.session, self._own["primary"]))
+            self._leader = LeaderGuard(self, self.robot_topic(LEADER_TOPIC), self._on_deposed)
+            self._observation_sub = self.create_subscription(msg_type, self.robot_topic("observation"),
+                                                             self.on_observation, self._qos["observation"])
+            self._renew_policy_step_writer()  # a standby's too: matched by subscribers before it takes over
+            if self._own["role"] == "standby":
+                return self._activate_replica(StandbyLink(self, self.session, self._own["primary"],
+                                                          self._own["liveliness_lease_ms"], self._take_over))
+            self._lead(epoch=1)
         except Exception as e:  # noqa: BLE001 - logged, then rclpy's error processing (on_error)
             return self._transition_failed("activate", e)
         self._active = True
@@ -209,20 +223,53 @@ class FlashRTNode(LifecycleNode):
                                       "refuse messages from a publisher with other joints")
         return TransitionCallbackReturn.SUCCESS
 
-    def _activate_replica(self) -> TransitionCallbackReturn:
-        self._replica = ReplicaLink(self, self.session, self._own["primary"])
-        self._active = True
-        self.get_logger().info(f"activate: now active as a replica of {self._own['primary']}, rebuilding its capsules "
-                               f"from '{self._replica.sub.topic_name}'; list_capsules, export_capsule and what-if "
+    def _activate_replica(self, link: ReplicaLink) -> TransitionCallbackReturn:
+        self._replica, self._active = link, True
+        self.get_logger().info(f"activate: now active as a {self._own['role']} of {self._own['primary']}, rebuilding "
+                               f"its capsules from '{link.sub.topic_name}'; list_capsules, export_capsule and what-if "
                                "replans open")
         return TransitionCallbackReturn.SUCCESS
 
+    def _lead(self, epoch: int) -> None:
+        """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread)."""
+        if self._own["capsule_stream"]:
+            self._stream = StreamPublisher(self, self.session, self._own["stream_keyframe_s"], epoch,
+                                           self._own["liveliness_lease_ms"])
+        self._leader.claim(epoch, self.session.step_count)
+
+    def _take_over(self, link: StandbyLink) -> None:
+        """The primary's process is gone (liveliness, executor thread): continue from the newest record."""
+        session, pending = self.session, link.pending()
+        last, epoch = link.replica.last, max(link.epoch, self._leader.newest_seen) + 1
+        link.destroy()
+        self._replica = None
+        t0 = time.perf_counter()
+        if last is not None:  # row 0 exactly that capsule, whatever a refused record left in it
+            session.rollback(last.id)
+        self._own["role"] = "primary"  # serves every service from here
+        self._lead(epoch)
+        for msg in pending:
+            self.step_from_message(msg)
+        self.get_logger().warning(
+            f"took over from {link.primary} (epoch {epoch}): its liveliness lapsed "
+            f"{(time.monotonic() - link.lost_at) * 1e3:.0f} ms ago; continued from capsule {last.id if last else 0} "
+            f"and stepped {len(pending)} held observations in {(time.perf_counter() - t0) * 1e3:.1f} ms; now at step "
+            f"{session.step_count}, publishing on {self.robot_topic('action')}")
+
+    def _on_deposed(self, leader) -> None:
+        self._deposed = (f"deposed: {leader.node} leads the robot since epoch {leader.epoch} (a standby took over); "
+                         "this node steps and publishes nothing more")
+        if self._stream is not None:
+            self._stream.destroy()
+            self._stream = None
+        self.get_logger().error(self._deposed)
+
     def on_deactivate(self, state: State | None) -> TransitionCallbackReturn:
         self._active = False  # from here every call and goal is refused
-        for link in (self._stream, self._replica):
+        for link in (self._stream, self._replica, self._leader):
             if link is not None:
                 link.destroy()
-        self._stream = self._replica = None
+        self._stream = self._replica = self._leader = None
         # The running replan first: it may still publish feedback, which needs a live node and context.
         if self._replan_server is not None and not self._replan_server.stop_running("the node is deactivating"):
             self.get_logger().warning("deactivate: the running replan did not stop in time; it ends on its own")
@@ -298,7 +345,7 @@ class FlashRTNode(LifecycleNode):
             self._policy_step_history = False
 
     def _policy_step_writer(self):
-        return self.create_publisher(PolicyStep, "policy_step", self._qos["policy_step"])
+        return self.create_publisher(PolicyStep, self.robot_topic("policy_step"), self._qos["policy_step"])
 
     def live_state_replaced(self) -> None:
         """The live state no longer continues the steps published so far (rollback, reset, a restoring
@@ -431,7 +478,10 @@ class FlashRTNode(LifecycleNode):
     def on_observation(self, msg) -> None:
         # [replan] stepped here even while a replan runs: the replan computes its batched steps outside the
         # runtime lock, so this step waits at most for one of its bookkeeping sections (runtime/replan.py)
-        self.step_from_message(msg)
+        if self._replica is not None:  # a standby, while the primary leads
+            self._replica.hold(msg)
+        elif not self._deposed:
+            self.step_from_message(msg)
 
     def step_from_message(self, msg) -> None:
         session, reader = self.session, self._reader
@@ -513,7 +563,8 @@ class FlashRTNode(LifecycleNode):
             msg = diagnostics_message(self.get_fully_qualified_name(), self.lifecycle_state(), self.hardware_id,
                                       self.stats, session, self._store_usage(session),
                                       float(self.get_parameter("step_deadline_ms").value),
-                                      role_diagnostics(self._own.get("role", "primary"), self._stream, self._replica))
+                                      role_diagnostics(self._own.get("role", "primary"), self._stream, self._replica,
+                                                       self._leader, self._deposed))
             msg.header.stamp = self.get_clock().now().to_msg()
             self._diagnostics_pub.publish(msg)
         except Exception as e:  # noqa: BLE001 - a diagnostics hiccup must not stop the node

@@ -40,14 +40,15 @@ def duration_of(seconds: float) -> Duration:
 
 class ActionOutputs:
     def __init__(self, node, action_dim: int, chunk_len: int, joint_names: list[str], trajectory: bool,
-                 control_period_s: float, profiles: dict):
+                 control_period_s: float, profiles: dict, topic=lambda name: name):
+        """``topic(name)``: the name to publish ``name`` on (a standby publishes on the primary's)."""
         self.node, self.joint_names = node, joint_names
         layout = MultiArrayLayout(dim=[MultiArrayDimension(label=ACTION_LAYOUT_LABEL, size=action_dim,
                                                            stride=action_dim)], data_offset=0)
         self._layout = layout
         self._times = [duration_of((k + 1) * control_period_s) for k in range(chunk_len)]
-        self.action_pub = node.create_lifecycle_publisher(Float64MultiArray, "action", profiles["action"])
-        self.trajectory_pub = (node.create_lifecycle_publisher(JointTrajectory, "action_trajectory",
+        self.action_pub = node.create_lifecycle_publisher(Float64MultiArray, topic("action"), profiles["action"])
+        self.trajectory_pub = (node.create_lifecycle_publisher(JointTrajectory, topic("action_trajectory"),
                                                                profiles["action_trajectory"])
                                if trajectory else None)
 

@@ -61,7 +61,7 @@ def _joint_names(name: str, v) -> list[str]:
     return list(v)
 
 
-ROLES = ("primary", "replica")
+ROLES = ("primary", "replica", "standby")
 INT64_MAX = 2**63 - 1
 FLOAT_MAX = sys.float_info.max
 REPLAN_DEADLINE_CEILING_MS = 600_000.0  # 10 min: the most replan_max_deadline_ms may say, even at start-up
@@ -82,6 +82,7 @@ NODE_RANGES = {
     "thread_priority": (0, 99),
     "replan_nice": (0, 19),
     "stream_keyframe_s": (0.1, 3600.0),
+    "liveliness_lease_ms": (10.0, 60_000.0),
 }
 
 
@@ -188,12 +189,19 @@ NODE_PARAMS = {
                     "privilege; only ever raised while the node runs (restart it to lower it). 0 = leave it",
                     _ranged, False),
     # the capsule stream and replicas (capsule_stream.py, replica.py)
-    "role": ("primary", "primary | replica. A primary steps observations and publishes every capsule record on "
-             "~/capsule_stream; a replica steps nothing: it rebuilds the primary's capsule store from that stream "
-             "and serves list_capsules, export_capsule and what-if replan goals from it, off the robot",
+    "role": ("primary", "primary | replica | standby. A primary steps observations and publishes every capsule "
+             "record on ~/capsule_stream; a replica steps nothing: it rebuilds the primary's capsule store from that "
+             "stream and serves list_capsules, export_capsule and what-if replan goals from it, off the robot; a "
+             "standby is a replica that also hears the primary's observations and takes over stepping and "
+             "publishing (on the primary's topics) when the primary's process stops",
              lambda n, v: _string(n, v, ROLES), False),
-    "primary": ("", "role replica: the primary node's fully qualified name (/robot1/flashrt), or its namespace "
-                "alone (/robot1) for a node named flashrt", lambda n, v: _string(n, v), False),
+    "primary": ("", "role replica or standby: the primary node's fully qualified name (/robot1/flashrt), or its "
+                "namespace alone (/robot1) for a node named flashrt. A standby steps and publishes on that "
+                "namespace's observation, action and policy_step", lambda n, v: _string(n, v), False),
+    "liveliness_lease_ms": (100.0, "the capsule stream's liveliness lease, in ms: a primary offers it, a standby "
+                            "asks for it and takes over about this long after the primary's process stops. "
+                            "Give both the same value (a standby asking for less than the primary offers "
+                            "receives nothing)", _ranged, False),
     "capsule_stream": (True, "publish every capsule record on ~/capsule_stream (reliable, off the step's thread) "
                        "for replicas and bags, and serve ~/capsule_stream/resync", _bool, False),
     "stream_keyframe_s": (10.0, "a whole-window record (RESYNC) goes out on ~/capsule_stream at least this often, "
@@ -323,13 +331,15 @@ def read_config(node) -> tuple[PolicyConfig, dict]:
     if ceiling is not None:
         _number_in("replan_max_deadline_ms", own["replan_max_deadline_ms"], *ceiling)
     check_deadlines(own["replan_deadline_ms"], own["replan_max_deadline_ms"])
-    if own["role"] == "replica":
+    if own["role"] != "primary":
         if not own["primary"].strip():
-            raise ValueError("primary: role replica needs the primary node's name, e.g. /robot1/flashrt")
+            raise ValueError(f"primary: role {own['role']} needs the primary node's name, e.g. /robot1/flashrt")
         if own["persist_dir"] or own["resume"]:
-            raise ValueError("persist_dir: a replica keeps no capsule log of its own (its store is the primary's "
-                             "stream); leave persist_dir empty and resume false")
+            raise ValueError(f"persist_dir: a {own['role']} keeps no capsule log of its own (its store is the "
+                             "primary's stream); leave persist_dir empty and resume false")
         own["primary"] = primary_node_name(own["primary"])
+    # where a standby steps and publishes, for good (a takeover changes its role, not its topics)
+    own["robot_namespace"] = own["primary"].rsplit("/", 1)[0] if own["role"] == "standby" else None
     return cfg, own
 
 

@@ -29,16 +29,19 @@ def replica_refusal(primary: str, what: str) -> str:
 
 
 class ReplicaLink:
-    def __init__(self, node, session, primary: str):
+    def __init__(self, node, session, primary: str, qos=None, event_callbacks=None):
         self.node, self.primary = node, primary
         self.replica = StreamReplica(session)
+        self.epoch = 0  # the newest epoch the primary's records carried
         self._lock = threading.Lock()  # the replica's counters: executor (records) vs diagnostics
         self._asked_at = -1e9
         self._lags: list[float] = []  # ms, since the last diagnostics
         self.client = node.create_client(Trigger, f"{primary}/capsule_stream/resync")
-        self.sub = node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record, stream_qos())
+        self.sub = node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record,
+                                            qos or stream_qos(), event_callbacks=event_callbacks)
 
     def _on_record(self, msg) -> None:
+        self.epoch = max(self.epoch, msg.epoch)
         try:
             applied = self.replica.apply(msg.seq, msg.fingerprint, msg.record.tobytes())
         except RecordRefused as e:
@@ -69,9 +72,13 @@ class ReplicaLink:
         self.node.destroy_client(self.client)
 
 
-def role_diagnostics(role: str, stream, link: ReplicaLink | None) -> tuple[dict, str]:
+def role_diagnostics(role: str, stream, link: ReplicaLink | None, leader=None, deposed: str = "") -> tuple[dict, str]:
     """/diagnostics values of the capsule stream (primary) or of the replica, and a warning ("" = none)."""
     values: dict = {"role": role}
+    if leader is not None:
+        values.update(leader_epoch=leader.epoch, newest_epoch_seen=leader.newest_seen)
+    if deposed:
+        return values, deposed
     if stream is not None:
         st = stream.stats()
         values.update(stream_records=st.records_published, stream_keyframes=st.keyframes_published,
@@ -88,6 +95,8 @@ def role_diagnostics(role: str, stream, link: ReplicaLink | None) -> tuple[dict,
                   replica_lag_ms_max=f"{max(lags, default=0.0):.2f}")
     if st.last_error:
         values["replica_last_error"] = st.last_error
+    if hasattr(link, "buffer"):  # a standby
+        values.update(standby_held_observations=len(link.pending()), standby_buffer_overflowed=link.overflowed)
     warn = ""
     if st.waiting_for_keyframe:
         warn = (f"replica: waiting for a keyframe from {link.primary}" if st.applied

@@ -1,0 +1,57 @@
+"""Who leads the robot (issue 18, point 3): the node that steps its observations and publishes its actions
+announces itself on ``<robot namespace>/flashrt_leader`` (flashrt_interfaces/Leader: epoch, node, step),
+reliable and transient local, so a node that starts later learns the leader at once and the message goes
+away with the node that published it.
+
+A primary claims epoch 1; a standby that takes over claims the newest epoch it has seen + 1. A leader that
+sees another node claim a newer epoch (or the same epoch, claimed earlier) is deposed: it stops stepping and
+publishing, and says so. A primary frozen for longer than the liveliness lease (SIGSTOP, a stalled machine)
+and then resumed therefore goes quiet instead of publishing beside the standby that replaced it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+from flashrt_interfaces.msg import Leader
+
+LEADER_TOPIC = "flashrt_leader"
+
+
+def leader_qos() -> QoSProfile:
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.TRANSIENT_LOCAL)
+
+
+def outranks(theirs: Leader, epoch: int, stamp_ns: int) -> bool:
+    """Their claim beats ours (epoch, then the earlier claim)."""
+    their_stamp = theirs.stamp.sec * 10**9 + theirs.stamp.nanosec
+    return theirs.epoch > epoch or theirs.epoch == epoch and their_stamp < stamp_ns
+
+
+class LeaderGuard:
+    def __init__(self, node, topic: str, on_deposed: Callable[[Leader], None]):
+        self.node, self.on_deposed = node, on_deposed
+        self.name = node.get_fully_qualified_name()
+        self.epoch = 0  # 0: not claimed
+        self.newest_seen = 0  # the newest epoch any node claimed
+        self._stamp_ns = 0
+        self.pub = node.create_publisher(Leader, topic, leader_qos())
+        self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos())
+
+    def claim(self, epoch: int, step: int) -> None:
+        now = self.node.get_clock().now()
+        self.epoch, self._stamp_ns = epoch, now.nanoseconds
+        self.newest_seen = max(self.newest_seen, epoch)
+        self.pub.publish(Leader(stamp=now.to_msg(), epoch=epoch, node=self.name, step=step))
+
+    def _on_leader(self, msg: Leader) -> None:
+        self.newest_seen = max(self.newest_seen, msg.epoch)
+        if msg.node != self.name and self.epoch and outranks(msg, self.epoch, self._stamp_ns):
+            self.epoch = 0
+            self.on_deposed(msg)
+
+    def destroy(self) -> None:
+        self.node.destroy_subscription(self.sub)
+        self.node.destroy_publisher(self.pub)
