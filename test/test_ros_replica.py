@@ -90,9 +90,18 @@ def test_a_replica_holds_the_primarys_capsules_and_its_what_ifs_match_byte_for_b
     for res in (remote.snapshot(label="x"), remote.rollback(steps_back=2), remote.reset(),
                 remote.drop_capsule(base)):
         assert not res.success and "replica of /robot1/flashrt" in res.message, res.message
-    out = remote.replan(plan, capsule_id=base, commit_branch=1)
-    assert not out.succeeded and "replica of /robot1/flashrt" in out.reason, out.reason
     assert set(_capsules(remote)) >= set(mine)
+
+    # a commit sent to the replica: the primary re-runs that branch from the same capsule and commits it
+    out = remote.replan(plan, capsule_id=base, commit_branch=1)
+    assert out.succeeded and "committed on /robot1/flashrt" in out.result.message, out.result.message
+    assert "byte-identical" in out.result.message
+    assert out.actions().tobytes() == b.actions().tobytes()  # the replica's what-if of every branch
+    live = _capsules(planner.client)[out.result.live_capsule_id]
+    assert live.step == _capsules(planner.client)[base].step + 6
+    follow = planner.step(OBS[110])  # the primary continues from the committed branch
+    ref_primary = planner.client.replan(np.stack([OBS[110:111]]), capsule_id=out.result.live_capsule_id)
+    assert np.asarray(follow.action, np.float32).tobytes() == ref_primary.actions()[0, 0].tobytes()
 
     # the stream follows a rollback and more steps on the primary
     back = planner.client.rollback(steps_back=5)

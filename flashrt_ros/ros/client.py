@@ -185,6 +185,13 @@ class FlashRTClient:
     def _name(self, name: str) -> str:
         return f"{self.namespace}/{name}" if self.namespace else name
 
+    def destroy(self) -> None:
+        """Remove this client's service and action clients from the node (the node stays)."""
+        for c in [*self.clients.values(), *(pair[0] for pair in self._optional.values())]:
+            self.node.destroy_client(c)
+        self.replan_client.destroy()
+        self.clients, self._optional = {}, {}
+
     def wait_until_ready(self, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
         for c in self.clients.values():

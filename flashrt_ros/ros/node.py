@@ -141,6 +141,10 @@ class FlashRTNode(LifecycleNode):
             return ""
         return replica_refusal(self._own["primary"], what)
 
+    def commit_forwarder(self) -> ReplicaLink | None:
+        """A replica's (or a standby's, before it takes over) link to its primary, where commits go."""
+        return self._replica
+
     def robot_topic(self, name: str) -> str:
         """Where the robot's ``name`` topic is: relative for a primary, the primary's for a standby (also after
         it took over)."""

@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 
+import numpy as np
 import rclpy
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.executors import SingleThreadedExecutor
@@ -292,12 +293,17 @@ class ReplanServer:
                 except Exception:  # noqa: BLE001 - the context went away meanwhile (SIGINT): nothing to tell
                     pass
 
+        forward = self.node.commit_forwarder() if commit_branch is not None else None
+        if forward is not None:  # a replica: a what-if here, then the primary re-runs and commits the branch
+            capsule_id, forwarded, commit_branch = capsule_id or session.live_capsule_id, commit_branch, None
         try:
             res = session.replan(capsule_id, obs, commit_branch=commit_branch, deadline_ms=deadline_ms,
                                  cancel=stop, on_step=between_steps)
         except (ValueError, CapsuleError) as e:  # e.g. the capsule was evicted or never existed
             return Replan.Result(success=False, rejected=True, message=f"rejected: {e}",
                                  live_capsule_id=session.live_capsule_id)
+        if forward is not None and not res.cancelled:
+            return forward_commit(forward, self.node, capsule_id, obs, forwarded, res, deadline_ms)
         message = res.message
         if res.cancelled and why_stopped[0]:
             message = f"stopped: {why_stopped[0]}; {res.message}"
@@ -309,3 +315,36 @@ class ReplanServer:
                              steps_done=res.steps_done, branch_capsule_ids=res.branch_capsule_ids,
                              elapsed_ms=res.elapsed_ms, deadline_met=res.deadline_met,
                              live_capsule_id=res.live_capsule_id)
+
+
+def forward_commit(link, node, capsule_id: int, obs, branch: int, res, deadline_ms: float) -> Replan.Result:
+    """A replica's committing replan: branch ``branch`` of its what-if ``res`` (the steps it got) re-run by the
+    primary from the same capsule, committed there. The result carries this replica's actions of every branch,
+    the primary's new live capsule, and whether the primary's bytes matched this replica's."""
+    done = res.steps_done
+    base = Replan.Result(actions=res.actions.ravel().tolist(), steps_done=done,
+                         branch_capsule_ids=res.branch_capsule_ids, elapsed_ms=res.elapsed_ms,
+                         deadline_met=res.deadline_met)
+    if done == 0:
+        base.success, base.message = False, f"{res.message}; no step ran, nothing to commit on {link.primary}"
+        return base
+    try:
+        out = link.forward_commit(capsule_id, obs[branch, :done], deadline_ms, timeout_s=5.0 + deadline_ms / 1e3)
+    except Exception as e:  # noqa: BLE001 - no answer from the primary: the commit did not happen here
+        base.success, base.message = False, f"{res.message}; commit of branch {branch} not confirmed by " \
+                                            f"{link.primary}: {e}"
+        return base
+    if not out.succeeded:
+        base.success, base.message = False, (f"{res.message}; {link.primary} did not commit branch {branch}: "
+                                             f"{out.reason or out.result.message}")
+        return base
+    theirs = np.asarray(out.result.actions, np.float32).tobytes()
+    mine = res.actions[branch, :out.result.steps_done].astype(np.float32).tobytes()
+    same = "byte-identical to this replica's" if theirs == mine else "DIFFERENT from this replica's (see the log)"
+    if theirs != mine:
+        node.get_logger().error(f"{link.primary} re-ran branch {branch} from capsule {capsule_id} with other bytes "
+                                "than this replica: the two do not run the same backend or machine type")
+    base.success, base.live_capsule_id = True, out.result.live_capsule_id
+    base.message = (f"{res.message}; branch {branch} committed on {link.primary} as capsule "
+                    f"{out.result.live_capsule_id} ({out.result.steps_done} steps, {same})")
+    return base

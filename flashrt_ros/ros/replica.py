@@ -1,8 +1,9 @@
 """The replica role (issue 18): a node that rebuilds the primary's capsule store from its
 ``<primary>/capsule_stream`` (runtime/persist/replica.py validates and applies each record) and serves
-list_capsules, export_capsule and what-if replan goals from it. Services that would change the robot's
-state (snapshot, rollback, drop, pins, import, reset) and committing replans are refused with the name
-of the primary to call instead.
+list_capsules, export_capsule and replan goals from it. A committing replan runs here as a what-if, and
+its branch is forwarded to the primary, which re-runs and commits it (forward_commit). Services that would
+change the robot's state (snapshot, rollback, drop, pins, import, reset) are refused with the name of the
+primary to call instead.
 
 A refused record or a gap in the sequence asks the primary for a resync (at most every RESYNC_ASK_S).
 The lag (primary step stamp to capsule held here, same clock on one machine) goes on /diagnostics.
@@ -24,13 +25,16 @@ REPLICA_SERVICES = ("list_capsules", "export_capsule")  # the read-only ones a r
 
 
 def replica_refusal(primary: str, what: str) -> str:
-    return (f"this node is a replica of {primary}: it serves list_capsules, export_capsule and what-if replans; "
-            f"{what} changes the robot's state: call {primary} instead")
+    return (f"this node is a replica of {primary}: it serves list_capsules, export_capsule and replans (a commit "
+            f"is forwarded to the primary); {what} changes the robot's state: call {primary} instead")
 
 
 class ReplicaLink:
     def __init__(self, node, session, primary: str, qos=None, event_callbacks=None):
+        from .client import FlashRTClient  # the primary's services and replan action, for forwarded commits
+
         self.node, self.primary = node, primary
+        self.primary_client = FlashRTClient(node, primary.rsplit("/", 1)[0])
         self.replica = StreamReplica(session)
         self.epoch = 0  # the newest epoch the primary's records carried
         self._lock = threading.Lock()  # the replica's counters: executor (records) vs diagnostics
@@ -67,9 +71,17 @@ class ReplicaLink:
     def stats(self):
         return self.replica.stats()
 
+    def forward_commit(self, capsule_id: int, observations, deadline_ms: float, timeout_s: float):
+        """A committing replan's branch, sent to the primary as a one-branch replan from the same capsule
+        that commits it: the primary re-runs it (byte-identical by batch invariance) and no state travels
+        back. Worker thread; the node's executor delivers the answer. Returns the primary's ReplanOutcome."""
+        return self.primary_client.replan(observations[None], capsule_id=capsule_id, commit_branch=0,
+                                          deadline_ms=deadline_ms, timeout_s=timeout_s)
+
     def destroy(self) -> None:
         self.node.destroy_subscription(self.sub)
         self.node.destroy_client(self.client)
+        self.primary_client.destroy()
 
 
 def role_diagnostics(role: str, stream, link: ReplicaLink | None, leader=None, deposed: str = "") -> tuple[dict, str]:

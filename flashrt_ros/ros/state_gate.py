@@ -1,5 +1,5 @@
 """Services and the replan action in every lifecycle state, as nav2 servers behave; and the replica role's
-refusals (replica.py) of what would change the robot's state.
+refusals (replica.py) of the services that would change the robot's state.
 
 They are created once, with the node, and live as long as it does: a caller never sees them vanish or
 waits on a service that is gone. While the node is not active every call and goal is answered at once
@@ -71,8 +71,6 @@ class GatedReplanServer(ReplanServer):
 
     def _on_accepted(self, goal_handle) -> None:
         refusal = self.node.inactive_refusal()
-        if not refusal and goal_handle.request.commit_branch >= 0:
-            refusal = self.node.role_refusal("a committing replan")
         if not refusal:
             super()._on_accepted(goal_handle)
             return
