@@ -21,16 +21,14 @@ class Clock:
     def __init__(self):
         self.t = 0.0
 
-    def __call__(self) -> float:
+    def __call__(self, info) -> float:
         return self.t
 
 
 def streaming(backend="numpy", keyframe_s=10.0, clock=None, **kw):
     s = Session(cfg(**kw), backend)
     records = []
-    stream = s.enable_stream(records.append, keyframe_s=keyframe_s)
-    if clock is not None:
-        stream.log.clock = clock
+    stream = s.enable_stream(records.append, keyframe_s=keyframe_s, clock=clock)
     return s, stream, records
 
 

@@ -448,15 +448,16 @@ class Session:
         return [tap for tap in (self.persistence, self.stream) if tap is not None]
 
     # ---- the capsule stream ---------------------------------------------------------------
-    def enable_stream(self, publish, keyframe_s: float = 10.0, queue_mb: float = 16.0):
+    def enable_stream(self, publish, keyframe_s: float = 10.0, queue_mb: float = 16.0, clock=None):
         """Hand every timeline capsule record to ``publish(StreamRecord)`` on a thread of its own
-        (persist/stream.py), a whole-window record at least every ``keyframe_s``. Returns the stream."""
+        (persist/stream.py), a whole-window record at least every ``keyframe_s`` by ``clock(info)`` (seconds;
+        default time.monotonic(); a replay passes the record's stamp: bag time). Returns the stream."""
         from .persist.stream import CapsuleStream
 
         with self._beside_no_replan():
             if self.stream is not None:
                 raise RuntimeError("the capsule stream is already enabled")
-            self.stream = CapsuleStream(self, publish, keyframe_s, queue_mb)
+            self.stream = CapsuleStream(self, publish, keyframe_s, queue_mb, clock)
             return self.stream
 
     def disable_stream(self) -> None:

@@ -55,7 +55,9 @@ class StreamStats:
 
 class StreamQueue(RecordQueue):
     def __init__(self, layout, publish: Callable[[StreamRecord], None], keyframe_s: float, queue_mb: float,
-                 quiet=None, clock: Callable[[], float] = time.monotonic):
+                 quiet=None, clock: Callable[[object], float] | None = None):
+        """``clock(info)``: the time of a capsule record in seconds, for keyframes; default time.monotonic()
+        when it is published (a replay passes the record's own stamp: keyframes by bag time)."""
         if not 0 < keyframe_s < math.inf:
             raise ValueError(f"stream_keyframe_s: must be > 0 and finite, got {keyframe_s!r}")
         whole_window = 4 * layout.entry_floats * layout.kv_window + layout.row_nbytes
@@ -63,7 +65,8 @@ class StreamQueue(RecordQueue):
             raise ValueError(f"stream_queue_mb: {queue_mb:g} cannot hold two whole-window records of "
                              f"{whole_window / MB:.2f} MiB (kv_window {layout.kv_window})")
         super().__init__(layout, int(queue_mb * MB))
-        self.publish, self.keyframe_s, self.quiet, self.clock = publish, keyframe_s, quiet, clock
+        self.publish, self.keyframe_s, self.quiet = publish, keyframe_s, quiet
+        self.clock = clock or (lambda info: time.monotonic())
         # stream-thread state
         self._seq = 0
         self._resync_next = True
@@ -117,7 +120,7 @@ class StreamQueue(RecordQueue):
     def _publish(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int) -> None:
         if kind not in MARKERS:
             self._apply_to_mirror(kind, info.step, kv, n)
-            due = self._resync_next or self.clock() - self._last_keyframe >= self.keyframe_s
+            due = self._resync_next or self.clock(info) - self._last_keyframe >= self.keyframe_s
             if kind == DELTA and due:
                 kind, kv, n = RESYNC, self._mirror, min(info.step, self.layout.kv_window)
         self._send(kind, info, small, kv, n)
@@ -129,7 +132,7 @@ class StreamQueue(RecordQueue):
         if kind in MARKERS:
             return
         if kind == RESYNC:
-            self._last_keyframe = self.clock()
+            self._last_keyframe = self.clock(info)
         self._resync_next = False
         with self._lock:
             self._written += 1
@@ -146,8 +149,9 @@ class CapsuleStream(RecordTap):
     """The Session's stream (Session.enable_stream): the tap on its timeline, and the queue's thread."""
 
     def __init__(self, session, publish: Callable[[StreamRecord], None], keyframe_s: float = 10.0,
-                 queue_mb: float = 16.0):
-        super().__init__(session, StreamQueue(layout_of(session), publish, keyframe_s, queue_mb, quiet=session.lock))
+                 queue_mb: float = 16.0, clock: Callable[[object], float] | None = None):
+        super().__init__(session, StreamQueue(layout_of(session), publish, keyframe_s, queue_mb, quiet=session.lock,
+                                              clock=clock))
         self.fingerprint = session.fingerprint
         self._resent_at = -math.inf
 

@@ -9,6 +9,7 @@ becomes a BagError with a message.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ JOINT_STATE = "sensor_msgs/msg/JointState"
 F32_ARRAY = "std_msgs/msg/Float32MultiArray"
 F64_ARRAY = "std_msgs/msg/Float64MultiArray"
 POLICY_STEP = "flashrt_interfaces/msg/PolicyStep"
+CAPSULE_RECORD = "flashrt_interfaces/msg/CapsuleRecord"
+STREAM_TOPIC = "/capsule_stream"  # in an output bag, beside /action and /policy_step
 OBSERVATION_TYPES = (JOINT_STATE, F32_ARRAY, F64_ARRAY)
 STORAGES = ("mcap", "sqlite3")
 STORAGE_SUFFIXES = (".mcap", ".db3")
@@ -168,15 +171,17 @@ def open_observations(path: str | Path, topic: str | None = None,
     return ObservationSource(path, topic, topics[topic], files, notes)
 
 
-def iter_messages(src: ObservationSource, ts) -> Iterator[tuple[int, object | None, str | None]]:
-    """(bag timestamp ns, message or None, deserialisation error or None), in storage order, one at a time."""
+def iter_messages(src: ObservationSource, ts, start_ns: int | None = None) -> Iterator[tuple[int, object | None,
+                                                                                             str | None]]:
+    """(bag timestamp ns, message or None, deserialisation error or None), in storage order, one at a time;
+    from bag time ``start_ns`` on (the storage's index skips what is before it, unread)."""
     from rosbags.rosbag2 import Reader
 
     for f in src.files:
         try:
             with Reader(f) as reader:
                 conns = [c for c in reader.connections if c.topic == src.topic]
-                for conn, stamp, raw in reader.messages(connections=conns):
+                for conn, stamp, raw in reader.messages(connections=conns, start=start_ns):
                     try:
                         msg = ts.deserialize_cdr(raw, conn.msgtype)
                     except Exception as e:  # noqa: BLE001 - one bad message is counted, not fatal
@@ -235,8 +240,9 @@ def _output_qos(transient_local: bool = False):
 
 
 class OutputBag:
-    """A new rosbag2 with /action (Float64MultiArray) and /policy_step, written one step at a time and
-    stamped with the observation's stamp."""
+    """A new rosbag2 with /action (Float64MultiArray), /policy_step and /capsule_stream (the capsule records
+    of the run: flashrt_interfaces/CapsuleRecord, each at its step's stamp), written one step at a time and
+    stamped with the observation's stamp. Thread-safe: the capsule records come from the stream's thread."""
 
     def __init__(self, path: str | Path, storage: str, ts):
         from rosbags.rosbag2 import StoragePlugin, Writer
@@ -254,22 +260,41 @@ class OutputBag:
                                                      offered_qos_profiles=_output_qos())
         self._c_step = self._writer.add_connection("/policy_step", POLICY_STEP, typestore=ts,
                                                    offered_qos_profiles=_output_qos(transient_local=True))
+        self._c_stream = self._writer.add_connection(STREAM_TOPIC, CAPSULE_RECORD, typestore=ts,
+                                                     offered_qos_profiles=_output_qos())
+        self._lock = threading.Lock()
         T = ts.types
         self._time, self._header = T["builtin_interfaces/msg/Time"], T["std_msgs/msg/Header"]
         self._layout, self._f64, self._step = T["std_msgs/msg/MultiArrayLayout"], T[F64_ARRAY], T[POLICY_STEP]
+        self._record = T[CAPSULE_RECORD]
+
+    def write_capsule_record(self, rec, fingerprint: str, epoch: int = 1) -> None:
+        """A runtime StreamRecord (persist/stream.py), at its step's stamp."""
+        msg = self._record(stamp=self._time(sec=rec.stamp_ns // 1_000_000_000, nanosec=rec.stamp_ns % 1_000_000_000),
+                           seq=rec.seq, epoch=epoch, kind=rec.kind, capsule_id=rec.capsule_id,
+                           parent_id=rec.parent_id, step=rec.step, fingerprint=fingerprint,
+                           record=np.frombuffer(rec.blob, np.uint8))
+        self.write_capsule_record_cdr(rec.stamp_ns, self.ts.serialize_cdr(msg, CAPSULE_RECORD))
+
+    def write_capsule_record_cdr(self, stamp_ns: int, cdr: bytes) -> None:
+        """A CapsuleRecord already serialised (one received over DDS, rclpy's serialize_message)."""
+        with self._lock:
+            self._writer.write(self._c_stream, stamp_ns, cdr)
 
     def write(self, r: StepRecord) -> None:
         stamp = self._time(sec=r.stamp_ns // 1_000_000_000, nanosec=r.stamp_ns % 1_000_000_000)
         action = self._f64(layout=self._layout(dim=[], data_offset=0), data=r.action.astype(np.float64))
-        self._writer.write(self._c_action, r.stamp_ns, self.ts.serialize_cdr(action, F64_ARRAY))
         step = self._step(header=self._header(stamp=stamp, frame_id=r.frame_id), step=r.step,
                           capsule_id=r.capsule_id, action=r.action.astype(np.float32),
                           action_chunk=r.chunk.astype(np.float32), chunk_len=r.chunk_len,
                           step_latency_ms=float(r.latency_ms))
-        self._writer.write(self._c_step, r.stamp_ns, self.ts.serialize_cdr(step, POLICY_STEP))
+        with self._lock:
+            self._writer.write(self._c_action, r.stamp_ns, self.ts.serialize_cdr(action, F64_ARRAY))
+            self._writer.write(self._c_step, r.stamp_ns, self.ts.serialize_cdr(step, POLICY_STEP))
 
     def close(self) -> None:
-        self._writer.close()
+        with self._lock:
+            self._writer.close()
 
     def __enter__(self) -> OutputBag:
         return self
@@ -302,6 +327,33 @@ def iter_policy_steps(path: str | Path, ts) -> Iterator:
                     yield ts.deserialize_cdr(raw, POLICY_STEP)
         except ChunkLimit as e:
             raise BagError(f"{f}: {e}") from None
+        except Exception as e:  # noqa: BLE001
+            raise BagError(f"{f}: cannot read bag ({type(e).__name__}: {e})") from None
+
+
+def iter_capsule_records(path: str | Path, ts, start_ns: int | None = None,
+                         stop_ns: int | None = None) -> Iterator[tuple[int, object]]:
+    """(bag time, CapsuleRecord) of a bag's capsule stream (one topic of that type), in order, from bag time
+    ``start_ns`` up to ``stop_ns`` (excluded); the storage's index skips the rest unread."""
+    path = Path(path)
+    files, _, topics = _open_storage(path, None)
+    streams = sorted(t for t, mt in topics.items() if mt == CAPSULE_RECORD)
+    if len(streams) != 1:
+        raise BagError(f"{path}: {'no' if not streams else len(streams)} {CAPSULE_RECORD} topic"
+                       f"{'' if not streams else 's'} (a capsule stream: flashrt-replay --out, or a recording of "
+                       f"~/capsule_stream); topics: {sorted(topics)}")
+    from rosbags.rosbag2 import Reader
+
+    for f in files:
+        try:
+            with Reader(f) as reader:
+                conns = [c for c in reader.connections if c.topic == streams[0]]
+                for _, stamp, raw in reader.messages(connections=conns, start=start_ns, stop=stop_ns):
+                    yield stamp, ts.deserialize_cdr(raw, CAPSULE_RECORD)
+        except ChunkLimit as e:
+            raise BagError(f"{f}: {e}") from None
+        except BagError:
+            raise
         except Exception as e:  # noqa: BLE001
             raise BagError(f"{f}: cannot read bag ({type(e).__name__}: {e})") from None
 

@@ -2,6 +2,7 @@
 
     flashrt-replay BAG [--topics T] [--mode offline|live] [-o OUT_BAG] [--storage mcap|sqlite3]
                    [--rollback-every N --rollback-depth D] [-r RATE] [--start-offset S] [--max-gap S]
+                   [--from SECONDS [--stream STREAM_BAG]]
                    [--config PARAMS] [--max-decompressed-mb MB] [--json PATH] [--plot FILE.png [--joints 0,3]]
     flashrt-replay DIR_OR_GLOB --jobs N [-o OUT_DIR] [--reference REF_DIR] [...]   (a corpus: `--jobs` or see below)
     flashrt-replay diff A B [--plot FILE.png [--joints 0,3]]
@@ -73,8 +74,13 @@ def run_offline(args, src, ts, cfg: ReplayConfig, sink: StepSink) -> dict:
     from ...runtime import Session
 
     session = Session(cfg.policy, args.backend)
-    stream = ObservationStream(src, ts, cfg, args.start_offset)
+    restored = seek(args, src, ts, cfg, session) if args.from_s is not None else None
+    stream = ObservationStream(src, ts, cfg, args.start_offset, *(restored[1:] if restored else ()))
     checks = RollbackChecks(args.rollback_every, args.rollback_depth)
+    if sink.out is not None:  # the --out stream's keyframes go by bag time: the records' own stamps
+        out = sink.out
+        session.enable_stream(lambda rec: out.write_capsule_record(rec, session.fingerprint), cfg.keyframe_s,
+                              clock=lambda info: info.stamp_ns / 1e9)
     t0 = time.perf_counter()
     with STOP.deferred():  # a signal stops the run between two messages, never inside a bag write
         for _, stamp_ns, frame_id, _, obs in stream:
@@ -88,7 +94,34 @@ def run_offline(args, src, ts, cfg: ReplayConfig, sink: StepSink) -> dict:
                 checks.record([session.step(o).action.copy() for o in checks.recent_inputs])
             if stream.messages % PROGRESS_EVERY == 0:
                 progress(f"offline: {stream.messages} messages, {sink.steps} steps")
-    return sink.summary(stream, checks, time.perf_counter() - t0)
+    if session.stream is not None:
+        session.stream.flush()  # every record in the bag before it is closed
+        session.disable_stream()
+    summary = sink.summary(stream, checks, time.perf_counter() - t0)
+    if restored is not None:
+        summary["from"] = {**restored[0].summary(), "skipped_stepped_already": stream.skipped_before_from}
+    return summary
+
+
+def seek(args, src, ts, cfg: ReplayConfig, session):
+    """--from: the session restored from the capsule stream (seek.py) to right before the first observation at
+    or after the --from time. Returns (Restored, after_stamp_ns, read_from_ns) for the ObservationStream."""
+    from .bags import iter_messages
+    from .seek import restore
+    from .stream import bag_start_ns
+
+    start = bag_start_ns(src.files)
+    at = start + round(args.from_s * 1e9)
+    first = next(((stamp, msg) for stamp, msg, err in iter_messages(src, ts, at) if err is None), None)
+    if first is None:
+        raise BagError(f"{args.bag}: --from {args.from_s:g} s is past the last message of {src.topic}")
+    from .bags import header_stamp_ns
+    restored = restore(session, args.stream or args.bag, ts, header_stamp_ns(first[1], first[0]), start,
+                       cfg.keyframe_s)
+    progress(f"--from {args.from_s:g} s: restored step {restored.step} from the keyframe at step "
+             f"{restored.keyframe_step} ({restored.records_applied} records) in {restored.elapsed_s * 1e3:.0f} ms")
+    # observations stamped after the restored state; read from a second before it (bag and header times differ)
+    return restored, restored.stamp_ns, max(start, min(at, restored.stamp_ns) - 1_000_000_000)
 
 
 def add_bag_options(ap: argparse.ArgumentParser) -> None:
@@ -99,7 +132,8 @@ def add_bag_options(ap: argparse.ArgumentParser) -> None:
                     "Give BAG before --topics, as with ros2 bag play")
     ap.add_argument("--mode", choices=["offline", "live"], default="offline")
     ap.add_argument("-o", "--output", "--out", dest="out", metavar="OUT",
-                    help="write /action and /policy_step to this new bag (refused if it exists)")
+                    help="write /action, /policy_step and /capsule_stream (the run's capsule records, a keyframe "
+                    "every stream_keyframe_s of bag time) to this new bag (refused if it exists)")
     ap.add_argument("--storage", choices=STORAGES, default="mcap", help="storage of --output")
     ap.add_argument("--rollback-every", type=int, default=0, metavar="N")
     ap.add_argument("--rollback-depth", type=int, default=20, metavar="D")
@@ -107,6 +141,13 @@ def add_bag_options(ap: argparse.ArgumentParser) -> None:
                     help="live: playback speed (0 = as fast as flow control)")
     ap.add_argument("--start-offset", type=float, default=0.0, metavar="S",
                     help="start this many seconds after the bag's first message (as ros2 bag play)")
+    ap.add_argument("--from", dest="from_s", type=float, metavar="SECONDS",
+                    help="offline: enter the bag this many seconds after its first message with the policy's state "
+                    "there, restored from the capsule stream (the last keyframe before it, then the records up to "
+                    "it), instead of replaying everything before it")
+    ap.add_argument("--stream", metavar="STREAM_BAG",
+                    help="--from: the bag that holds the capsule stream (a previous --output, or a recording of "
+                    "~/capsule_stream); default BAG itself")
     ap.add_argument("--max-gap", type=float, default=1.0, metavar="S",
                     help="live: longest wait between two messages, in seconds of bag time (default 1.0)")
     ap.add_argument("--config", help="params file (default: the installed or source config/flashrt.yaml)")
@@ -159,6 +200,10 @@ def check_bag_options(ap: argparse.ArgumentParser, args) -> None:
         ap.error("--rate and --max-gap must be finite and >= 0")
     if not (0 <= args.start_offset < 1e9):  # also refuses NaN
         ap.error("--start-offset must be a finite number of seconds >= 0")
+    if args.from_s is not None and (not 0 <= args.from_s < 1e9 or args.mode != "offline" or args.start_offset):
+        ap.error("--from must be a finite number of seconds >= 0, offline, without --start-offset")
+    if args.stream and args.from_s is None:
+        ap.error("--stream goes with --from")
     if not (0 < args.max_decompressed_mb < 2**20):
         ap.error("--max-decompressed-mb must be > 0 and below 1 TiB")
     if args.topics and len(args.topics) > 1:
@@ -199,8 +244,8 @@ def _replay(argv) -> int:
     if args.jobs is not None or args.ray or args.reference or is_corpus(args.bag):
         if args.jobs is not None and not 1 <= args.jobs <= 1024:
             ap.error("--jobs must be between 1 and 1024")
-        if args.mode != "offline" or args.plot or args.joints:
-            ap.error("a corpus replays offline, without --plot or --joints; replay one bag for those")
+        if args.mode != "offline" or args.plot or args.joints or args.from_s is not None:
+            ap.error("a corpus replays offline, without --plot, --joints or --from; replay one bag for those")
         return corpus_main(args)
     out_path = check_new_output(args.out) if args.out else None  # before any work: never after a long replay
     _check_plot(args.plot)

@@ -29,6 +29,7 @@ READY_TIMEOUT_S = 60.0
 READY_SLICE_S = 1.0  # how long a SIGTERM can wait while the node starts
 PACE_SLICE_S = 0.02  # how long a SIGTERM can wait while pacing
 PROGRESS_EVERY = 500
+STREAM_TAIL_S = 2.0  # --out: how long the capsule records of the last steps are waited for
 PR_SET_PDEATHSIG = 1
 
 
@@ -141,6 +142,7 @@ def _stream(args, src, ts, cfg, sink, node, proc) -> dict:
     got: list = []
     qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
     step_sub = node.create_subscription(PolicyStep, "policy_step", got.append, policy_step_qos(1000))
+    records = _record_stream(node, sink.out) if sink.out is not None else None
     pub = node.create_publisher(JointState if src.msgtype == JOINT_STATE else Float32MultiArray, "observation", qos)
     _wait_ready(client, proc)
     try:
@@ -149,6 +151,12 @@ def _stream(args, src, ts, cfg, sink, node, proc) -> dict:
         STOP.check()
         state = "exited" if proc.poll() is not None else f"was not ready within {READY_TIMEOUT_S} s"
         raise NodeFailed(f"live: the node {state} ({e})") from None
+    if records is not None:  # its first record (a keyframe) must not go out before the recorder matched it
+        end = time.monotonic() + READY_TIMEOUT_S
+        while node.count_publishers("/flashrt/capsule_stream") == 0 and time.monotonic() < end:
+            rclpy.spin_once(node, timeout_sec=0.05)
+            STOP.check()
+        rclpy.spin_once(node, timeout_sec=0.2)
     progress("live: node ready, streaming")
 
     def send(ros_msg):
@@ -183,7 +191,27 @@ def _stream(args, src, ts, cfg, sink, node, proc) -> dict:
                           if r.success else [])
         if stream.messages % PROGRESS_EVERY == 0:
             progress(f"live: {stream.messages} messages, {sink.steps} steps")
+    if records is not None:  # the records of the last steps are still on their way
+        end = time.monotonic() + STREAM_TAIL_S
+        while records[0] < sink.steps and time.monotonic() < end:
+            rclpy.spin_once(node, timeout_sec=0.01)
     return sink.summary(stream, checks, time.perf_counter() - t0)
+
+
+def _record_stream(node, out) -> list:
+    """The node's capsule stream written into the output bag as it arrives; returns [newest step recorded]."""
+    from rclpy.serialization import serialize_message
+
+    from flashrt_interfaces.msg import CapsuleRecord
+
+    from ...ros.capsule_stream import stream_qos
+    newest = [0]
+
+    def on_record(msg) -> None:
+        out.write_capsule_record_cdr(msg.stamp.sec * 1_000_000_000 + msg.stamp.nanosec, serialize_message(msg))
+        newest[0] = max(newest[0], msg.step)
+    node.create_subscription(CapsuleRecord, "flashrt/capsule_stream", on_record, stream_qos())
+    return newest
 
 
 def _wait_ready(client, proc) -> None:

@@ -121,6 +121,7 @@ class ReplayConfig:
             self.policy = PolicyConfig.from_dict({k: v for k, v in params.items() if k in fields})
         except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
             raise BagError(f"--config {self.path}: {' '.join(str(e).split())}") from None
+        self.keyframe_s = float(params.get("stream_keyframe_s", 10.0))  # the node's, for the --out stream
         names = params.get("joint_names") or []
         if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
             raise BagError(f"--config {self.path}: joint_names must be a list of strings, got {names!r}")
@@ -164,11 +165,16 @@ class ObservationStream:
     the first one's are counted (joint_order_changes): only joint_names maps every message by name.
     Yields (bag stamp ns, observation stamp ns, frame_id, message, observation)."""
 
-    def __init__(self, src, ts, cfg: ReplayConfig, start_offset_s: float = 0.0):
+    def __init__(self, src, ts, cfg: ReplayConfig, start_offset_s: float = 0.0, after_stamp_ns: int | None = None,
+                 read_from_ns: int | None = None):
+        """``after_stamp_ns`` (--from): only observations stamped after it, read from bag time
+        ``read_from_ns`` on (what is before is not read at all)."""
         self.src, self.ts = src, ts
         # as `ros2 bag play --start-offset`: seconds after the bag's first message (any topic)
         self.start_ns = bag_start_ns(src.files) + round(start_offset_s * 1e9) if start_offset_s > 0 else None
+        self.after_stamp_ns, self.read_from_ns = after_stamp_ns, read_from_ns
         self.skipped = 0  # messages before the start offset: neither counted nor converted
+        self.skipped_before_from = 0  # read, stamped at or before the restored state: stepped already
         self.obs_type = observation_type(src.msgtype)
         self.obs_dim, self.joint_names = cfg.policy.obs_dim, cfg.joint_names
         self.reader = ObservationReader(self.obs_type, self.obs_dim, self.joint_names)
@@ -179,9 +185,12 @@ class ObservationStream:
         self.first_order_change: int | None = None  # 1-based message number
 
     def __iter__(self):
-        for stamp, msg, err in iter_messages(self.src, self.ts):
+        for stamp, msg, err in iter_messages(self.src, self.ts, self.read_from_ns):
             if self.start_ns is not None and stamp < self.start_ns:
                 self.skipped += 1
+                continue
+            if self.after_stamp_ns is not None and err is None and header_stamp_ns(msg, stamp) <= self.after_stamp_ns:
+                self.skipped_before_from += 1
                 continue
             self.messages += 1
             if err is None:
