@@ -2,7 +2,13 @@
 
     ros2 launch flashrt_ros flashrt.launch.py namespace:=robot1 params_file:=/path/to/params.yaml
 
-Arguments: namespace, params_file, autostart, log_level, use_sim_time, persist_dir, resume.
+Arguments: namespace, params_file, autostart, log_level, use_sim_time, persist_dir, resume, role, primary.
+
+A replica on a workstation (what-ifs off the robot) and a hot standby (takes over if the policy process
+dies), each rebuilding the robot's capsules from its ~/capsule_stream (README: "Replicas and failover"):
+
+    ros2 launch flashrt_ros flashrt.launch.py namespace:=ws role:=replica primary:=/robot1/flashrt
+    ros2 launch flashrt_ros flashrt.launch.py namespace:=robot1_standby role:=standby primary:=/robot1/flashrt
 
 Crash-resume on a robot: give the capsule log a directory on the robot's disk and turn resume on, so
 a node restarted after an OOM kill, a watchdog or a power cut continues from its last persisted step:
@@ -54,6 +60,11 @@ def generate_launch_description():
                               description="directory of the capsule log (every step's capsule on disk); empty = off"),
         DeclareLaunchArgument("resume", default_value="false",
                               description="true: continue from the newest capsule in persist_dir's log"),
+        DeclareLaunchArgument("role", default_value="primary",
+                              description="primary (steps the robot) | replica (rebuilds primary's capsules from its "
+                                          "stream, serves list/export/replan) | standby (a replica that takes over)"),
+        DeclareLaunchArgument("primary", default_value="",
+                              description="role replica or standby: the primary node, e.g. /robot1/flashrt"),
         LifecycleNode(
             package=PACKAGE,
             executable=EXECUTABLE,
@@ -64,6 +75,8 @@ def generate_launch_description():
                 "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
                 "persist_dir": ParameterValue(LaunchConfiguration("persist_dir"), value_type=str),
                 "resume": ParameterValue(LaunchConfiguration("resume"), value_type=bool),
+                "role": ParameterValue(LaunchConfiguration("role"), value_type=str),
+                "primary": ParameterValue(LaunchConfiguration("primary"), value_type=str),
             }],
             arguments=["--ros-args", "--log-level", LaunchConfiguration("log_level")],
             output="screen",

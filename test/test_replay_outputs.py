@@ -68,7 +68,7 @@ def test_output_metadata_is_what_humble_rosbag2_reads(run, tmp_path, storage):
     replay(bag, "--config", cfg, "--out", tmp_path / "out", "--storage", storage)
     info, profiles = humble_read_metadata(tmp_path / "out")
     assert 4 <= info["version"] <= 8  # >= 4: QoS as a string (all of Humble, Jazzy, Kilted); 9: a list
-    assert set(profiles) == {"/action", "/policy_step"}
+    assert set(profiles) == {"/action", "/policy_step", "/capsule_stream"}
     for topic_profiles in profiles.values():
         assert topic_profiles, "the profile the node offers is recorded, so `ros2 bag play` can offer it"
         check_humble_qos(topic_profiles)
@@ -82,7 +82,7 @@ def test_mcap_channels_carry_qos_that_humble_parses(run):
     _, out, _, _ = run
     with open(next(out.glob("*.mcap")), "rb") as f:
         channels = make_reader(f).get_summary().channels.values()
-    assert {c.topic for c in channels} == {"/action", "/policy_step"}
+    assert {c.topic for c in channels} == {"/action", "/policy_step", "/capsule_stream"}
     for c in channels:  # Humble's mcap plugin parses this string with the same QoS decoder
         check_humble_qos(yaml.safe_load(c.metadata["offered_qos_profiles"]))
 
@@ -93,7 +93,7 @@ def test_an_independent_mcap_reader_decodes_every_output_message(run):
     from mcap_ros2.decoder import DecoderFactory
 
     summary, out, _, _ = run
-    seen = {"/action": [], "/policy_step": []}
+    seen = {"/action": [], "/policy_step": [], "/capsule_stream": []}
     with open(next(out.glob("*.mcap")), "rb") as f:
         for schema, channel, message, decoded in make_reader(f, decoder_factories=[DecoderFactory()]) \
                 .iter_decoded_messages():
@@ -101,6 +101,10 @@ def test_an_independent_mcap_reader_decodes_every_output_message(run):
     assert len(seen["/action"]) == len(seen["/policy_step"]) == summary["steps"] == 60
     assert {s for s, _, _ in seen["/action"]} == {"std_msgs/msg/Float64MultiArray"}
     assert {s for s, _, _ in seen["/policy_step"]} == {"flashrt_interfaces/msg/PolicyStep"}
+    # the run's capsule records, one per step at its stamp, in order, none dropped
+    assert [(s, t, r.step, r.seq) for s, t, r in seen["/capsule_stream"]] == [
+        ("flashrt_interfaces/msg/CapsuleRecord", T0_NS + i * 10_000_000, i + 1, i + 1) for i in range(60)]
+    assert summary["capsule_stream"]["records"] == 60 and summary["capsule_stream"]["dropped"] == 0
     ours = read_policy_steps(out, typestore())
     for i, ((_, t_a, action), (_, t_s, step), mine) in enumerate(zip(seen["/action"], seen["/policy_step"], ours)):
         stamp = T0_NS + i * 10_000_000

@@ -66,7 +66,8 @@ def test_launch_file_names_an_installed_executable_and_an_existing_params_file()
 def test_launch_file_starts_a_lifecycle_node_with_the_documented_arguments():
     tree = _launch_tree()
     declared = {c.args[0].value for c in _calls(tree, "DeclareLaunchArgument")}
-    assert declared == {"namespace", "params_file", "autostart", "log_level", "use_sim_time", "persist_dir", "resume"}
+    assert declared == {"namespace", "params_file", "autostart", "log_level", "use_sim_time", "persist_dir", "resume",
+                        "role", "primary"}
     assert not _calls(tree, "Node"), "a plain Node cannot be driven through lifecycle transitions"
     (node,) = _calls(tree, "LifecycleNode")
     kw = {k.arg: k.value for k in node.keywords}
@@ -79,9 +80,12 @@ def test_launch_file_starts_a_lifecycle_node_with_the_documented_arguments():
     assert "'use_sim_time': ParameterValue(LaunchConfiguration('use_sim_time'), value_type=bool)" in params
     assert "'persist_dir': ParameterValue(LaunchConfiguration('persist_dir'), value_type=str)" in params
     assert "'resume': ParameterValue(LaunchConfiguration('resume'), value_type=bool)" in params
+    assert "'role': ParameterValue(LaunchConfiguration('role'), value_type=str)" in params
+    assert "'primary': ParameterValue(LaunchConfiguration('primary'), value_type=str)" in params
     assert ast.unparse(kw["arguments"]) == "['--ros-args', '--log-level', LaunchConfiguration('log_level')]"
     doc = ast.get_docstring(tree)
     assert "ros2 lifecycle set /robot1/flashrt configure" in doc and "activate" in doc
+    assert "role:=replica primary:=/robot1/flashrt" in doc and "role:=standby" in doc
 
 
 def joint_state(names, pos, vel):

@@ -99,12 +99,15 @@ def role_diagnostics(role: str, stream, link: ReplicaLink | None, leader=None, d
             values["stream_last_error"] = st.last_error
     if link is None:
         return values, ""
-    st, lags = link.stats(), link.lag_ms()
-    lag50 = sorted(lags)[len(lags) // 2] if lags else 0.0
+    st, lags = link.stats(), sorted(link.lag_ms())
+
+    def at(q: float) -> float:
+        return lags[min(len(lags) - 1, int(q * len(lags)))] if lags else 0.0
+    # since the last diagnostics: the primary's step (its observation's stamp) to the capsule held here
     values.update(primary=link.primary, replica_applied=st.applied, replica_refused=st.refused,
                   replica_gaps=st.gaps, replica_skipped=st.skipped, replica_capsule_id=st.last_id,
-                  replica_step=st.last_step, replica_lag_ms_p50=f"{lag50:.2f}",
-                  replica_lag_ms_max=f"{max(lags, default=0.0):.2f}")
+                  replica_step=st.last_step, replica_lag_samples=len(lags), replica_lag_ms_p50=f"{at(0.5):.2f}",
+                  replica_lag_ms_p99=f"{at(0.99):.2f}", replica_lag_ms_max=f"{at(1.0):.2f}")
     if st.last_error:
         values["replica_last_error"] = st.last_error
     if hasattr(link, "buffer"):  # a standby

@@ -1,5 +1,6 @@
-"""flashrt-bench: `runtime` (NumPy or CUDA session), `ros` (through DDS, separate processes) and `capsules`
-(the capsule tree of a short in-process mission)."""
+"""flashrt-bench: `runtime` (NumPy or CUDA session), `ros` (through DDS, separate processes), `stream` (the
+capsule stream, replicas and failover, separate processes) and `capsules` (the capsule tree of a short
+in-process mission)."""
 from __future__ import annotations
 
 import argparse
@@ -43,6 +44,11 @@ def main(argv=None) -> int:
     pe.add_argument("--quick", action="store_true", help="the same measurements at toy sizes, in seconds (tests)")
     pe.add_argument("--kills", type=int, help="kill -9 rounds (default 10; --quick: 2)")
     pe.add_argument("--resume-steps", type=int, help="steps in the resume log (default 60000; --quick: 1500)")
+    st = sub.add_parser("stream", help="capsule stream, replicas and failover through separate processes: step "
+                        "overhead, replica lag, what-if bytes, late join, kill -9 failover, --from seek")
+    st.add_argument("--json", help="also write the JSON here")
+    st.add_argument("--quick", action="store_true", help="the same measurements at toy sizes (tests)")
+    add_backend_argument(st, "auto", "the nodes' backend parameter: ")
     cap = sub.add_parser("capsules", help="the capsule tree of a short mission: rollbacks, replans, pins, eviction")
     cap.add_argument("--json", help="also write the JSON here")
     for p in (rt, ros, cap, pe):
@@ -69,6 +75,8 @@ def main(argv=None) -> int:
         from .capsules import run
     elif args.which == "persist":
         from .persist import run
+    elif args.which == "stream":
+        from .stream import run
     else:
         from .ros import run
     try:

@@ -68,6 +68,7 @@ from .stream import (
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_STEPS, EXIT_INTERNAL, EXIT_NODE_FAILED = 0, 1, 2, 3, 4, 5
 EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE  # what the shell shows for `cmd | head -1` when cmd dies of SIGPIPE
 PROGRESS_EVERY = 2000
+STREAM_BACKLOG = 256  # --out offline: steps between waits for the capsule stream to catch up
 
 
 def run_offline(args, src, ts, cfg: ReplayConfig, sink: StepSink) -> dict:
@@ -92,12 +93,19 @@ def run_offline(args, src, ts, cfg: ReplayConfig, sink: StepSink) -> dict:
             if checks.due(sink.steps):
                 session.rollback(steps_back=checks.depth)
                 checks.record([session.step(o).action.copy() for o in checks.recent_inputs])
+            if session.stream is not None and sink.steps % STREAM_BACKLOG == 0:
+                session.stream.flush()  # offline there is time to wait: the stream keeps up, drops nothing
             if stream.messages % PROGRESS_EVERY == 0:
                 progress(f"offline: {stream.messages} messages, {sink.steps} steps")
+    recorded = None
     if session.stream is not None:
         session.stream.flush()  # every record in the bag before it is closed
+        recorded = session.stream.stats()
         session.disable_stream()
     summary = sink.summary(stream, checks, time.perf_counter() - t0)
+    if recorded is not None:
+        summary["capsule_stream"] = {"records": recorded.records_published, "keyframes": recorded.keyframes_published,
+                                     "dropped": recorded.records_dropped}
     if restored is not None:
         summary["from"] = {**restored[0].summary(), "skipped_stepped_already": stream.skipped_before_from}
     return summary

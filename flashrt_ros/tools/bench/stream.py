@@ -1,0 +1,376 @@
+"""`flashrt-bench stream`: the capsule stream through real processes on this machine (issue 18's keys).
+
+- stream_step_overhead: a primary stepped at 100 Hz in alternating blocks with a replica subscribed (active)
+  and not (the replica node deactivated: no subscription), same run; in-node step latency (policy_step).
+- replica_lag_ms: the replica's own measure on /diagnostics, per period: the primary's step (the stamp of
+  its observation, set by this bench when it publishes) to the capsule held; p50 of the periods' p50s, and
+  the largest of their p99s.
+- replica_whatif_byte_exact: the same 4 x 8 what-if from the same capsule on the replica and on the primary.
+- late_replica: a second replica started late into the run: seconds from its activation to holding the
+  primary's live capsule, and whether it then holds every capsule the primary took since its first one.
+- failover_ms: kill -9 of a primary stepping at 100 Hz to the first policy_step of its standby (the first
+  after the standby's leader claim arrived); every policy_step of the run, duplicates included, compared
+  with an in-process Session of the same backend fed the same observations.
+- seek_ratio: a bag of seek_s at 100 Hz replayed with --out (the stream), then entered at 70 % with --from:
+  the restore's time over the time the full replay took to reach 70 %; the steps after it byte-compared.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ...runtime import PolicyConfig, Session
+from ..common import p50_p99, progress, synthetic_trace
+from ..demo.mission import params_file, ros_env
+from .measure import ratio
+
+RATE_HZ = 100.0
+WHATIF = (4, 8)  # branches x horizon
+
+
+@dataclass(frozen=True)
+class Plan:
+    """`full` is the benchmark; `quick` is the same code at toy sizes (tests)."""
+    blocks: int  # alternating with / without the replica
+    block_steps: int
+    whatifs: int
+    late_after_s: float  # a replica started this long into the run (0: none)
+    kills: int
+    seek_s: float  # length of the bag entered with --from (0: none)
+
+
+FULL = Plan(blocks=6, block_steps=500, whatifs=100, late_after_s=300.0, kills=20, seek_s=600.0)
+QUICK = Plan(blocks=2, block_steps=60, whatifs=3, late_after_s=2.0, kills=1, seek_s=8.0)
+
+
+def _node(env, log_dir: Path, ns: str, backend: str, **params) -> subprocess.Popen:
+    args = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "-r", f"__ns:={ns}", "--params-file",
+            params_file(None), "-p", f"backend:={backend}", "-p", "observation_reliable:=true"]
+    for k, v in params.items():
+        args += ["-p", f"{k}:={v}"]
+    log = open(log_dir / f"{ns.strip('/')}.log", "w")
+    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+class Robot:
+    """This bench's rclpy node as the robot's sensor (JointState at 100 Hz, stamped when sent) and as a
+    listener of policy_step, /diagnostics and flashrt_leader."""
+
+    def __init__(self, node, ns: str):
+        from diagnostic_msgs.msg import DiagnosticArray
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        from sensor_msgs.msg import JointState
+
+        from flashrt_interfaces.msg import Leader, PolicyStep
+
+        from ...ros.leader import leader_qos
+        from ...ros.step_link import policy_step_qos
+        self.node, self.ns, self.JointState = node, ns, JointState
+        self.steps: list = []  # (receipt monotonic time, PolicyStep)
+        self.diag: dict = {}  # node name -> [values of each status]
+        self.leaders: list = []  # (receipt time, Leader)
+        def stamped(into):
+            return lambda m: into.append((time.monotonic(), m))
+        self.subs = [
+            node.create_subscription(PolicyStep, f"{ns}/policy_step", stamped(self.steps), policy_step_qos(1000)),
+            node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50),
+            node.create_subscription(Leader, f"{ns}/flashrt_leader", stamped(self.leaders), leader_qos())]
+        self.pub = node.create_publisher(JointState, f"{ns}/observation",
+                                         QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+        self.names = [f"joint{i}" for i in range(7)]
+
+    def _on_diag(self, msg) -> None:
+        for st in msg.status:
+            self.diag.setdefault(st.name.split(":")[0], []).append({kv.key: kv.value for kv in st.values})
+
+    def spin(self, seconds: float) -> None:
+        import rclpy
+        end = time.monotonic() + seconds
+        while True:
+            rclpy.spin_once(self.node, timeout_sec=max(0.0, min(0.005, end - time.monotonic())))
+            if time.monotonic() >= end:
+                return
+
+    def run(self, obs, on_tick=None) -> None:
+        """Publish obs at 100 Hz (each stamped now), spinning between; on_tick(i) after each."""
+        t_next = time.monotonic()
+        for i, o in enumerate(obs):
+            msg = self.JointState(name=self.names, position=o[:7].tolist(), velocity=o[7:].tolist())
+            msg.header.stamp = self.node.get_clock().now().to_msg()
+            self.pub.publish(msg)
+            if on_tick is not None:
+                on_tick(i)
+            t_next += 1.0 / RATE_HZ
+            self.spin(max(0.0, t_next - time.monotonic()))
+
+    def wait_steps(self, n: int, timeout: float = 10.0) -> None:
+        end = time.monotonic() + timeout
+        while len(self.steps) < n and time.monotonic() < end:
+            self.spin(0.01)
+
+
+def _change_state(node, name: str, transition: int) -> None:
+    from lifecycle_msgs.srv import ChangeState
+
+    from ...ros.client import FlashRTClient
+    cli = node.create_client(ChangeState, f"{name}/change_state")
+    req = ChangeState.Request()
+    req.transition.id = transition
+    try:
+        FlashRTClient(node).wait_for(cli.call_async(req), 20.0, f"{name} change_state")
+    finally:
+        node.destroy_client(cli)
+
+
+def _held(client) -> set[int]:
+    return {c.id for c in client.list_capsules().capsules}
+
+
+def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
+    from lifecycle_msgs.msg import Transition
+
+    from ...ros.client import FlashRTClient
+    procs = [_node(env, log_dir, "/robot", backend, stream_keyframe_s=10.0),
+             _node(env, log_dir, "/ws", backend, role="replica", primary="/robot")]
+    try:
+        robot, primary, replica = Robot(node, "/robot"), FlashRTClient(node, "/robot"), FlashRTClient(node, "/ws")
+        progress("stream: waiting for the primary /robot and the replica /ws")
+        primary.wait_until_ready(90.0)
+        replica.wait_until_ready(90.0)
+        window = PolicyConfig.from_yaml(params_file(None)).kv_window
+        trace = synthetic_trace(window + 64 + plan.blocks * plan.block_steps + 100 * 60 + 2000, 14)
+        progress(f"stream: warm-up, {window + 64} steps at 100 Hz (fills the KV window)")
+        t_start = time.monotonic()
+        robot.run(trace[:window + 64])
+        at = window + 64
+        lat = {"with_replica": [], "without_replica": []}
+        lag50, lag99, active = [], [], True
+        for b in range(plan.blocks):
+            want = b % 2 == 0  # with, without, with, ...
+            if want != active:
+                _change_state(node, "/ws/flashrt", Transition.TRANSITION_ACTIVATE if want else
+                              Transition.TRANSITION_DEACTIVATE)
+                active = want
+                robot.spin(1.0)  # the subscription matched (or gone) before the block
+            n0, d0 = len(robot.steps), len(robot.diag.get("ws/flashrt", []))
+            robot.run(trace[at:at + plan.block_steps])
+            at += plan.block_steps
+            robot.wait_steps(n0 + plan.block_steps)
+            lat["with_replica" if want else "without_replica"] += [m.step_latency_ms for _, m in robot.steps[n0:]]
+            for v in robot.diag.get("ws/flashrt", [])[d0:]:
+                if want and int(v.get("replica_lag_samples", 0)) > 0:
+                    lag50.append(float(v["replica_lag_ms_p50"]))
+                    lag99.append(float(v["replica_lag_ms_p99"]))
+            progress(f"stream: block {b + 1}/{plan.blocks} ({'with' if want else 'without'} the replica) done")
+        if not active:
+            _change_state(node, "/ws/flashrt", Transition.TRANSITION_ACTIVATE)
+            robot.run(trace[at:at + 200])
+            at += 200
+        # what-ifs from the same capsule on both
+        passed, plan_obs = 0, np.stack([trace[at:at + WHATIF[1]] + 0.05 * b for b in range(WHATIF[0])])
+        for i in range(plan.whatifs):
+            robot.run(trace[at:at + 3])
+            at += 3
+            robot.spin(0.1)
+            cid = max(_held(replica) & _held(primary))
+            a, b = replica.replan(plan_obs, capsule_id=cid), primary.replan(plan_obs, capsule_id=cid)
+            passed += a.succeeded and b.succeeded and a.actions().tobytes() == b.actions().tobytes()
+            if (i + 1) % 25 == 0:
+                progress(f"stream: what-if {i + 1}/{plan.whatifs}")
+        out = {"stream_step_overhead": {k: p50_p99(v) for k, v in lat.items()},
+               "replica_lag_ms": {"p50": round(float(np.median(lag50)), 3) if lag50 else None,
+                                  "p99": max(lag99) if lag99 else None, "periods": len(lag99),
+                                  "how": "primary step (observation stamp) to capsule held, the replica's diagnostics"},
+               "replica_whatif_byte_exact": {"run": plan.whatifs, "passed": int(passed)}}
+        out["stream_step_overhead"]["p99_ratio"] = ratio(out["stream_step_overhead"]["with_replica"]["p99"],
+                                                         out["stream_step_overhead"]["without_replica"]["p99"])
+        if plan.late_after_s:
+            out["late_replica"] = _late_replica(node, env, log_dir, robot, primary, t_start, plan, backend)
+        return out
+    finally:
+        _stop(procs)
+
+
+def _late_replica(node, env, log_dir, robot, primary, t_start, plan, backend) -> dict:
+    from ...ros.client import FlashRTClient
+    wait = plan.late_after_s - (time.monotonic() - t_start)
+    if wait > 0:
+        progress(f"stream: stepping {wait:.0f} s more before the late replica starts")
+        robot.run(synthetic_trace(int(wait * RATE_HZ), 14, seed=5))
+    started = time.monotonic() - t_start
+    proc = _node(env, log_dir, "/late", backend, role="replica", primary="/robot")
+    late = FlashRTClient(node, "/late")
+    state = {"active": None, "caught": None, "first": None}
+
+    def tick(i: int) -> None:
+        if i % 10 or state["caught"] is not None:
+            return
+        statuses = robot.diag.get("late/flashrt", [])
+        if state["active"] is None and any(v.get("lifecycle_state") == "active" for v in statuses):
+            state["active"] = time.monotonic()
+        if state["active"] is not None:
+            live = robot.steps[-1][1].capsule_id if robot.steps else 0
+            try:
+                held = _held(late)
+            except Exception:  # noqa: BLE001 - not answering yet
+                return
+            if live in held or (held and max(held) >= live):
+                state["caught"], state["first"] = time.monotonic(), min(held)
+    try:
+        extra = synthetic_trace(int(30 * RATE_HZ), 14, seed=6)
+        robot.run(extra[:int(20 * RATE_HZ)], tick)  # up to 20 s for it to start and catch up
+        robot.run(extra[int(20 * RATE_HZ):int(23 * RATE_HZ)])
+        robot.spin(0.5)
+        mine, theirs = _held(late), _held(primary)
+        since = {c for c in theirs if state["first"] is not None and c >= state["first"]}
+        return {"started_after_s": round(started, 1),
+                "caught_up_s": round(state["caught"] - state["active"], 3) if state["caught"] else None,
+                "holds_every_capsule_since_first": bool(since) and since <= mine,
+                "target_s": "stream_keyframe_s + 1 = 11"}
+    finally:
+        late.destroy()
+        _stop([proc])
+
+
+def failover(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
+    from ...ros.client import FlashRTClient
+    cfg = PolicyConfig.from_yaml(params_file(None))
+    fo_ms, identical, unstepped = [], 0, 0
+    for k in range(plan.kills):
+        ns, robot = f"/fo{k}", None
+        procs = [_node(env, log_dir, ns, backend), _node(env, log_dir, f"{ns}_standby", backend, role="standby",
+                                                         primary=ns)]
+        try:
+            robot = Robot(node, ns)
+            FlashRTClient(node, ns).wait_until_ready(90.0)
+            FlashRTClient(node, f"{ns}_standby").wait_until_ready(90.0)
+            robot.spin(0.5)
+            trace = synthetic_trace(400, 14, seed=100 + k)
+            kill_at = random.Random(k).randrange(100, 200)
+            killed = [0.0]
+
+            def tick(i: int, kill_at=kill_at, procs=procs, killed=killed) -> None:
+                if i == kill_at:
+                    killed[0] = time.monotonic()
+                    os.kill(procs[0].pid, signal.SIGKILL)
+            robot.run(trace[:kill_at + 60], tick)
+            robot.wait_steps(kill_at + 60, timeout=5.0)
+            robot.spin(0.5)
+            claim = next((t for t, m in robot.leaders if m.epoch == 2), None)
+            first = next((t for t, _ in robot.steps if claim is not None and t >= claim), None)
+            if first is not None:
+                fo_ms.append((first - killed[0]) * 1e3)
+            ref = Session(cfg, backend)
+            want = [ref.step(o).action.astype(np.float32).tobytes() for o in trace[:kill_at + 60]]
+            got = {}
+            for _, m in robot.steps:
+                got.setdefault(m.step, []).append(np.asarray(m.action, np.float32).tobytes())
+            unstepped += sum(1 for s in range(1, kill_at + 61) if s not in got)
+            identical += all(a == want[s - 1] for s, acts in got.items() for a in acts if s <= len(want))
+            progress(f"failover: kill {k + 1}/{plan.kills}: "
+                     f"{fo_ms[-1] if first is not None else float('nan'):.0f} ms to the standby's first step")
+        finally:
+            if robot is not None:
+                for sub in robot.subs:
+                    node.destroy_subscription(sub)
+                node.destroy_publisher(robot.pub)
+            _stop(procs)
+    return {"failover_ms": {**p50_p99(fo_ms), "max": round(max(fo_ms), 3) if fo_ms else None, "kills": plan.kills,
+                            "measured": len(fo_ms)},
+            "failover_actions_byte_identical": {"run": plan.kills, "passed": identical},
+            "failover_unstepped_observations": unstepped}
+
+
+def seek(tmp: Path, plan: Plan, backend: str) -> dict:
+    from ..replay.bags import read_policy_steps, typestore, write_joint_trace
+    n = int(plan.seek_s * RATE_HZ)
+    progress(f"seek: writing a {plan.seek_s:.0f} s bag ({n} observations)")
+    bag = write_joint_trace(tmp / "seek_in", "mcap", synthetic_trace(n, 14, seed=9))
+
+    def replay(*args) -> dict:
+        import json
+        res = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.replay", str(bag), "--backend", backend,
+                              *map(str, args)], capture_output=True, text=True)
+        if res.returncode:
+            raise RuntimeError(f"flashrt-replay {' '.join(map(str, args))}: exit {res.returncode}: {res.stderr[-800:]}")
+        return json.loads(res.stdout)
+    progress("seek: replaying the whole bag with --out (the capsule stream recorded)")
+    full = replay("--out", tmp / "seek_full")
+    at = 0.7 * plan.seek_s
+    progress(f"seek: entering it at {at:.0f} s with --from")
+    t0 = time.perf_counter()
+    part = replay("--from", at, "--stream", tmp / "seek_full", "--out", tmp / "seek_part")
+    part_wall = time.perf_counter() - t0
+    ts = typestore()
+    a = {int(m.step): np.asarray(m.action, np.float32).tobytes() for m in read_policy_steps(tmp / "seek_full", ts)}
+    b = {int(m.step): np.asarray(m.action, np.float32).tobytes() for m in read_policy_steps(tmp / "seek_part", ts)}
+    to_70 = full["wall_s"] * part["from"]["restored_step"] / full["steps"]  # steps are uniform: time to reach 70 %
+    return {"seek_ratio": ratio(part["from"]["restore_s"], to_70),
+            "seek": {"bag_s": plan.seek_s, "from_s": at, "restore_s": part["from"]["restore_s"],
+                     "replay_to_from_s": round(to_70, 3), "full_replay_wall_s": full["wall_s"],
+                     "from_run_wall_s": round(part_wall, 3), "records_read": part["from"]["records_read"],
+                     "steps_after_from": len(b),
+                     "byte_identical": bool(b) and all(a.get(s) == v for s, v in b.items())}}
+
+
+def run(args) -> dict:
+    import rclpy
+    plan = QUICK if args.quick else FULL
+    env = ros_env()
+    os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOG_DIR")})
+    backend = args.backend
+    with tempfile.TemporaryDirectory(prefix="flashrt-bench-stream.") as tmp:
+        log_dir = Path(tmp)
+        rclpy.init()
+        node = rclpy.create_node("flashrt_bench_stream")
+        try:
+            out = {"plan": plan.__dict__, "backend": backend}
+            out.update(stream_and_replicas(node, env, log_dir, plan, backend))
+            out.update(failover(node, env, log_dir, plan, backend))
+        finally:
+            node.destroy_node()
+            rclpy.try_shutdown()
+        if plan.seek_s:
+            out.update(seek(log_dir, plan, backend))
+    out["acceptance"] = acceptance(out)
+    return out
+
+
+def acceptance(out: dict) -> dict:
+    """Each key of the issue's table against its target: True, False, or None (not measured)."""
+    def le(v, target):
+        return None if v is None else bool(v <= target)
+    w = out.get("replica_whatif_byte_exact", {})
+    late = out.get("late_replica", {})
+    fo = out.get("failover_actions_byte_identical", {})
+    return {"stream_step_overhead.p99_ratio <= 1.1": le(out.get("stream_step_overhead", {}).get("p99_ratio"), 1.1),
+            "replica_lag_ms.p99 <= 20": le(out.get("replica_lag_ms", {}).get("p99"), 20.0),
+            "replica_whatif_byte_exact passed == run >= 100": bool(w) and w["passed"] == w["run"] >= 100,
+            "late replica caught up within 11 s": le(late.get("caught_up_s"), 11.0) if late else None,
+            "failover_ms.p99 <= 200 over 20 kills": (le(out.get("failover_ms", {}).get("p99"), 200.0)
+                                                     and out.get("failover_ms", {}).get("measured", 0) >= 20),
+            "failover byte-identical, 0 unstepped": bool(fo) and fo["passed"] == fo["run"]
+            and out.get("failover_unstepped_observations") == 0,
+            "seek_ratio < 0.05": None if out.get("seek_ratio") is None else bool(out["seek_ratio"] < 0.05
+                                                                                 and out["seek"]["byte_identical"])}
