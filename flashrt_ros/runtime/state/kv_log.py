@@ -182,10 +182,14 @@ class KvLog:
         else:
             t = np.arange(pos0, pos1, dtype=np.int64)
             sel = (self.tables[row][(t // KV_PAGE) % self.P], t % KV_PAGE)
-        with self.backend.activate():
-            out = [self.backend.to_host(log[sel]) for pair in zip(self.k, self.v) for log in pair]
+        logs = [log for pair in zip(self.k, self.v) for log in pair]
+        if self.backend.xp is np:  # host memory: one stack copies them (every step's capsule record: keep it lean)
+            out = np.stack([log[sel] for log in logs], 1)
+        else:
+            with self.backend.activate():
+                out = np.stack([self.backend.to_host(log[sel]) for log in logs], 1)
         # d spelled out: a zero-entry record (a snapshot right after a step) has nothing to infer -1 from
-        return np.stack(out, 1).reshape(pos1 - pos0, len(self.k), 2, self.k[0].shape[2])
+        return out.reshape(pos1 - pos0, len(self.k), 2, self.k[0].shape[2])
 
     def write_entry(self, row: int, pos: int, entry: np.ndarray) -> None:
         """Write one position's entries ([n_layers, 2, d]) where the row's table puts it (after prepare_append)."""

@@ -165,7 +165,7 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
         robot.run(trace[:window + 64])
         at = window + 64
         lat = {"with_replica": [], "without_replica": []}
-        lag50, lag99, active = [], [], True
+        active = True
         for b in range(plan.blocks):
             want = b % 2 == 0  # with, without, with, ...
             if want != active:
@@ -173,15 +173,11 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
                               Transition.TRANSITION_DEACTIVATE)
                 active = want
                 robot.spin(1.0)  # the subscription matched (or gone) before the block
-            n0, d0 = len(robot.steps), len(robot.diag.get("ws/flashrt", []))
+            n0 = len(robot.steps)
             robot.run(trace[at:at + plan.block_steps])
             at += plan.block_steps
             robot.wait_steps(n0 + plan.block_steps)
             lat["with_replica" if want else "without_replica"] += [m.step_latency_ms for _, m in robot.steps[n0:]]
-            for v in robot.diag.get("ws/flashrt", [])[d0:]:
-                if want and int(v.get("replica_lag_samples", 0)) > 0:
-                    lag50.append(float(v["replica_lag_ms_p50"]))
-                    lag99.append(float(v["replica_lag_ms_p99"]))
             progress(f"stream: block {b + 1}/{plan.blocks} ({'with' if want else 'without'} the replica) done")
         if not active:
             _change_state(node, "/ws/flashrt", Transition.TRANSITION_ACTIVATE)
@@ -198,6 +194,11 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
             passed += a.succeeded and b.succeeded and a.actions().tobytes() == b.actions().tobytes()
             if (i + 1) % 25 == 0:
                 progress(f"stream: what-if {i + 1}/{plan.whatifs}")
+        robot.spin(1.5)  # the replica's last diagnostics
+        # every period the replica applied records in (it is active for all but the 'without' blocks)
+        periods = [v for v in robot.diag.get("ws/flashrt", []) if int(v.get("replica_lag_samples", 0)) > 0]
+        lag50 = [float(v["replica_lag_ms_p50"]) for v in periods]
+        lag99 = [float(v["replica_lag_ms_p99"]) for v in periods]
         out = {"stream_step_overhead": {k: p50_p99(v) for k, v in lat.items()},
                "replica_lag_ms": {"p50": round(float(np.median(lag50)), 3) if lag50 else None,
                                   "p99": max(lag99) if lag99 else None, "periods": len(lag99),
@@ -238,9 +239,12 @@ def _late_replica(node, env, log_dir, robot, primary, t_start, plan, backend) ->
             if live in held or (held and max(held) >= live):
                 state["caught"], state["first"] = time.monotonic(), min(held)
     try:
-        extra = synthetic_trace(int(30 * RATE_HZ), 14, seed=6)
-        robot.run(extra[:int(20 * RATE_HZ)], tick)  # up to 20 s for it to start and catch up
-        robot.run(extra[int(20 * RATE_HZ):int(23 * RATE_HZ)])
+        extra = synthetic_trace(int(25 * RATE_HZ), 14, seed=6)
+        for second in range(20):  # up to 20 s for it to start and catch up, stepping all along
+            robot.run(extra[int(second * RATE_HZ):int((second + 1) * RATE_HZ)], tick)
+            if state["caught"] is not None:
+                break
+        robot.run(extra[int(21 * RATE_HZ):int(24 * RATE_HZ)])  # 3 s more: does it keep every capsule?
         robot.spin(0.5)
         mine, theirs = _held(late), _held(primary)
         since = {c for c in theirs if state["first"] is not None and c >= state["first"]}
