@@ -33,7 +33,7 @@ IFACE_SRC := $(wildcard flashrt_interfaces/*.txt flashrt_interfaces/*.xml flashr
                         flashrt_interfaces/srv/* flashrt_interfaces/action/*)
 PKG_SRC := setup.py setup.cfg scripts/venv_scripts.cfg
 
-.PHONY: help setup interfaces demo test test-compat test-jazzy lint bench bench-ros bench-persist plots reproduce gpu-check mutate clean
+.PHONY: help setup interfaces demo test test-compat test-jazzy lint bench bench-ros bench-persist bench-stream plots reproduce gpu-check mutate clean
 help:
 	@echo "make demo        run the main demo on the CPU default (creates .venv on first use);"
 	@echo "                 DEMO_ARGS=\"--duration 5\" for a short one"
@@ -43,6 +43,7 @@ help:
 	@echo "make bench       runtime benchmark -> out/bench_runtime.json"
 	@echo "make bench-ros   latency through ROS 2 -> out/bench_ros.json"
 	@echo "make bench-persist  capsule log: step overhead, MiB/s, resume, kill -9 -> out/bench_persist.json"
+	@echo "make bench-stream   capsule stream: overhead, replica lag, failover, --from seek -> out/bench_stream.json"
 	@echo "make plots       the README's figures from short real runs -> docs/img/ (a few minutes)"
 	@echo "make reproduce   rerun every benchmark behind a README number: README value, fresh value, ratio"
 	@echo "                 (out/reproduce_<table>.json; REPRODUCE_ARGS=\"--tables history\" for a subset)"
@@ -131,6 +132,10 @@ bench-ros: $(SETUP_STAMP) $(IFACE_STAMP)
 bench-persist: $(SETUP_STAMP)
 	@mkdir -p out
 	$(VENV)/bin/flashrt-bench persist --json out/bench_persist.json
+
+bench-stream: $(SETUP_STAMP) $(IFACE_STAMP)
+	@mkdir -p out
+	$(WITH_ROS_LOG) $(VENV)/bin/flashrt-bench stream --json out/bench_stream.json
 
 # Every --plot figure the README shows, from short real runs of the tools (JSON of each in out/plots/).
 plots: $(SETUP_STAMP) $(IFACE_STAMP)

@@ -6,6 +6,8 @@
   its observation, set by this bench when it publishes) to the capsule held; p50 of the periods' p50s, and
   the largest of their p99s.
 - replica_whatif_byte_exact: the same 4 x 8 what-if from the same capsule on the replica and on the primary.
+- standby_takeovers_while_primary_lived: a standby runs beside the primary for all of the above; it must never
+  take over (no split brain).
 - late_replica: a second replica started late into the run: seconds from its activation to holding the
   primary's live capsule, and whether it then holds every capsule the primary took since its first one.
 - failover_ms: kill -9 of a primary stepping at 100 Hz to the first policy_step of its standby (the first
@@ -152,12 +154,14 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
 
     from ...ros.client import FlashRTClient
     procs = [_node(env, log_dir, "/robot", backend, stream_keyframe_s=10.0),
-             _node(env, log_dir, "/ws", backend, role="replica", primary="/robot")]
+             _node(env, log_dir, "/ws", backend, role="replica", primary="/robot"),
+             _node(env, log_dir, "/robot_standby", backend, role="standby", primary="/robot")]
     try:
         robot, primary, replica = Robot(node, "/robot"), FlashRTClient(node, "/robot"), FlashRTClient(node, "/ws")
         progress("stream: waiting for the primary /robot and the replica /ws")
         primary.wait_until_ready(90.0)
         replica.wait_until_ready(90.0)
+        FlashRTClient(node, "/robot_standby").wait_until_ready(90.0)
         window = PolicyConfig.from_yaml(params_file(None)).kv_window
         trace = synthetic_trace(window + 64 + plan.blocks * plan.block_steps + 100 * 60 + 2000, 14)
         progress(f"stream: warm-up, {window + 64} steps at 100 Hz (fills the KV window)")
@@ -208,6 +212,10 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
                                                          out["stream_step_overhead"]["without_replica"]["p99"])
         if plan.late_after_s:
             out["late_replica"] = _late_replica(node, env, log_dir, robot, primary, t_start, plan, backend)
+        # a standby beside the whole run (under the replica's and the what-ifs' load) never took over
+        log = (log_dir / "robot_standby.log").read_text(errors="replace")
+        out["standby_takeovers_while_primary_lived"] = {"takeovers": log.count("took over"),
+                                                        "run_s": round(time.monotonic() - t_start, 1)}
         return out
     finally:
         _stop(procs)
@@ -376,5 +384,7 @@ def acceptance(out: dict) -> dict:
                                                      and out.get("failover_ms", {}).get("measured", 0) >= 20),
             "failover byte-identical, 0 unstepped": bool(fo) and fo["passed"] == fo["run"]
             and out.get("failover_unstepped_observations") == 0,
+            "no takeover while the primary lives": out.get("standby_takeovers_while_primary_lived",
+                                                           {}).get("takeovers") == 0,
             "seek_ratio < 0.05": None if out.get("seek_ratio") is None else bool(out["seek_ratio"] < 0.05
                                                                                  and out["seek"]["byte_identical"])}
