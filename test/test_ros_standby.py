@@ -85,9 +85,20 @@ def test_a_standby_takes_over_a_killed_primary_and_continues_byte_exactly(ros_do
         back = remote.rollback(steps_back=5)
         assert back.success and back.capsule.step == 115, back.message
         after_rollback = planner.run(OBS[120:125])
+        # the old primary restarted: it finds the standby leading and stays quiet
+        again = NodeProcess(ros_domain, tmp_path / "restarted.log", namespace="/robot1",
+                            capsule_dir=str(tmp_path / "pc2"))
+        end = time.monotonic() + 30.0
+        while "deposed" not in again.output() and time.monotonic() < end:
+            planner.spin(0.1)
+        n = len(planner.steps)
+        planner.run(OBS[125:128])
+        planner.spin(0.5)
+        assert [m.step for m in planner.steps[n:]] == [121, 122, 123], "one leader steps, once per observation"
     finally:
-        logs = _stop_all([primary, standby], planner)
+        logs = _stop_all([primary, standby] + ([again] if "again" in locals() else []), planner)
     assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
+    assert "deposed: /robot1_standby/flashrt leads the robot since epoch 2" in logs[2], logs[2][-3000:]
     assert "Traceback" not in logs[1], logs[1][-3000:]
     ref = reference_session()
     want = [ref.step(o).action.astype(np.float32).tobytes() for o in OBS[:120]]

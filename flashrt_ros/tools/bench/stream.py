@@ -6,8 +6,8 @@
   its observation, set by this bench when it publishes) to the capsule held; p50 of the periods' p50s, and
   the largest of their p99s.
 - replica_whatif_byte_exact: the same 4 x 8 what-if from the same capsule on the replica and on the primary.
-- standby_takeovers_while_primary_lived: a standby runs beside the primary for all of the above; it must never
-  take over (no split brain).
+- standby_takeovers_while_primary_lived: a standby runs beside the primary for all of the above (soak_s in all,
+  10 minutes in the full bench); it must never take over (no split brain).
 - late_replica: a second replica started late into the run: seconds from its activation to holding the
   primary's live capsule, and whether it then holds every capsule the primary took since its first one.
 - failover_ms: kill -9 of a primary stepping at 100 Hz to the first policy_step of its standby (the first
@@ -48,10 +48,12 @@ class Plan:
     late_after_s: float  # a replica started this long into the run (0: none)
     kills: int
     seek_s: float  # length of the bag entered with --from (0: none)
+    full_window: bool = True  # warm up until the KV window is full (what a robot that ran a while has)
+    soak_s: float = 0.0  # the primary, its replica and its standby run at least this long (the standby never leads)
 
 
-FULL = Plan(blocks=6, block_steps=500, whatifs=100, late_after_s=300.0, kills=20, seek_s=600.0)
-QUICK = Plan(blocks=2, block_steps=60, whatifs=3, late_after_s=2.0, kills=1, seek_s=8.0)
+FULL = Plan(blocks=6, block_steps=500, whatifs=100, late_after_s=300.0, kills=20, seek_s=600.0, soak_s=600.0)
+QUICK = Plan(blocks=2, block_steps=60, whatifs=3, late_after_s=2.0, kills=1, seek_s=8.0, full_window=False)
 
 
 def _node(env, log_dir: Path, ns: str, backend: str, **params) -> subprocess.Popen:
@@ -162,12 +164,12 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
         primary.wait_until_ready(90.0)
         replica.wait_until_ready(90.0)
         FlashRTClient(node, "/robot_standby").wait_until_ready(90.0)
-        window = PolicyConfig.from_yaml(params_file(None)).kv_window
-        trace = synthetic_trace(window + 64 + plan.blocks * plan.block_steps + 100 * 60 + 2000, 14)
-        progress(f"stream: warm-up, {window + 64} steps at 100 Hz (fills the KV window)")
+        warm = PolicyConfig.from_yaml(params_file(None)).kv_window + 64 if plan.full_window else 150
+        trace = synthetic_trace(warm + plan.blocks * plan.block_steps + 100 * 60 + 2000, 14)
+        progress(f"stream: warm-up, {warm} steps at 100 Hz{' (fills the KV window)' if plan.full_window else ''}")
         t_start = time.monotonic()
-        robot.run(trace[:window + 64])
-        at = window + 64
+        robot.run(trace[:warm])
+        at = warm
         lat = {"with_replica": [], "without_replica": []}
         active = True
         for b in range(plan.blocks):
@@ -212,6 +214,10 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
                                                          out["stream_step_overhead"]["without_replica"]["p99"])
         if plan.late_after_s:
             out["late_replica"] = _late_replica(node, env, log_dir, robot, primary, t_start, plan, backend)
+        left = plan.soak_s - (time.monotonic() - t_start)
+        if left > 0:
+            progress(f"stream: {left:.0f} s more at 100 Hz, replica and standby on ({plan.soak_s:.0f} s run)")
+            robot.run(synthetic_trace(int(left * RATE_HZ), 14, seed=7))
         # a standby beside the whole run (under the replica's and the what-ifs' load) never took over
         log = (log_dir / "robot_standby.log").read_text(errors="replace")
         out["standby_takeovers_while_primary_lived"] = {"takeovers": log.count("took over"),
