@@ -38,6 +38,13 @@ def test_offline_and_live_honour_a_reversed_joint_order_identically(live_env, tm
     assert offline["steps"] == live["steps"] == 200
     _, res = replay("diff", tmp_path / "offline", tmp_path / "live")
     assert json.loads(res.stdout)["identical"]
+    # the live --out holds the node's own capsule stream: every step's record, and the same states as offline's
+    from flashrt_ros.tools.replay.bags import iter_capsule_records, typestore
+    ts = typestore()
+    live_records = [m for _, m in iter_capsule_records(tmp_path / "live", ts)]
+    offline_records = [m for _, m in iter_capsule_records(tmp_path / "offline", ts)]
+    assert [int(m.step) for m in live_records] == list(range(1, 201)) and live_records[0].kind == 2  # a keyframe
+    assert [bytes(m.record) for m in live_records] == [bytes(m.record) for m in offline_records]
     replay(bag, "--config", default_cfg, "--out", tmp_path / "message_order")
     _, res = replay("diff", tmp_path / "offline", tmp_path / "message_order", expect=1)  # the order matters
     assert json.loads(res.stdout)["differing_steps"] > 0

@@ -199,7 +199,7 @@ NODE_PARAMS = {
                 "namespace alone (/robot1) for a node named flashrt. A standby steps and publishes on that "
                 "namespace's observation, action and policy_step", lambda n, v: _string(n, v), False),
     "liveliness_lease_ms": (100.0, "the capsule stream's liveliness lease, in ms: a primary offers it, a standby "
-                            "asks for it and takes over about this long after the primary's process stops. "
+                            "asks for it and takes over about 1.5 leases after the primary's process stops. "
                             "Give both the same value (a standby asking for less than the primary offers "
                             "receives nothing)", _ranged, False),
     "capsule_stream": (True, "publish every capsule record on ~/capsule_stream (reliable, off the step's thread) "

@@ -4,8 +4,8 @@ when the primary's process stops.
 Before: it rebuilds the store from the stream as a replica does, and buffers the observations whose stamps
 are newer than its newest record (the primary stepped them, or was about to, after that capsule).
 When the primary's liveliness lapses (automatic liveliness on its capsule stream, lease
-``liveliness_lease_ms``) and no record came within that lease, the node takes over (node.py): it restores its
-newest capsule, claims the next epoch on flashrt_leader, steps the buffered observations in order and
+``liveliness_lease_ms``) and no record came for QUIET_LEASES leases, the node takes over (node.py): it
+restores its newest capsule, claims the next epoch on flashrt_leader, steps the buffered observations in order and
 publishes from then on. Its policy_step numbering continues the primary's, so a consumer drops duplicates
 by step. Byte-identity with a primary that never crashed holds for a timeline that only stepped after the
 newest record (a rollback or a commit the stream had not delivered is not known to the standby), and needs
@@ -26,6 +26,10 @@ except ImportError:  # Humble
     from rclpy.qos_event import SubscriptionEventCallbacks
 
 BUFFER_MAX = 2000  # observations held (20 s at 100 Hz): far more than a lease's worth
+# A lapse alone is not death: a primary stalled for about one lease (a loaded machine) lapses too. The
+# standby takes over once its records have also stopped for this many leases (a killed primary's stop at
+# once, so failover takes about this many leases).
+QUIET_LEASES = 1.5
 
 
 class StandbyLink(ReplicaLink):
@@ -73,10 +77,12 @@ class StandbyLink(ReplicaLink):
     def _check_lapse(self) -> None:
         if not self._lapsed or self.lost_at:
             return
-        if time.monotonic() - self._record_at < self.lease_s / 2:  # records came lately: look again
-            self._recheck = self.node.create_timer(self.lease_s / 2, self._recheck_once)
+        quiet_s = time.monotonic() - self._record_at
+        if quiet_s < QUIET_LEASES * self.lease_s:  # records came lately: look again when they should have
+            self._recheck = self.node.create_timer(QUIET_LEASES * self.lease_s - quiet_s, self._recheck_once)
             return
         self.lost_at = time.monotonic()
+        self.node.get_logger().warning(f"{self.primary}: liveliness lapsed, no record for {quiet_s * 1e3:.0f} ms")
         self.on_primary_lost(self)
 
     def _recheck_once(self) -> None:

@@ -208,6 +208,7 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
         out = {"stream_step_overhead": {k: p50_p99(v) for k, v in lat.items()},
                "replica_lag_ms": {"p50": round(float(np.median(lag50)), 3) if lag50 else None,
                                   "p99": max(lag99) if lag99 else None, "periods": len(lag99),
+                                  "p99_of_the_periods": p50_p99(lag99), "worst_periods": sorted(lag99)[-5:],
                                   "how": "primary step (observation stamp) to capsule held, the replica's diagnostics"},
                "replica_whatif_byte_exact": {"run": plan.whatifs, "passed": int(passed)}}
         out["stream_step_overhead"]["p99_ratio"] = ratio(out["stream_step_overhead"]["with_replica"]["p99"],
@@ -220,8 +221,9 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
             robot.run(synthetic_trace(int(left * RATE_HZ), 14, seed=7))
         # a standby beside the whole run (under the replica's and the what-ifs' load) never took over
         log = (log_dir / "robot_standby.log").read_text(errors="replace")
-        out["standby_takeovers_while_primary_lived"] = {"takeovers": log.count("took over"),
-                                                        "run_s": round(time.monotonic() - t_start, 1)}
+        out["standby_takeovers_while_primary_lived"] = {
+            "takeovers": log.count("took over"), "run_s": round(time.monotonic() - t_start, 1),
+            "lines": [line[-300:] for line in log.splitlines() if "took over" in line or "lapsed" in line][:5]}
         return out
     finally:
         _stop(procs)
@@ -359,18 +361,19 @@ def run(args) -> dict:
     os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOG_DIR")})
     backend = args.backend
     with tempfile.TemporaryDirectory(prefix="flashrt-bench-stream.") as tmp:
-        log_dir = Path(tmp)
+        log_dir = Path(tempfile.mkdtemp(prefix="flashrt-bench-stream-logs."))  # kept: the nodes' logs
+        progress(f"node logs in {log_dir}")
         rclpy.init()
         node = rclpy.create_node("flashrt_bench_stream")
         try:
-            out = {"plan": plan.__dict__, "backend": backend}
+            out = {"plan": plan.__dict__, "backend": backend, "node_logs": str(log_dir)}
             out.update(stream_and_replicas(node, env, log_dir, plan, backend))
             out.update(failover(node, env, log_dir, plan, backend))
         finally:
             node.destroy_node()
             rclpy.try_shutdown()
         if plan.seek_s:
-            out.update(seek(log_dir, plan, backend))
+            out.update(seek(Path(tmp), plan, backend))
     out["acceptance"] = acceptance(out)
     return out
 
