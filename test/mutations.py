@@ -721,7 +721,7 @@ MUTATIONS = [
              "        else:\n            self.step_from_message(msg)",
              ["test/test_ros_standby.py::test_a_frozen_primary_resumed_after_a_takeover_is_deposed_and_steps_no_more"],
              "a primary frozen past its lease comes back and publishes beside the standby: split brain"),
-    Mutation("replica_serves_rollback", "flashrt_ros/ros/node.py",
+    Mutation("replica_serves_rollback", "flashrt_ros/ros/roles.py",
              '        if self._own.get("role", "primary") == "primary" or what in REPLICA_SERVICES:',
              "        if True:",
              ["test/test_ros_replica.py::test_a_replica_holds_the_primarys_capsules_and_its_what_ifs_match_byte_for_byte"],

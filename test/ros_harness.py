@@ -68,6 +68,23 @@ class NodeProcess:
         return self.proc.returncode
 
 
+def primary_and(role: str, ros_domain, tmp_path: Path, ns: str, primary_params: dict | None = None, **params):
+    """A primary in /robot1 (keyframes every second) and a node of ``role`` in ``ns`` following it, each in its
+    own process; a Planner on /robot1 and a FlashRTClient on ``ns``, both ready. Returns
+    (primary, other, planner, client); the caller stops them."""
+    from flashrt_ros.ros.client import FlashRTClient
+    primary = NodeProcess(ros_domain, tmp_path / "primary.log", namespace="/robot1",
+                          capsule_dir=str(tmp_path / "primary_caps"),
+                          **{"stream_keyframe_s": 1.0, **(primary_params or {})})
+    other = NodeProcess(ros_domain, tmp_path / f"{role}.log", namespace=ns, role=role,
+                        capsule_dir=str(tmp_path / f"{role}_caps"), **{"primary": "/robot1", **params})
+    planner = Planner(namespace="/robot1")
+    client = FlashRTClient(planner.node, ns)
+    planner.wait_ready()
+    client.wait_until_ready(30.0)
+    return primary, other, planner, client
+
+
 def env_without_module(env: dict, shim_dir: Path, module: str) -> dict:
     """The node's environment with `module` unimportable (a sitecustomize on PYTHONPATH blocks it), as on
     a machine where that optional dependency is not installed."""

@@ -37,6 +37,15 @@ def replica_of(s) -> tuple[Session, StreamReplica]:
     return r, StreamReplica(r)
 
 
+def stepped(n: int, **kw):
+    """A streaming primary after ``n`` steps, every record published, and a fresh replica of it."""
+    s, stream, records = streaming(**kw)
+    for o in OBS[:n]:
+        s.step(o)
+    assert stream.flush()
+    return (s, stream, records, *replica_of(s))
+
+
 def feed(replica: StreamReplica, records) -> list[bool]:
     return [replica.apply(rec.seq, replica.session.fingerprint, rec.blob) for rec in records]
 
@@ -126,11 +135,7 @@ def test_a_resync_request_on_an_idle_primary_resends_the_live_capsule_at_once():
 
 
 def test_a_gap_in_the_sequence_makes_the_replica_wait_for_the_next_resync():
-    s, stream, records = streaming()
-    for o in OBS[:20]:
-        s.step(o)
-    assert stream.flush()
-    r, replica = replica_of(s)
+    s, stream, records, r, replica = stepped(20)
     feed(replica, records[:10])
     before = r.state_host().tobytes()
     assert feed(replica, records[11:15]) == [False] * 4  # record 11 lost
@@ -147,25 +152,30 @@ def _flip(blob: bytes, at: int) -> bytes:
     return bytes(b)
 
 
-def _forged_delta(blob: bytes, value: float) -> bytes:
-    """A DELTA whose last KV float is ``value``, with a valid checksum: a forgery, not damage."""
+def _reforged(blob: bytes, edit) -> bytes:
+    """The record with ``edit(payload)`` applied and its checksum made valid again: a forgery, not damage."""
     import zlib
     head = struct.Struct("<4sB3xII")
     magic, kind, n, _ = head.unpack_from(blob, 0)
     payload = bytearray(blob[head.size:])
-    payload[-4:] = struct.pack("<f", value)
+    edit(payload)
     crc = zlib.crc32(bytes(payload), zlib.crc32(struct.pack("<BI", kind, n)))
     return head.pack(magic, kind, n, crc) + bytes(payload)
+
+
+def _forged_delta(blob: bytes, value: float) -> bytes:
+    """A DELTA whose last KV float is ``value``."""
+    return _reforged(blob, lambda p: p.__setitem__(slice(-4, None), struct.pack("<f", value)))
+
+
+def _forged_id(blob: bytes, cid: int) -> bytes:
+    return _reforged(blob, lambda p: struct.pack_into("<Q", p, 0, cid))
 
 
 @pytest.mark.parametrize("attack", ["flipped_byte", "truncated", "trailing", "non_finite", "huge", "wrong_fp",
                                     "out_of_chain", "local_id"])
 def test_a_bad_record_is_refused_and_leaves_the_replica_byte_identical(attack):
-    s, stream, records = streaming()
-    for o in OBS[:25]:
-        s.step(o)
-    assert stream.flush()
-    r, replica = replica_of(s)
+    s, stream, records, r, replica = stepped(25)
     feed(replica, records[:20])
     good = records[20]
     fp, seq, blob = r.fingerprint, good.seq, good.blob
@@ -191,16 +201,6 @@ def test_a_bad_record_is_refused_and_leaves_the_replica_byte_identical(attack):
     assert r.state_host().tobytes() == state
     assert [(i.id, i.step) for i in r.list_capsules()] == capsules
     assert replica.stats().refused == 1 and replica.stats().waiting_for_keyframe
-
-
-def _forged_id(blob: bytes, cid: int) -> bytes:
-    import zlib
-    head = struct.Struct("<4sB3xII")
-    magic, kind, n, _ = head.unpack_from(blob, 0)
-    payload = bytearray(blob[head.size:])
-    struct.pack_into("<Q", payload, 0, cid)
-    crc = zlib.crc32(bytes(payload), zlib.crc32(struct.pack("<BI", kind, n)))
-    return head.pack(magic, kind, n, crc) + bytes(payload)
 
 
 def test_a_reset_on_the_primary_resets_the_replica_and_the_next_capsule_stands_alone():

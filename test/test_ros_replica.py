@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from ros_harness import NodeProcess, Planner
+from ros_harness import primary_and
 
 from conftest import observation_trace
 
@@ -43,16 +43,8 @@ def _capsules(client):
 
 @pytest.fixture
 def primary_and_replica(ros_domain, tmp_path):
-    primary = NodeProcess(ros_domain, tmp_path / "primary.log", namespace="/robot1",
-                          capsule_dir=str(tmp_path / "primary_caps"), stream_keyframe_s=1.0)
-    replica = NodeProcess(ros_domain, tmp_path / "replica.log", namespace="/ws", role="replica",
-                          primary="/robot1", capsule_dir=str(tmp_path / "replica_caps"))
-    planner = Planner(namespace="/robot1")
-    from flashrt_ros.ros.client import FlashRTClient
-    remote = FlashRTClient(planner.node, "/ws")
+    primary, replica, planner, remote = primary_and("replica", ros_domain, tmp_path, "/ws")
     try:
-        planner.wait_ready()
-        remote.wait_until_ready(30.0)
         yield planner, remote, primary, replica
     finally:
         planner.close()
@@ -117,16 +109,9 @@ def test_a_replica_holds_the_primarys_capsules_and_its_what_ifs_match_byte_for_b
 
 
 def test_a_replica_of_another_fingerprint_refuses_every_record_and_holds_nothing(ros_domain, tmp_path):
-    primary = NodeProcess(ros_domain, tmp_path / "primary.log", namespace="/robot1",
-                          capsule_dir=str(tmp_path / "pc"), stream_keyframe_s=0.5)
-    replica = NodeProcess(ros_domain, tmp_path / "replica.log", namespace="/ws", role="replica",
-                          primary="/robot1/flashrt", seed=7, capsule_dir=str(tmp_path / "rc"))
-    planner = Planner(namespace="/robot1")
-    from flashrt_ros.ros.client import FlashRTClient
-    remote = FlashRTClient(planner.node, "/ws")
+    primary, replica, planner, remote = primary_and("replica", ros_domain, tmp_path, "/ws", {"stream_keyframe_s": 0.5},
+                                                    primary="/robot1/flashrt", seed=7)
     try:
-        planner.wait_ready()
-        remote.wait_until_ready(30.0)
         planner.run(OBS[:30])
         _wait(lambda: "refused" in replica.output() and "fingerprint" in replica.output(), 15.0, planner,
               "the replica never said it refused a record")

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from ros_harness import NodeProcess, Planner, joint_state, reference_session
+from ros_harness import NodeProcess, joint_state, primary_and, reference_session
 
 from conftest import observation_trace
 
@@ -21,16 +21,7 @@ OBS = observation_trace(200)
 
 
 def _start(ros_domain, tmp_path):
-    primary = NodeProcess(ros_domain, tmp_path / "primary.log", namespace="/robot1",
-                          capsule_dir=str(tmp_path / "pc"), stream_keyframe_s=1.0)
-    standby = NodeProcess(ros_domain, tmp_path / "standby.log", namespace="/robot1_standby", role="standby",
-                          primary="/robot1", capsule_dir=str(tmp_path / "sc"))
-    planner = Planner(namespace="/robot1")
-    from flashrt_ros.ros.client import FlashRTClient
-    remote = FlashRTClient(planner.node, "/robot1_standby")
-    planner.wait_ready()
-    remote.wait_until_ready(30.0)
-    return primary, standby, planner, remote
+    return primary_and("standby", ros_domain, tmp_path, "/robot1_standby")
 
 
 def _wait_held(planner, remote, capsule_id: int) -> None:

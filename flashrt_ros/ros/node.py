@@ -26,6 +26,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.duration import Duration
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, State, TransitionCallbackReturn
+from rclpy.qos import QoSProfile
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Float32MultiArray, Header
 
@@ -47,12 +48,14 @@ from .outputs import ActionOutputs, action_joint_names
 from .params import check_node_param, command_line_overrides, declare_all, guard_live_params, read_config
 from .qos import resolve_profiles
 from .realtime import apply_thread_priority
-from .replica import REPLICA_SERVICES, ReplicaLink, replica_refusal, role_diagnostics
+from .replica import ReplicaLink, role_diagnostics
+from .roles import NodeRoles
 from .standby import StandbyLink
 from .state_gate import GatedCapsuleServices, GatedReplanServer, inactive_refusal
 
 NODE_NAME = "flashrt"
 RUNTIME_LOGGER = "flashrt_ros"  # Python logging of the runtime, forwarded to the ROS log
+STANDBY_OBSERVATION_DEPTH = 200  # a standby's observation queue: 2 s at 100 Hz, past any takeover's catch-up
 POLICY_STEP_ACK_WAIT_S = 0.1  # before a policy_step writer goes: time for subscribers to acknowledge its last steps
 POLICY_STEP_RENEW_WAIT_S = 2.0  # a service waits this long for the executor to renew the policy_step writer
 # After a rollback or reset the replaced policy_step writer stays (publishing nothing) until its subscribers
@@ -84,7 +87,7 @@ class RosLogHandler(logging.Handler):
             self.handleError(record)
 
 
-class FlashRTNode(LifecycleNode):
+class FlashRTNode(NodeRoles, LifecycleNode):
     def __init__(self, argv=None, **kwargs):
         """``argv``: the process's ROS arguments, to recover ``-p`` values rclpy would drop (params.py)."""
         super().__init__(NODE_NAME, **kwargs)
@@ -134,22 +137,6 @@ class FlashRTNode(LifecycleNode):
     def inactive_refusal(self) -> str:
         """'' while active; otherwise why a service call or replan goal is refused, naming the state."""
         return "" if self._active else inactive_refusal(self.lifecycle_state())
-
-    def role_refusal(self, what: str) -> str:
-        """'' when this node's role serves ``what`` (a service name, or 'a committing replan')."""
-        if self._own.get("role", "primary") == "primary" or what in REPLICA_SERVICES:
-            return ""
-        return replica_refusal(self._own["primary"], what)
-
-    def commit_forwarder(self) -> ReplicaLink | None:
-        """A replica's (or a standby's, before it takes over) link to its primary, where commits go."""
-        return self._replica
-
-    def robot_topic(self, name: str) -> str:
-        """Where the robot's ``name`` topic is: relative for a primary, the primary's for a standby (also after
-        it took over)."""
-        ns = self._own.get("robot_namespace")
-        return name if ns is None else f"{ns}/{name}"
 
     def _transition_failed(self, transition: str, err: Exception) -> TransitionCallbackReturn:
         # rclpy turns an exception in a transition into ERROR without a word: say what happened
@@ -208,8 +195,12 @@ class FlashRTNode(LifecycleNode):
             if self._own["role"] == "replica":
                 return self._activate_replica(ReplicaLink(self, self.session, self._own["primary"]))
             self._leader = LeaderGuard(self, self.robot_topic(LEADER_TOPIC), self._on_deposed)
+            qos = self._qos["observation"]
+            if self._own["role"] == "standby":  # held from its newest record on, and never dropped while it takes over
+                qos = QoSProfile(history=qos.history, depth=max(qos.depth, STANDBY_OBSERVATION_DEPTH),
+                                 reliability=qos.reliability, durability=qos.durability)
             self._observation_sub = self.create_subscription(msg_type, self.robot_topic("observation"),
-                                                             self.on_observation, self._qos["observation"])
+                                                             self.on_observation, qos)
             self._renew_policy_step_writer()  # a standby's too: matched by subscribers before it takes over
             if self._own["role"] == "standby":
                 return self._activate_replica(StandbyLink(self, self.session, self._own["primary"],
@@ -226,47 +217,6 @@ class FlashRTNode(LifecycleNode):
                                       "their names are not checked; set joint_names to map joints by name and "
                                       "refuse messages from a publisher with other joints")
         return TransitionCallbackReturn.SUCCESS
-
-    def _activate_replica(self, link: ReplicaLink) -> TransitionCallbackReturn:
-        self._replica, self._active = link, True
-        self.get_logger().info(f"activate: now active as a {self._own['role']} of {self._own['primary']}, rebuilding "
-                               f"its capsules from '{link.sub.topic_name}'; list_capsules, export_capsule and what-if "
-                               "replans open")
-        return TransitionCallbackReturn.SUCCESS
-
-    def _lead(self, epoch: int) -> None:
-        """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread)."""
-        if self._own["capsule_stream"]:
-            self._stream = StreamPublisher(self, self.session, self._own["stream_keyframe_s"], epoch,
-                                           self._own["liveliness_lease_ms"])
-        self._leader.claim(epoch, self.session.step_count)
-
-    def _take_over(self, link: StandbyLink) -> None:
-        """The primary's process is gone (liveliness, executor thread): continue from the newest record."""
-        session, pending = self.session, link.pending()
-        last, epoch = link.replica.last, max(link.epoch, self._leader.newest_seen) + 1
-        link.destroy()
-        self._replica = None
-        t0 = time.perf_counter()
-        if last is not None:  # row 0 exactly that capsule, whatever a refused record left in it
-            session.rollback(last.id)
-        self._own["role"] = "primary"  # serves every service from here
-        self._lead(epoch)
-        for msg in pending:
-            self.step_from_message(msg)
-        self.get_logger().warning(
-            f"took over from {link.primary} (epoch {epoch}): its liveliness lapsed "
-            f"{(time.monotonic() - link.lost_at) * 1e3:.0f} ms ago; continued from capsule {last.id if last else 0} "
-            f"and stepped {len(pending)} held observations in {(time.perf_counter() - t0) * 1e3:.1f} ms; now at step "
-            f"{session.step_count}, publishing on {self.robot_topic('action')}")
-
-    def _on_deposed(self, leader) -> None:
-        self._deposed = (f"deposed: {leader.node} leads the robot since epoch {leader.epoch} (a standby took over); "
-                         "this node steps and publishes nothing more")
-        if self._stream is not None:
-            self._stream.destroy()
-            self._stream = None
-        self.get_logger().error(self._deposed)
 
     def on_deactivate(self, state: State | None) -> TransitionCallbackReturn:
         self._active = False  # from here every call and goal is refused

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,22 @@ def timed_ms(fn, reps: int, warmup: int = 1) -> list[float]:
         fn()
         out.append((time.perf_counter() - t0) * 1e3)
     return out
+
+
+def stop_processes(procs, timeout_s: float = 10.0) -> None:
+    """SIGINT to every process still running (the nodes shut down in order), then SIGKILL to any that did
+    not exit within ``timeout_s``."""
+    import signal
+
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def write_json(obj, path: str | None) -> None:

@@ -81,12 +81,6 @@ class Persistence(RecordTap):
     def on_unpinned(self, capsule_id: int) -> None:
         self.log.remove_pin(capsule_id, lambda: self.session.store.is_pinned(capsule_id))
 
-    def stats(self) -> PersistStats:
-        return self.log.stats()
-
-    def flush(self, timeout_s: float = 30.0) -> bool:
-        return self.log.flush(timeout_s)
-
     def close(self) -> None:
         self.ids.close()
         self.log.close()

@@ -74,6 +74,19 @@ class RecordQueue:
         marker = CapsuleInfo(0, 0, 0, stamp_ns, "", False, 0, "")  # names no capsule
         self._queue.put((time.monotonic(), RESET, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
 
+    # ---- any thread -----------------------------------------------------------------------
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the consumer has handled everything queued before this call; False on timeout."""
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout_s)
+
+    def _stop_consumer(self, timeout_s: float) -> None:
+        """The consumer thread (``self._thread``) handles what is queued, then ends."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout_s)
+
     # ---- consumer thread ------------------------------------------------------------------
     def _dequeued(self, item) -> None:
         with self._lock:

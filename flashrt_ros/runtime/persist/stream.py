@@ -86,16 +86,8 @@ class StreamQueue(RecordQueue):
             return StreamStats(self._written, self._resyncs, self._dropped, self._errors, self._last_error,
                                self._queue.qsize(), lag, self._seq)
 
-    def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every queued record is published; False on timeout."""
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout_s)
-
     def close(self, timeout_s: float = 10.0) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join(timeout_s)
+        self._stop_consumer(timeout_s)
 
     # ---- stream thread --------------------------------------------------------------------
     def _run(self) -> None:
@@ -183,12 +175,6 @@ class CapsuleStream(RecordTap):
             log.submit(RESYNC, info, small, self._window(s.store.pages_of(info.id), info.step), min(info.step, W))
         except Exception as e:  # noqa: BLE001 - counted; the next record resyncs
             log.drop(e)
-
-    def stats(self) -> StreamStats:
-        return self.log.stats()
-
-    def flush(self, timeout_s: float = 10.0) -> bool:
-        return self.log.flush(timeout_s)
 
     def close(self) -> None:
         self.log.close()

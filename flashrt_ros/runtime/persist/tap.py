@@ -54,6 +54,13 @@ class RecordTap:
         except Exception as e:  # noqa: BLE001 - a lost marker only means a reader picks the newest capsule
             self.log.record_error(f"live marker of capsule {info.id}", e)
 
+    def stats(self):
+        return self.log.stats()
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the consumer has handled every record queued so far; False on timeout."""
+        return self.log.flush(timeout_s)
+
     def on_reset(self) -> None:
         """After the live row was reset."""
         try:

@@ -262,16 +262,8 @@ class CapsuleLog(RecordQueue):
                                 sum(self._sizes.values()) + sum(self._pins.values()), len(self._sizes),
                                 len(self._pins))
 
-    def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until every queued record is written (and fsynced); False on timeout."""
-        done = threading.Event()
-        self._queue.put(done)
-        return done.wait(timeout_s)
-
     def close(self, timeout_s: float = 30.0) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join(timeout_s)
+        self._stop_consumer(timeout_s)
         if not self._thread.is_alive():  # a writer still running keeps the directory
             self._dir_lock.release()
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ..common import progress
+from ..common import progress, stop_processes
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -74,14 +73,7 @@ def run(args) -> dict:
         rc = planner.wait(timeout=max(1.0, deadline - time.monotonic()))
         summary = json.loads(planner_json.read_text()) if planner_json.exists() else {}
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(list(reversed(procs)))
         node_log.close()
     node_out = (work / "node.log").read_text()
     summary["node_rss_mb"] = rss.summary()
