@@ -119,3 +119,28 @@ def test_a_replica_of_another_fingerprint_refuses_every_record_and_holds_nothing
     finally:
         planner.close()
         assert primary.stop() == 0 and replica.stop() == 0, replica.output()[-3000:]
+
+
+def test_a_replica_started_after_the_primary_stepped_catches_up_by_resync_not_the_next_keyframe(ros_domain, tmp_path):
+    from ros_harness import NodeProcess, Planner
+
+    from flashrt_ros.ros.client import FlashRTClient
+    primary = NodeProcess(ros_domain, tmp_path / "primary.log", namespace="/robot1", stream_keyframe_s=3600.0,
+                          capsule_dir=str(tmp_path / "pc"))
+    planner = Planner(namespace="/robot1")
+    replica = None
+    try:
+        planner.wait_ready()
+        planner.run(OBS[:20])
+        replica = NodeProcess(ros_domain, tmp_path / "replica.log", namespace="/ws", role="replica",
+                              primary="/robot1", capsule_dir=str(tmp_path / "rc"))
+        remote = FlashRTClient(planner.node, "/ws")
+        remote.wait_until_ready(30.0)
+        # the robot stands still: only a resync (asked for on a timer while it waits) can bring the state
+        _wait(lambda: planner.steps[-1].capsule_id in _capsules(remote), 20.0, planner,
+              "the late replica never caught up with an idle primary")
+        planner.run(OBS[20:25])  # and it follows the steps after
+        _wait(lambda: planner.steps[-1].capsule_id in _capsules(remote), 10.0, planner, "it stopped following")
+    finally:
+        planner.close()
+        assert primary.stop() == 0 and (replica is None or replica.stop() == 0)

@@ -45,6 +45,9 @@ class ReplicaLink:
         self.client = node.create_client(Trigger, f"{primary}/capsule_stream/resync")
         self.sub = node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record,
                                             qos or stream_qos(), event_callbacks=event_callbacks)
+        # while it waits for a keyframe: ask again on a timer, not only when a record comes (the resync service
+        # may not be discovered yet when the first records are skipped, right after activation)
+        self._asker = node.create_timer(RESYNC_ASK_S, self._ask_if_waiting)
 
     def _on_record(self, msg) -> None:
         self.epoch = max(self.epoch, msg.epoch)
@@ -59,10 +62,17 @@ class ReplicaLink:
             with self._lock:
                 self._lags.append(lag)
                 del self._lags[:-1000]
-        elif time.monotonic() - self._asked_at >= RESYNC_ASK_S:
+        else:
+            self._ask()
+
+    def _ask_if_waiting(self) -> None:
+        if self.replica.waiting:  # nothing applied yet, or the chain broke: records may not even come (idle robot)
+            self._ask()
+
+    def _ask(self) -> None:
+        if time.monotonic() - self._asked_at >= RESYNC_ASK_S and self.client.service_is_ready():
             self._asked_at = time.monotonic()
-            if self.client.service_is_ready():
-                self.client.call_async(Trigger.Request())
+            self.client.call_async(Trigger.Request())
 
     def lag_ms(self) -> list[float]:
         """The lags since the last call (ms), and forgets them."""
@@ -81,6 +91,7 @@ class ReplicaLink:
                                           deadline_ms=deadline_ms, timeout_s=timeout_s)
 
     def destroy(self) -> None:
+        self.node.destroy_timer(self._asker)
         self.node.destroy_subscription(self.sub)
         self.node.destroy_client(self.client)
         self.primary_client.destroy()

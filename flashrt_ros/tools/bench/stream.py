@@ -298,9 +298,14 @@ def failover(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
         try:
             robot = Robot(node, ns)
             FlashRTClient(node, ns).wait_until_ready(90.0)
-            FlashRTClient(node, f"{ns}_standby").wait_until_ready(90.0)
-            robot.spin(0.5)
+            standby = FlashRTClient(node, f"{ns}_standby")
+            standby.wait_until_ready(90.0)
             trace = synthetic_trace(400, 14, seed=100 + k)
+            # services answer before the nodes are active: step until the standby holds a capsule
+            robot.run(trace[:20])
+            end = time.monotonic() + 30.0
+            while not _held(standby) and time.monotonic() < end:
+                robot.spin(0.1)
             kill_at = random.Random(k).randrange(100, 200)
             killed = [0.0]
 
@@ -308,7 +313,7 @@ def failover(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
                 if i == kill_at:
                     killed[0] = time.monotonic()
                     os.kill(procs[0].pid, signal.SIGKILL)
-            robot.run(trace[:kill_at + 60], tick)
+            robot.run(trace[20:kill_at + 60], lambda i: tick(i + 20))
             end = time.monotonic() + 5.0  # duplicates count in robot.steps: wait for the last step's number
             while max((m.step for _, m in robot.steps), default=0) < kill_at + 60 and time.monotonic() < end:
                 robot.spin(0.05)
