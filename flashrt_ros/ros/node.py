@@ -220,13 +220,13 @@ class FlashRTNode(NodeRoles, LifecycleNode):
 
     def on_deactivate(self, state: State | None) -> TransitionCallbackReturn:
         self._active = False  # from here every call and goal is refused
+        # The running replan first: it may still publish feedback, which needs a live node and context.
+        if self._replan_server is not None and not self._replan_server.stop_running("the node is deactivating"):
+            self.get_logger().warning("deactivate: the running replan did not stop in time; it ends on its own")
         for link in (self._stream, self._replica, self._leader):
             if link is not None:
                 link.destroy()
         self._stream = self._replica = self._leader = None
-        # The running replan first: it may still publish feedback, which needs a live node and context.
-        if self._replan_server is not None and not self._replan_server.stop_running("the node is deactivating"):
-            self.get_logger().warning("deactivate: the running replan did not stop in time; it ends on its own")
         if self._observation_sub is not None:
             self.destroy_subscription(self._observation_sub)
         self._observation_sub = None

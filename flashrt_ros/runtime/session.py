@@ -454,14 +454,15 @@ class Session:
         default time.monotonic(); a replay passes the record's stamp: bag time). Returns the stream."""
         from .persist.stream import CapsuleStream
 
-        with self._beside_no_replan():
+        with self.lock:  # the taps are only ever used under it (a step's capsule, a commit's bookkeeping)
             if self.stream is not None:
                 raise RuntimeError("the capsule stream is already enabled")
             self.stream = CapsuleStream(self, publish, keyframe_s, queue_mb, clock)
             return self.stream
 
     def disable_stream(self) -> None:
-        with self._beside_no_replan():
+        """Stop the stream; never waits for a running replan (a deactivating node stops one meanwhile)."""
+        with self.lock:
             stream, self.stream = self.stream, None
         if stream is not None:
             stream.close()
