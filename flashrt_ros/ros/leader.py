@@ -19,9 +19,14 @@ from flashrt_interfaces.msg import Leader
 LEADER_TOPIC = "flashrt_leader"
 
 
-def leader_qos() -> QoSProfile:
-    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.RELIABLE,
+def leader_qos(depth: int = 1) -> QoSProfile:
+    """A writer keeps its one claim (depth 1). A reader keeps more: claims of several nodes can arrive before
+    one is taken (its own and another's, at start-up), and depth 1 would keep only the newest of them."""
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=ReliabilityPolicy.RELIABLE,
                       durability=DurabilityPolicy.TRANSIENT_LOCAL)
+
+
+READER_DEPTH = 16
 
 
 def outranks(theirs: Leader, epoch: int, stamp_ns: int) -> bool:
@@ -38,7 +43,7 @@ class LeaderGuard:
         self.newest_seen = 0  # the newest epoch any node claimed
         self._stamp_ns = 0
         self.pub = node.create_publisher(Leader, topic, leader_qos())
-        self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos())
+        self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
 
     def claim(self, epoch: int, step: int) -> None:
         now = self.node.get_clock().now()

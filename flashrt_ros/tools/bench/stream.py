@@ -89,7 +89,7 @@ class Robot:
         self.subs = [
             node.create_subscription(PolicyStep, f"{ns}/policy_step", stamped(self.steps), policy_step_qos(1000)),
             node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 50),
-            node.create_subscription(Leader, f"{ns}/flashrt_leader", stamped(self.leaders), leader_qos())]
+            node.create_subscription(Leader, f"{ns}/flashrt_leader", stamped(self.leaders), leader_qos(16))]
         self.pub = node.create_publisher(JointState, f"{ns}/observation",
                                          QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
         self.names = [f"joint{i}" for i in range(7)]
