@@ -31,6 +31,9 @@ def test_colcon_install_puts_console_scripts_where_ros2_run_looks(tmp_path):
     setup_py_install(tmp_path / "install", env)
     for name in SCRIPTS:
         assert (tmp_path / "install" / "lib" / "flashrt_ros" / name).exists(), name
+    share = tmp_path / "install" / "share" / "flashrt_ros"
+    for f in ("config/flashrt.yaml", "config/fastdds.xml", "launch/flashrt.launch.py", "kernels/common.cuh"):
+        assert (share / f).is_file(), f  # what the node, ros2 launch and the CUDA backend look up in the share
 
 
 def test_venv_install_puts_console_scripts_on_the_path(tmp_path):

@@ -41,6 +41,7 @@ from ..runtime.state.capsule_file import load_hmac_key
 from .capsule_dir import CapsuleDir
 from .capsule_stream import StreamPublisher
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
+from .dds_profile import use_shipped_profile
 from .diagnostics import device_name, diagnostics_message
 from .leader import LEADER_TOPIC, LeaderGuard
 from .node_stats import NodeStats
@@ -573,6 +574,7 @@ def main(args=None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    dds_line = use_shipped_profile()  # before rclpy.init: Fast DDS reads its profile when the first participant starts
     try:
         _init_ros(args if args is not None else sys.argv)
     except Exception as e:  # noqa: BLE001 - e.g. a params file that is missing or not valid YAML
@@ -582,6 +584,7 @@ def main(args=None) -> int:
     node = executor = None
     try:
         node = FlashRTNode(argv=args if args is not None else sys.argv)
+        node.get_logger().info(dds_line)
         # SingleThreaded, not EventsExecutor: rclpy 9.1's EventsExecutor hung at 100% CPU serving an
         # action goal here (even a plain synchronous one); see README. Humble has no EventsExecutor anyway.
         executor = SingleThreadedExecutor()
