@@ -726,4 +726,9 @@ MUTATIONS = [
              "            return records[keys[-1]:keys[-1] + 1], read",
              ["test/test_replay_seek.py::test_from_enters_the_bag_mid_run_byte_identical_to_the_full_replay"],
              "--from restores the keyframe only and re-steps the stretch after it: not the state at --from"),
+    Mutation("standby_gives_up_after_an_early_lapse", "flashrt_ros/ros/standby.py",
+             "                self.lost_at = 0.0\n",
+             "                pass\n",
+             ["test/test_ros_standby.py::test_a_standby_that_refused_an_early_lapse_still_takes_over_when_the_primary_dies"],
+             "a lapse before the standby held anything (a loaded start) leaves it deaf: the primary dies unreplaced"),
 ]

@@ -127,3 +127,31 @@ def test_a_frozen_primary_resumed_after_a_takeover_is_deposed_and_steps_no_more(
     later = _steps_by_number(planner.steps[n:])
     assert sorted(later) == list(range(61, 81)) and all(len(v) == 1 for v in later.values()), \
         "after the resume only the new leader steps (one policy_step per observation)"
+
+
+def test_a_standby_that_refused_an_early_lapse_still_takes_over_when_the_primary_dies(ros_domain, tmp_path):
+    """A primary that lapses before the standby holds anything (frozen at start, or starved on a loaded machine)
+    is not replaced (nothing to continue from); once it is back, the standby watches it again."""
+    primary, standby, planner, remote = _start(ros_domain, tmp_path)
+    try:
+        planner.spin(2.0)  # the stream matched and its liveliness was asserted: the standby has seen it alive
+        os.kill(primary.proc.pid, signal.SIGSTOP)
+        end = time.monotonic() + 10.0
+        while "not taking over" not in standby.output() and time.monotonic() < end:
+            planner.spin(0.05)
+        os.kill(primary.proc.pid, signal.SIGCONT)
+        end = time.monotonic() + 10.0
+        while "alive again" not in standby.output() and time.monotonic() < end:
+            planner.spin(0.05)
+        planner.run(OBS[:30])
+        _wait_held(planner, remote, planner.steps[-1].capsule_id)
+        os.kill(primary.proc.pid, signal.SIGKILL)
+        _at_100_hz(planner, OBS[30:50])
+        end = time.monotonic() + 10.0
+        while max(m.step for m in planner.steps) < 50 and time.monotonic() < end:
+            planner.spin(0.05)
+    finally:
+        logs = _stop_all([primary, standby], planner)
+    assert "not taking over" in logs[1] and "alive again" in logs[1], logs[1][-3000:]
+    assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
+    assert sorted(_steps_by_number(planner.steps)) == list(range(1, 51)), "the standby stepped what the primary left"

@@ -68,6 +68,9 @@ class StandbyLink(ReplicaLink):
 
     def _on_liveliness(self, info) -> None:
         if info.alive_count > 0:
+            if self.lost_at:  # back after a lapse the node did not act on (nothing held yet): watch again
+                self.node.get_logger().info(f"{self.primary}: alive again; standing by")
+                self.lost_at = 0.0
             self._alive_seen, self._lapsed = True, False
             return
         if self._alive_seen:

@@ -44,7 +44,7 @@ WHATIF = (4, 8)  # branches x horizon
 @dataclass(frozen=True)
 class Plan:
     """`full` is the benchmark; `quick` is the same code at toy sizes (tests)."""
-    blocks: int  # alternating with / without the replica
+    blocks: int  # alternating with / without the replica (10 x 500: 2,500 steps a side, for a p99 that holds still)
     block_steps: int
     whatifs: int
     late_after_s: float  # a replica started this long into the run (0: none)
@@ -54,7 +54,7 @@ class Plan:
     soak_s: float = 0.0  # the primary, its replica and its standby run at least this long (the standby never leads)
 
 
-FULL = Plan(blocks=6, block_steps=500, whatifs=100, late_after_s=300.0, kills=20, seek_s=600.0, soak_s=600.0)
+FULL = Plan(blocks=10, block_steps=500, whatifs=100, late_after_s=300.0, kills=20, seek_s=600.0, soak_s=600.0)
 QUICK = Plan(blocks=2, block_steps=60, whatifs=3, late_after_s=2.0, kills=1, seek_s=8.0, full_window=False)
 
 
@@ -290,7 +290,7 @@ def _late_replica(node, env, log_dir, robot, primary, t_start, plan, backend) ->
 def failover(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
     from ...ros.client import FlashRTClient
     cfg = PolicyConfig.from_yaml(params_file(None))
-    fo_ms, identical, unstepped = [], 0, 0
+    fo_ms, identical, unstepped, details = [], 0, 0, []
     for k in range(plan.kills):
         ns, robot = f"/fo{k}", None
         procs = [_node(env, log_dir, ns, backend), _node(env, log_dir, f"{ns}_standby", backend, role="standby",
@@ -329,8 +329,14 @@ def failover(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
             got = {}
             for _, m in robot.steps:
                 got.setdefault(m.step, []).append(np.asarray(m.action, np.float32).tobytes())
-            unstepped += sum(1 for s in range(1, kill_at + 61) if s not in got)
-            identical += all(a == want[s - 1] for s, acts in got.items() for a in acts if s <= len(want))
+            missing = [s for s in range(1, kill_at + 61) if s not in got]
+            differ = sorted(s for s, acts in got.items() for a in acts if s <= len(want) and a != want[s - 1])
+            unstepped += len(missing)
+            identical += not differ
+            if missing or differ:  # which steps: a bench race (the first ones) or the takeover (around kill_at)
+                details.append({"kill": k + 1, "kill_at_step": kill_at, "unstepped": _spans(missing),
+                                "different": _spans(differ), "standby_first_step": min(
+                                    (m.step for t, m in robot.steps if t >= killed[0] + 0.05), default=None)})
             progress(f"failover: kill {k + 1}/{plan.kills}: "
                      f"{fo_ms[-1] if first is not None else float('nan'):.0f} ms to the standby's first step")
         finally:
@@ -342,7 +348,18 @@ def failover(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
     return {"failover_ms": {**p50_p99(fo_ms), "max": round(max(fo_ms), 3) if fo_ms else None, "kills": plan.kills,
                             "measured": len(fo_ms)},
             "failover_actions_byte_identical": {"run": plan.kills, "passed": identical},
-            "failover_unstepped_observations": unstepped}
+            "failover_unstepped_observations": unstepped, "failover_kills_that_failed": details}
+
+
+def _spans(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3,7"."""
+    out: list[str] = []
+    for s in steps:
+        if out and int(out[-1].split("-")[-1]) == s - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ",".join(out)
 
 
 def seek(tmp: Path, plan: Plan, backend: str) -> dict:
