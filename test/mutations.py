@@ -731,4 +731,9 @@ MUTATIONS = [
              "                pass\n",
              ["test/test_ros_standby.py::test_a_standby_that_refused_an_early_lapse_still_takes_over_when_the_primary_dies"],
              "a lapse before the standby held anything (a loaded start) leaves it deaf: the primary dies unreplaced"),
+    Mutation("standby_counts_its_own_stall_as_quiet", "flashrt_ros/ros/standby.py",
+             "        quiet_s = now - self._record_at - stalled_s\n",
+             "        quiet_s = now - self._record_at\n",
+             ["test/test_ros_standby.py::test_a_stall_of_the_whole_machine_is_not_the_primarys_death"],
+             "a stall of the whole machine looks like the primary's death: a takeover from a live primary"),
 ]

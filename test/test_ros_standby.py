@@ -155,3 +155,26 @@ def test_a_standby_that_refused_an_early_lapse_still_takes_over_when_the_primary
     assert "not taking over" in logs[1] and "alive again" in logs[1], logs[1][-3000:]
     assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
     assert sorted(_steps_by_number(planner.steps)) == list(range(1, 51)), "the standby stepped what the primary left"
+
+
+def test_a_stall_of_the_whole_machine_is_not_the_primarys_death(ros_domain, tmp_path):
+    """Every process frozen together for 4 leases (a VM descheduled by its host, a swap storm): when they
+    resume, the primary's liveliness looks lapsed and its records late, but the standby stood still as long;
+    it must not take over."""
+    primary, standby, planner, remote = _start(ros_domain, tmp_path)
+    try:
+        planner.run(OBS[:30])
+        _wait_held(planner, remote, planner.steps[-1].capsule_id)
+        for _ in range(3):
+            for p in (primary, standby):
+                os.kill(p.proc.pid, signal.SIGSTOP)
+            time.sleep(0.4)
+            os.kill(standby.proc.pid, signal.SIGCONT)
+            time.sleep(0.01)  # the primary's threads get the CPU a little later: the standby sees the lapse first
+            os.kill(primary.proc.pid, signal.SIGCONT)
+            _at_100_hz(planner, OBS[30:40])
+        planner.spin(0.5)
+    finally:
+        standby_log, primary_log = _stop_all([standby, primary], planner)  # the standby first: a primary that stops
+    assert "took over" not in standby_log, standby_log[-3000:]           # is one to replace
+    assert "deposed" not in primary_log, primary_log[-3000:]

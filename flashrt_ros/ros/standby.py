@@ -30,6 +30,10 @@ BUFFER_MAX = 2000  # observations held (20 s at 100 Hz): far more than a lease's
 # standby takes over once its records have also stopped for this many leases (a killed primary's stop at
 # once, so failover takes about this many leases).
 QUIET_LEASES = 1.5
+# Quiet time counts only while this process itself ran: a stall of the whole machine (a VM descheduled by its
+# host) freezes the primary and the standby alike, and on resuming the primary looks lapsed and quiet. A timer
+# ticks every STALL_TICK_S; a gap between ticks beyond 2 ticks is time this process stood still.
+STALL_TICK_S = 0.02
 
 
 class StandbyLink(ReplicaLink):
@@ -42,8 +46,10 @@ class StandbyLink(ReplicaLink):
         self._recheck = None  # a one-shot timer: the lapse looked at again
         self._record_at = time.monotonic()
         self.lost_at = 0.0  # monotonic time the lapse was noticed (0: not yet)
+        self._ticks: collections.deque = collections.deque([time.monotonic()], maxlen=64)  # this process ran then
         super().__init__(node, session, primary, stream_qos(lease_ms),
                          SubscriptionEventCallbacks(liveliness=self._on_liveliness))
+        self._ticker = node.create_timer(STALL_TICK_S, lambda: self._ticks.append(time.monotonic()))
 
     def _on_record(self, msg) -> None:
         self._record_at = time.monotonic()
@@ -80,13 +86,23 @@ class StandbyLink(ReplicaLink):
     def _check_lapse(self) -> None:
         if not self._lapsed or self.lost_at:
             return
-        quiet_s = time.monotonic() - self._record_at
+        now = time.monotonic()
+        stalled_s = self.stalled_s(self._record_at, now)
+        quiet_s = now - self._record_at - stalled_s
         if quiet_s < QUIET_LEASES * self.lease_s:  # records came lately: look again when they should have
-            self._recheck = self.node.create_timer(QUIET_LEASES * self.lease_s - quiet_s, self._recheck_once)
+            if self._recheck is None:  # one at a time (a timer repeats: a second one would leak)
+                self._recheck = self.node.create_timer(QUIET_LEASES * self.lease_s - quiet_s, self._recheck_once)
             return
         self.lost_at = time.monotonic()
-        self.node.get_logger().warning(f"{self.primary}: liveliness lapsed, no record for {quiet_s * 1e3:.0f} ms")
+        still = f" (and {stalled_s * 1e3:.0f} ms this node stood still)" if stalled_s else ""
+        self.node.get_logger().warning(
+            f"{self.primary}: liveliness lapsed, no record for {quiet_s * 1e3:.0f} ms{still}")
         self.on_primary_lost(self)
+
+    def stalled_s(self, since: float, now: float) -> float:
+        """Seconds of [since, now] this process stood still: gaps between its ticks beyond two tick periods."""
+        points = [since, *(t for t in self._ticks if t > since), now]
+        return sum(max(0.0, b - a - 2 * STALL_TICK_S) for a, b in zip(points, points[1:]))
 
     def _recheck_once(self) -> None:
         if self._recheck is not None:
@@ -95,6 +111,7 @@ class StandbyLink(ReplicaLink):
         self._check_lapse()
 
     def destroy(self) -> None:
+        self.node.destroy_timer(self._ticker)
         if self._recheck is not None:
             self.node.destroy_timer(self._recheck)
             self._recheck = None
