@@ -297,9 +297,14 @@ def failover(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
                                                          primary=ns)]
         try:
             robot = Robot(node, ns)
-            FlashRTClient(node, ns).wait_until_ready(90.0)
-            standby = FlashRTClient(node, f"{ns}_standby")
-            standby.wait_until_ready(90.0)
+            try:
+                FlashRTClient(node, ns).wait_until_ready(90.0)
+                standby = FlashRTClient(node, f"{ns}_standby")
+                standby.wait_until_ready(90.0)
+            except Exception as e:  # noqa: BLE001 - one pair that does not come up is a failed kill, not a lost run
+                details.append({"kill": k + 1, "error": f"{type(e).__name__}: {e}"})
+                progress(f"failover: kill {k + 1}/{plan.kills}: not started ({e})")
+                continue
             trace = synthetic_trace(400, 14, seed=100 + k)
             # services answer before the nodes are active: step until the standby holds a capsule
             robot.run(trace[:20])
