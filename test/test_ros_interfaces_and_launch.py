@@ -56,7 +56,7 @@ def test_launch_file_names_an_installed_executable_and_an_existing_params_file()
     assert consts["PACKAGE"] == "flashrt_ros"
     assert consts["EXECUTABLE"] in {name for name, _, _ in scripts}
     assert (ROOT / "config" / consts["PARAMS_FILE"]).exists()
-    assert '("share/" + package_name + "/config", glob("config/*.yaml"))' in setup
+    assert '("share/" + package_name + "/config", glob("config/*.yaml")' in setup  # installed: test_packaging.py
     module = dict((n, m) for n, m, _ in scripts)[consts["EXECUTABLE"]]
     assert (ROOT / (module.replace(".", "/") + ".py")).exists()
     from flashrt_ros.ros.node import NODE_NAME
