@@ -40,6 +40,13 @@ def _at_100_hz(planner, obs, on_step=None) -> None:
         planner.spin(0.01)
 
 
+def _spin_until(planner, done, timeout_s: float = 10.0) -> None:
+    """Spin until done() or timeout_s (the test's asserts say what was missing)."""
+    end = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < end:
+        planner.spin(0.05)
+
+
 def _steps_by_number(steps) -> dict[int, list[bytes]]:
     out: dict[int, list[bytes]] = {}
     for m in steps:
@@ -68,9 +75,7 @@ def test_a_standby_takes_over_a_killed_primary_and_continues_byte_exactly(ros_do
                 killed_at.append(time.monotonic())
                 os.kill(primary.proc.pid, signal.SIGKILL)
         _at_100_hz(planner, OBS[50:120], kill_at_20)
-        end = time.monotonic() + 10.0
-        while max(m.step for m in planner.steps) < 120 and time.monotonic() < end:
-            planner.spin(0.05)
+        _spin_until(planner, lambda: max(m.step for m in planner.steps) >= 120)
         got = _steps_by_number(planner.steps)
         # the new leader serves everything, and keeps publishing on the robot's topics after a rollback
         back = remote.rollback(steps_back=5)
@@ -107,16 +112,11 @@ def test_a_frozen_primary_resumed_after_a_takeover_is_deposed_and_steps_no_more(
         _wait_held(planner, remote, planner.steps[-1].capsule_id)
         os.kill(primary.proc.pid, signal.SIGSTOP)  # alive, silent: past the lease the standby takes over
         _at_100_hz(planner, OBS[30:60])
-        end = time.monotonic() + 10.0
-        while "took over" not in standby.output() and time.monotonic() < end:
-            planner.spin(0.05)
+        _spin_until(planner, lambda: "took over" in standby.output())
         os.kill(primary.proc.pid, signal.SIGCONT)
-        end = time.monotonic() + 10.0
-        while "deposed" not in primary.output() and time.monotonic() < end:
-            planner.spin(0.05)
-        end = time.monotonic() + 10.0  # the new leader's catch-up steps (up to 60) are all in before counting
-        while max(m.step for m in planner.steps) < 60 and time.monotonic() < end:
-            planner.spin(0.05)
+        _spin_until(planner, lambda: "deposed" in primary.output())
+        # the new leader's catch-up steps (up to 60) are all in before counting
+        _spin_until(planner, lambda: max(m.step for m in planner.steps) >= 60)
         planner.spin(0.3)
         n = len(planner.steps)
         _at_100_hz(planner, OBS[60:80])
@@ -136,20 +136,14 @@ def test_a_standby_that_refused_an_early_lapse_still_takes_over_when_the_primary
     try:
         planner.spin(2.0)  # the stream matched and its liveliness was asserted: the standby has seen it alive
         os.kill(primary.proc.pid, signal.SIGSTOP)
-        end = time.monotonic() + 10.0
-        while "not taking over" not in standby.output() and time.monotonic() < end:
-            planner.spin(0.05)
+        _spin_until(planner, lambda: "not taking over" in standby.output())
         os.kill(primary.proc.pid, signal.SIGCONT)
-        end = time.monotonic() + 10.0
-        while "alive again" not in standby.output() and time.monotonic() < end:
-            planner.spin(0.05)
+        _spin_until(planner, lambda: "alive again" in standby.output())
         planner.run(OBS[:30])
         _wait_held(planner, remote, planner.steps[-1].capsule_id)
         os.kill(primary.proc.pid, signal.SIGKILL)
         _at_100_hz(planner, OBS[30:50])
-        end = time.monotonic() + 10.0
-        while max(m.step for m in planner.steps) < 50 and time.monotonic() < end:
-            planner.spin(0.05)
+        _spin_until(planner, lambda: max(m.step for m in planner.steps) >= 50)
     finally:
         logs = _stop_all([primary, standby], planner)
     assert "not taking over" in logs[1] and "alive again" in logs[1], logs[1][-3000:]
