@@ -159,16 +159,52 @@ def test_a_stall_of_the_whole_machine_is_not_the_primarys_death(ros_domain, tmp_
     try:
         planner.run(OBS[:30])
         _wait_held(planner, remote, planner.steps[-1].capsule_id)
-        for _ in range(3):
-            for p in (primary, standby):
-                os.kill(p.proc.pid, signal.SIGSTOP)
+        for k in (30, 40, 50):
+            # an observation in flight as the machine stops: the standby holds it, the primary has not recorded it,
+            # so on resuming its record looks 400 ms overdue
+            planner.stamp += 10_000_000
+            planner.publish(joint_state(OBS[k], planner.stamp))
+            os.kill(primary.proc.pid, signal.SIGSTOP)
+            time.sleep(0.002)
+            os.kill(standby.proc.pid, signal.SIGSTOP)
             time.sleep(0.4)
             os.kill(standby.proc.pid, signal.SIGCONT)
             time.sleep(0.01)  # the primary's threads get the CPU a little later: the standby sees the lapse first
             os.kill(primary.proc.pid, signal.SIGCONT)
-            _at_100_hz(planner, OBS[30:40])
+            _at_100_hz(planner, OBS[k + 1:k + 10])
+        _spin_until(planner, lambda: max(m.step for m in planner.steps) >= 60)
         planner.spin(0.5)
     finally:
         standby_log, primary_log = _stop_all([standby, primary], planner)  # the standby first: a primary that stops
     assert "took over" not in standby_log, standby_log[-3000:]           # is one to replace
+    assert standby_log.count("liveliness lapsed;") >= 3, standby_log[-3000:]  # each stop looked like a lapse
     assert "deposed" not in primary_log, primary_log[-3000:]
+    assert sorted(_steps_by_number(planner.steps)) == list(range(1, 61)), "the primary stepped every observation"
+
+
+def test_an_idle_primary_that_stalls_past_its_lease_is_not_replaced_but_a_dead_one_is(ros_domain, tmp_path):
+    """With nothing to step a living primary publishes no records, so their silence is no sign of death: a stall
+    of two leases (starved on a loaded machine) lapses its liveliness and must not cost it the robot. Killed
+    while idle, it is replaced once the lapse has lasted IDLE_LEASES."""
+    primary, standby, planner, remote = _start(ros_domain, tmp_path)
+    try:
+        planner.run(OBS[:30])
+        _wait_held(planner, remote, planner.steps[-1].capsule_id)
+        planner.spin(0.5)  # idle: no observation, no record
+        for n in range(1, 4):
+            os.kill(primary.proc.pid, signal.SIGSTOP)
+            time.sleep(0.2)
+            os.kill(primary.proc.pid, signal.SIGCONT)
+            _spin_until(planner, lambda: standby.output().count("alive again") >= n, 5.0)
+            planner.spin(0.3)
+        lapses, took_over_alive = standby.output().count("liveliness lapsed;"), "took over" in standby.output()
+        planner.run(OBS[30:40])
+        _wait_held(planner, remote, planner.steps[-1].capsule_id)  # nothing left to step: the kill finds it idle
+        os.kill(primary.proc.pid, signal.SIGKILL)
+        _spin_until(planner, lambda: "took over" in standby.output())
+        planner.run(OBS[40:50])
+    finally:
+        logs = _stop_all([primary, standby], planner)
+    assert lapses >= 3 and not took_over_alive, logs[1][-3000:]
+    assert "lapsed for" in logs[1] and "with nothing to step" in logs[1], logs[1][-3000:]
+    assert sorted(_steps_by_number(planner.steps)) == list(range(1, 51)), "the standby stepped after the primary"

@@ -66,8 +66,8 @@ class NodeRoles:
             self.step_from_message(msg)
         self._start_stream(epoch)  # after the catch-up: its first record (a whole window) costs no held step
         self.get_logger().warning(
-            f"took over from {link.primary} (epoch {epoch}): its liveliness lapsed "
-            f"{(time.monotonic() - link.lost_at) * 1e3:.0f} ms ago; continued from capsule {last.id} "
+            f"took over from {link.primary} (epoch {epoch}) {(time.monotonic() - link.lost_at) * 1e3:.0f} ms after "
+            f"judging it lost; continued from capsule {last.id} "
             f"and stepped {len(pending)} held observations in {(time.perf_counter() - t0) * 1e3:.1f} ms; now at step "
             f"{session.step_count}, publishing on {self.robot_topic('action')}")
 
