@@ -195,7 +195,7 @@ def test_an_idle_primary_that_stalls_past_its_lease_is_not_replaced_but_a_dead_o
             os.kill(primary.proc.pid, signal.SIGSTOP)
             time.sleep(0.2)
             os.kill(primary.proc.pid, signal.SIGCONT)
-            _spin_until(planner, lambda: standby.output().count("alive again") >= n, 5.0)
+            _spin_until(planner, lambda n=n: standby.output().count("alive again") >= n, 5.0)
             planner.spin(0.3)
         lapses, took_over_alive = standby.output().count("liveliness lapsed;"), "took over" in standby.output()
         planner.run(OBS[30:40])
