@@ -152,9 +152,9 @@ def test_a_standby_that_refused_an_early_lapse_still_takes_over_when_the_primary
 
 
 def test_a_stall_of_the_whole_machine_is_not_the_primarys_death(ros_domain, tmp_path):
-    """Every process frozen together for 4 leases (a VM descheduled by its host, a swap storm): when they
-    resume, the primary's liveliness looks lapsed and its records late, but the standby stood still as long;
-    it must not take over."""
+    """Every process frozen together for 4 leases (a VM descheduled by its host, a swap storm), the primary
+    resuming 2 leases after the standby: its liveliness looks lapsed and its record late, but the standby stood
+    still as long, and grants a primary as much extra time as it stood still itself; it must not take over."""
     primary, standby, planner, remote = _start(ros_domain, tmp_path)
     try:
         planner.run(OBS[:30])
@@ -169,17 +169,19 @@ def test_a_stall_of_the_whole_machine_is_not_the_primarys_death(ros_domain, tmp_
             os.kill(standby.proc.pid, signal.SIGSTOP)
             time.sleep(0.4)
             os.kill(standby.proc.pid, signal.SIGCONT)
-            time.sleep(0.01)  # the primary's threads get the CPU a little later: the standby sees the lapse first
+            time.sleep(0.2)  # on resuming, the loaded machine gives the primary the CPU 2 leases after the standby
             os.kill(primary.proc.pid, signal.SIGCONT)
             _at_100_hz(planner, OBS[k + 1:k + 10])
-        _spin_until(planner, lambda: max(m.step for m in planner.steps) >= 60)
-        planner.spin(0.5)
+        planner.spin(1.0)
     finally:
         standby_log, primary_log = _stop_all([standby, primary], planner)  # the standby first: a primary that stops
     assert "took over" not in standby_log, standby_log[-3000:]           # is one to replace
     assert standby_log.count("liveliness lapsed;") >= 3, standby_log[-3000:]  # each stop looked like a lapse
     assert "deposed" not in primary_log, primary_log[-3000:]
-    assert sorted(_steps_by_number(planner.steps)) == list(range(1, 61)), "the primary stepped every observation"
+    # one policy_step per step (no second leader), and the primary stepped on (its best-effort subscription
+    # keeps 8 observations: one resumed late may drop a few of the 9 sent meanwhile)
+    got = _steps_by_number(planner.steps)
+    assert all(len(v) == 1 for v in got.values()) and max(got) >= 55, sorted(got)
 
 
 def test_an_idle_primary_that_stalls_past_its_lease_is_not_replaced_but_a_dead_one_is(ros_domain, tmp_path):

@@ -36,7 +36,9 @@ QUIET_LEASES = 1.5
 IDLE_LEASES = 5.0
 # Quiet time counts only while this process itself ran: a stall of the whole machine (a VM descheduled by its
 # host) freezes the primary and the standby alike, and on resuming the primary looks lapsed and quiet. A timer
-# ticks every STALL_TICK_S; a gap between ticks beyond 2 ticks is time this process stood still.
+# ticks every STALL_TICK_S; a gap between ticks beyond 2 ticks is time this process stood still. Such a stall
+# from IDLE_LEASES before the lapse on also adds its length to the patience: on resuming, a loaded machine
+# may give the primary the CPU well after the standby.
 STALL_TICK_S = 0.02
 
 
@@ -123,6 +125,7 @@ class StandbyLink(ReplicaLink):
             why = "lapsed for {:.0f} ms with nothing to step"
         stalled_s = self.stall.stalled_s(since, now)
         waited_s = now - since - stalled_s
+        need += self.stall.stalled_s(self._lapsed_at - IDLE_LEASES * self.lease_s, now)
         if waited_s < need:  # look again when it would be enough (sooner if an observation comes)
             self._recheck_in(need - waited_s)
             return
