@@ -39,3 +39,50 @@ def test_a_client_made_while_another_thread_spins_its_node_leaves_that_executor_
         spinner.join(5)
         threading.excepthook = default_hook
         node.destroy_node()
+
+
+def test_a_repeatable_call_left_unanswered_is_sent_again_and_a_state_changing_one_is_not(ros_domain):
+    """A server just discovered can drop a response (its writer has not matched the client yet). Here a
+    stand-in server answers its first request of each service only after the caller gave up on it: the
+    read (list_capsules) is asked again and answered; a snapshot is sent once, whatever happens."""
+    import rclpy
+    from rclpy.callback_groups import ReentrantCallbackGroup
+    from rclpy.executors import MultiThreadedExecutor
+
+    from flashrt_interfaces.srv import ListCapsules, Snapshot
+    from flashrt_ros.ros.client import RESEND_AFTER_S, FlashRTClient, FlashRTTimeout
+
+    seen = {"list_capsules": 0, "snapshot": 0}
+
+    def late_first(name):
+        def answer(request, response):
+            seen[name] += 1
+            if seen[name] == 1:
+                time.sleep(RESEND_AFTER_S + 1.0)  # the caller has moved on: as good as a lost response
+            response.success = name == "list_capsules"
+            return response
+        return answer
+
+    server = rclpy.create_node("stand_in", namespace="/stand_in")
+    group = ReentrantCallbackGroup()
+    for name, srv in (("list_capsules", ListCapsules), ("snapshot", Snapshot)):
+        server.create_service(srv, name, late_first(name), callback_group=group)
+    executor = MultiThreadedExecutor(num_threads=4)
+    executor.add_node(server)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    caller = rclpy.create_node("caller")
+    try:
+        client = FlashRTClient(caller, "/stand_in")
+        t0 = time.monotonic()
+        assert client.list_capsules(timeout_s=RESEND_AFTER_S + 3.0).success
+        assert seen["list_capsules"] == 2 and time.monotonic() - t0 < RESEND_AFTER_S + 1.0
+        with pytest.raises(FlashRTTimeout, match="snapshot"):
+            client.snapshot(label="once", timeout_s=RESEND_AFTER_S + 0.5)
+        time.sleep(1.5)  # a second request, had one been sent, has reached the server by now
+        assert seen["snapshot"] == 1
+    finally:
+        executor.shutdown()
+        spinner.join(10)
+        caller.destroy_node()
+        server.destroy_node()

@@ -39,60 +39,59 @@ def test_a_node_killed_20_times_resumes_each_time_at_its_last_record_and_continu
     fed = 0  # observations on the node's timeline: answered before the kill, or after the resume
     expected = None  # (step, state sha256) of the last record in the log, read after the kill
     lost_counts = []
-    if True:
-        for kill in range(KILLS + 1):
-            # a namespace per run: the killed node's endpoints linger in DDS discovery until its lease ends
-            ns = f"/run{kill}"
-            proc = NodeProcess(ros_domain, tmp_path / f"node{kill}.log", namespace=ns, **params)
-            try:
-                planner = Planner(namespace=ns, name=f"planner{kill}")
-                planner.wait_ready(60.0)
-                listing = planner.client.list_capsules()
-                resumed_step = next((c.step for c in listing.capsules if c.id == listing.live_capsule_id), 0)
-                if expected is not None:
-                    step, digest = expected
-                    assert resumed_step == step, (kill, resumed_step, step)
-                    assert listing.resumed_from and all(c.resumed for c in listing.capsules), listing.resumed_from
-                    out = planner.client.export_capsule(f"live{kill}.safetensors")
-                    assert out.success and out.sha256 == digest, (kill, out.message)  # the last persisted capsule
-                    if resumed_step == fed + 1:  # the observation in flight was stepped and persisted, unanswered
-                        reference.step(obs[fed])
-                        fed += 1
-                    lost = fed - resumed_step  # answered steps whose record was still queued at the kill
-                    assert 0 <= lost <= MAX_LOST, (kill, fed, resumed_step)
-                    lost_counts.append(lost)
-                    reference.rollback(steps_back=reference.step_count - resumed_step)
-                    assert state_digest(reference.materialize(reference.live_capsule_id)) == digest
-                fed = resumed_step
-                # step at 100 Hz; the kill lands at a random moment, between or during steps
-                n = int(rng.integers(20, 60))
-                timer = threading.Timer(rng.uniform(0.3, 0.9) * n * PERIOD_S,
-                                        lambda p=proc.proc: os.kill(p.pid, signal.SIGKILL))
-                timer.start() if kill < KILLS else None
-                for o in obs[fed:fed + n]:
-                    t0 = time.monotonic()
-                    try:
-                        got = _step_unless_killed(planner, proc, o, timeout=2.0 if kill < KILLS else 10.0)
-                    except TimeoutError:
-                        break  # killed
-                    want = reference.step(o)
-                    assert np.asarray(got.action, np.float32).tobytes() == want.action.tobytes(), (kill, fed)
+    for kill in range(KILLS + 1):
+        # a namespace per run: the killed node's endpoints linger in DDS discovery until its lease ends
+        ns = f"/run{kill}"
+        proc = NodeProcess(ros_domain, tmp_path / f"node{kill}.log", namespace=ns, **params)
+        try:
+            planner = Planner(namespace=ns, name=f"planner{kill}")
+            planner.wait_ready(60.0)
+            listing = planner.client.list_capsules()
+            resumed_step = next((c.step for c in listing.capsules if c.id == listing.live_capsule_id), 0)
+            if expected is not None:
+                step, digest = expected
+                assert resumed_step == step, (kill, resumed_step, step)
+                assert listing.resumed_from and all(c.resumed for c in listing.capsules), listing.resumed_from
+                out = planner.client.export_capsule(f"live{kill}.safetensors")
+                assert out.success and out.sha256 == digest, (kill, out.message)  # the last persisted capsule
+                if resumed_step == fed + 1:  # the observation in flight was stepped and persisted, unanswered
+                    reference.step(obs[fed])
                     fed += 1
-                    time.sleep(max(0.0, PERIOD_S - (time.monotonic() - t0)))
-                timer.cancel()
-                if kill < KILLS:
-                    proc.proc.wait(10)
-                    assert proc.proc.returncode == -signal.SIGKILL
-                    probe = reference_session()  # what the log holds now, read as the next node will
-                    report = resume(probe, persist)
-                    assert report.step > 0, "nothing persisted before the kill"
-                    expected = (report.step, state_digest(probe.materialize(report.capsule_id)))
-            finally:
-                if planner is not None:
-                    planner.close()
-                proc.stop()
-                out = proc.output()
-                assert "Traceback" not in out, out[-3000:]
+                lost = fed - resumed_step  # answered steps whose record was still queued at the kill
+                assert 0 <= lost <= MAX_LOST, (kill, fed, resumed_step)
+                lost_counts.append(lost)
+                reference.rollback(steps_back=reference.step_count - resumed_step)
+                assert state_digest(reference.materialize(reference.live_capsule_id)) == digest
+            fed = resumed_step
+            # step at 100 Hz; the kill lands at a random moment, between or during steps
+            n = int(rng.integers(20, 60))
+            timer = threading.Timer(rng.uniform(0.3, 0.9) * n * PERIOD_S,
+                                    lambda p=proc.proc: os.kill(p.pid, signal.SIGKILL))
+            timer.start() if kill < KILLS else None
+            for o in obs[fed:fed + n]:
+                t0 = time.monotonic()
+                try:
+                    got = _step_unless_killed(planner, proc, o, timeout=2.0 if kill < KILLS else 10.0)
+                except TimeoutError:
+                    break  # killed
+                want = reference.step(o)
+                assert np.asarray(got.action, np.float32).tobytes() == want.action.tobytes(), (kill, fed)
+                fed += 1
+                time.sleep(max(0.0, PERIOD_S - (time.monotonic() - t0)))
+            timer.cancel()
+            if kill < KILLS:
+                proc.proc.wait(10)
+                assert proc.proc.returncode == -signal.SIGKILL
+                probe = reference_session()  # what the log holds now, read as the next node will
+                report = resume(probe, persist)
+                assert report.step > 0, "nothing persisted before the kill"
+                expected = (report.step, state_digest(probe.materialize(report.capsule_id)))
+        finally:
+            if planner is not None:
+                planner.close()
+            proc.stop()
+            out = proc.output()
+            assert "Traceback" not in out, out[-3000:]
     assert len(lost_counts) == KILLS
     print(f"records lost per kill: max {max(lost_counts)}, mean {np.mean(lost_counts):.2f}")
 

@@ -47,6 +47,11 @@ SERVICES = {"snapshot": Snapshot, "rollback": Rollback, "list_capsules": ListCap
             "reset": Trigger}
 # Newer nodes only: their types are read from the graph when first used.
 OPTIONAL_SERVICES = ("set_pin", "unpin")
+# Calls that change nothing when the node gets them twice (a read; the same file written again). A server
+# whose response writer has not matched this client yet drops the response (rmw: "failed to send response");
+# one of these with no answer after RESEND_AFTER_S is forgotten and sent once more.
+REPEATABLE_SERVICES = ("list_capsules", "export_capsule")
+RESEND_AFTER_S = 2.0
 # A burst of goals or answers must not overflow the rclpy default depth of 10.
 ACTION_QOS = QoSProfile(depth=256, reliability=ReliabilityPolicy.RELIABLE)
 BUSY = "rejected: busy: another replan is running (at most one runs at a time; send it again when that one is done)"
@@ -247,9 +252,22 @@ class FlashRTClient:
             cli, srv_type = self.clients[name], SERVICES[name]
         if not cli.service_is_ready() and not cli.wait_for_service(timeout_sec=timeout_s):
             raise FlashRTTimeout(f"service '{cli.srv_name}' not available after {timeout_s} s")
-        future = cli.call_async(srv_type.Request(**fields))
+        request, what = srv_type.Request(**fields), f"service '{cli.srv_name}'"
+        deadline = time.monotonic() + timeout_s
+        if name in REPEATABLE_SERVICES and timeout_s > RESEND_AFTER_S:
+            try:
+                return self._ask(cli, request, RESEND_AFTER_S, what)
+            except FlashRTTimeout:
+                pass  # perhaps a response dropped in discovery: ask again with the time left
         try:
-            return self.wait_for(future, timeout_s, f"service '{cli.srv_name}'")
+            return self._ask(cli, request, max(0.0, deadline - time.monotonic()), what)
+        except FlashRTTimeout:
+            raise FlashRTTimeout(f"no answer ({what}) within {timeout_s} s") from None
+
+    def _ask(self, cli, request, timeout_s: float, what: str):
+        future = cli.call_async(request)
+        try:
+            return self.wait_for(future, timeout_s, what)
         except FlashRTTimeout:
             cli.remove_pending_request(future)  # cancel() does it through a done callback; be sure
             raise
