@@ -311,7 +311,10 @@ def test_a_100_hz_stream_is_stepped_and_published_during_a_long_replan_in_order_
         while len(planner.steps) < 5 + n and time.monotonic() < end and not result.done():
             planner.spin(0.01)
         # every observation's policy_step arrived while the replan was still running
-        assert not result.done(), "the replan ended before the stream was stepped: make it longer"
+        stepped = {m.header.stamp.sec * 10**9 + m.header.stamp.nanosec for m in planner.steps[5:]}
+        assert not result.done(), (f"the replan ended first: {len(stepped)} of {n} observations stepped by then, "
+                                   f"missing {[k for k, s in enumerate(stamps) if s not in stepped]}; node log: "
+                                   f"{proc.output()[-1500:]}")
         assert feedback[-1].feedback.steps_done < 20_000
         got = [m.header.stamp.sec * 10**9 + m.header.stamp.nanosec for m in planner.steps[5:]]
         assert got == stamps and [m.step for m in planner.steps[5:]] == list(range(6, 6 + n))
