@@ -20,6 +20,7 @@ import time
 from .capsule_stream import stream_qos
 from .convert import stamp_to_ns
 from .replica import ReplicaLink
+from .stall_clock import STALL_TICK_S, StallClock
 
 try:  # rclpy >= Iron
     from rclpy.event_handler import SubscriptionEventCallbacks
@@ -39,27 +40,6 @@ IDLE_LEASES = 5.0
 # ticks every STALL_TICK_S; a gap between ticks beyond 2 ticks is time this process stood still. Such a stall
 # from IDLE_LEASES before the lapse on also adds its length to the patience: on resuming, a loaded machine
 # may give the primary the CPU well after the standby.
-STALL_TICK_S = 0.02
-
-
-class StallClock:
-    """The spans this process stood still, from the gaps between its ticks (ROS-free: times are passed in)."""
-
-    def __init__(self, now: float, tick_s: float = STALL_TICK_S, spans_kept: int = 256):
-        self.tick_s = tick_s
-        self.last_tick = now
-        self.spans: collections.deque = collections.deque(maxlen=spans_kept)  # (from, to) monotonic seconds
-
-    def tick(self, now: float) -> None:
-        if now - self.last_tick > 2 * self.tick_s:
-            self.spans.append((self.last_tick + 2 * self.tick_s, now))
-        self.last_tick = now
-
-    def stalled_s(self, since: float, now: float) -> float:
-        """Seconds of [since, now] this process stood still, the gap since its last tick included (a callback
-        that runs on resuming, before the ticker has)."""
-        spans = [*self.spans, (self.last_tick + 2 * self.tick_s, now)]
-        return sum(max(0.0, min(b, now) - max(a, since)) for a, b in spans)
 
 
 class StandbyLink(ReplicaLink):
