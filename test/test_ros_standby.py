@@ -154,34 +154,40 @@ def test_a_standby_that_refused_an_early_lapse_still_takes_over_when_the_primary
 def test_a_stall_of_the_whole_machine_is_not_the_primarys_death(ros_domain, tmp_path):
     """Every process frozen together for 4 leases (a VM descheduled by its host, a swap storm), the primary
     resuming 2 leases after the standby: its liveliness looks lapsed and its record late, but the standby stood
-    still as long, and grants a primary as much extra time as it stood still itself; it must not take over."""
-    primary, standby, planner, remote = _start(ros_domain, tmp_path)
+    still as long, and grants a primary as much extra time as it stood still itself; it must not take over.
+    A 250 ms lease (the parameter, on both): the same story in leases, with room for this loaded machine's
+    scheduling hiccups (100-300 ms seen under the full suite) beside it."""
+    lease_ms = 250.0
+    primary, standby, planner, remote = primary_and("standby", ros_domain, tmp_path, "/robot1_standby",
+                                                     {"liveliness_lease_ms": lease_ms}, liveliness_lease_ms=lease_ms)
     try:
         planner.run(OBS[:30])
         _wait_held(planner, remote, planner.steps[-1].capsule_id)
         for k in (30, 40, 50):
             # an observation in flight as the machine stops: the standby holds it, the primary has not recorded it,
-            # so on resuming its record looks 400 ms overdue
+            # so on resuming its record looks 4 leases overdue
             planner.stamp += 10_000_000
             planner.publish(joint_state(OBS[k], planner.stamp))
             os.kill(primary.proc.pid, signal.SIGSTOP)
             time.sleep(0.002)
             os.kill(standby.proc.pid, signal.SIGSTOP)
-            time.sleep(0.4)
+            time.sleep(4 * lease_ms / 1e3)
             os.kill(standby.proc.pid, signal.SIGCONT)
-            time.sleep(0.2)  # on resuming, the loaded machine gives the primary the CPU 2 leases after the standby
+            time.sleep(2 * lease_ms / 1e3)  # on resuming, the loaded machine gives the primary the CPU later
             os.kill(primary.proc.pid, signal.SIGCONT)
             _at_100_hz(planner, OBS[k + 1:k + 10])
+        # the sensor goes on (as a robot's does): an observation the late primary dropped from its best-effort
+        # history (depth 8) is covered by the records of the later ones
+        _at_100_hz(planner, OBS[60:80])
         planner.spin(1.0)
     finally:
         standby_log, primary_log = _stop_all([standby, primary], planner)  # the standby first: a primary that stops
     assert "took over" not in standby_log, standby_log[-3000:]           # is one to replace
     assert standby_log.count("liveliness lapsed;") >= 3, standby_log[-3000:]  # each stop looked like a lapse
     assert "deposed" not in primary_log, primary_log[-3000:]
-    # one policy_step per step (no second leader), and the primary stepped on (its best-effort subscription
-    # keeps 8 observations: one resumed late may drop a few of the 9 sent meanwhile)
+    # one policy_step per step (no second leader), and the primary stepped on (a late one may drop a few)
     got = _steps_by_number(planner.steps)
-    assert all(len(v) == 1 for v in got.values()) and max(got) >= 55, sorted(got)
+    assert all(len(v) == 1 for v in got.values()) and max(got) >= 75, sorted(got)
 
 
 def test_an_idle_primary_that_stalls_past_its_lease_is_not_replaced_but_a_dead_one_is(ros_domain, tmp_path):
