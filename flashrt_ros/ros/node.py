@@ -51,6 +51,7 @@ from .qos import resolve_profiles
 from .realtime import apply_thread_priority
 from .replica import ReplicaLink, role_diagnostics
 from .roles import NodeRoles
+from .shm_segments import removal_line, remove_dead_segments
 from .standby import StandbyLink
 from .state_gate import GatedCapsuleServices, GatedReplanServer, inactive_refusal
 
@@ -585,6 +586,10 @@ def main(args=None) -> int:
     try:
         node = FlashRTNode(argv=args if args is not None else sys.argv)
         node.get_logger().info(dds_line)
+        if check_node_param("clean_dead_shm_segments", node.get_parameter("clean_dead_shm_segments").value):
+            removed_line = removal_line(*remove_dead_segments())
+            if removed_line:
+                node.get_logger().info(removed_line)
         # SingleThreaded, not EventsExecutor: rclpy 9.1's EventsExecutor hung at 100% CPU serving an
         # action goal here (even a plain synchronous one); see README. Humble has no EventsExecutor anyway.
         executor = SingleThreadedExecutor()

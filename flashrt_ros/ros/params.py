@@ -199,11 +199,16 @@ NODE_PARAMS = {
                 "namespace alone (/robot1) for a node named flashrt. A standby steps and publishes on that "
                 "namespace's observation, action and policy_step", lambda n, v: _string(n, v), False),
     "liveliness_lease_ms": (100.0, "the capsule stream's liveliness lease, in ms: a primary offers it, a standby "
-                            "asks for it and takes over about 1.5 leases after the primary's process stops. "
+                            "asks for it and takes over about 1.5 leases after the primary's process stops (5 when "
+                            "the primary had no observation to step). "
                             "Give both the same value (a standby asking for less than the primary offers "
                             "receives nothing)", _ranged, False),
     "capsule_stream": (True, "publish every capsule record on ~/capsule_stream (reliable, off the step's thread) "
                        "for replicas and bags, and serve ~/capsule_stream/resync", _bool, False),
+    "clean_dead_shm_segments": (True, "at start, remove the Fast DDS shared-memory segments in /dev/shm that no "
+                                "living process holds (kill -9 and crashes leave them, each keeping up to 16 MiB "
+                                "of RAM with the shipped DDS profile); only ones older than 60 s, never a live "
+                                "process's", _bool, False),
     "stream_keyframe_s": (10.0, "a whole-window record (RESYNC) goes out on ~/capsule_stream at least this often, "
                           "in s: where a late replica or a bag can start", _ranged, False),
 }

@@ -60,6 +60,7 @@ class NodeRoles:
         self._replica = None
         t0 = time.perf_counter()
         session.rollback(last.id)  # row 0 exactly that capsule, whatever a refused record left in it
+        rollback_ms = (time.perf_counter() - t0) * 1e3
         self._own["role"] = "primary"  # serves every service from here
         self._leader.claim(epoch, last.step)
         for msg in pending:
@@ -68,7 +69,8 @@ class NodeRoles:
         self.get_logger().warning(
             f"took over from {link.primary} (epoch {epoch}) {(time.monotonic() - link.lost_at) * 1e3:.0f} ms after "
             f"judging it lost; continued from capsule {last.id} "
-            f"and stepped {len(pending)} held observations in {(time.perf_counter() - t0) * 1e3:.1f} ms; now at step "
+            f"(restored in {rollback_ms:.1f} ms) and stepped {len(pending)} held observations, "
+            f"{(time.perf_counter() - t0) * 1e3:.1f} ms in all; now at step "
             f"{session.step_count}, publishing on {self.robot_topic('action')}")
 
     def _on_deposed(self, leader) -> None:
