@@ -68,6 +68,7 @@ def _grammar() -> dict[tuple[str, ...], _Parser]:
 
 
 GRAMMAR = _grammar()
+RESEND_S = 5.0  # a read-only request without an answer this long is sent again (see call)
 
 
 @dataclass
@@ -217,12 +218,27 @@ class Ros2:
             self.node.destroy_publisher(pub)
         return published
 
-    def call(self, srv_type, name: str, request):
+    def call(self, srv_type, name: str, request, read_only: bool = False):
+        """A read-only request is sent again every RESEND_S without an answer: a server's response writer that
+        has not matched this brand-new client yet drops the answer (rmw_fastrtps), and a user would re-run
+        a query; a request that changes state is sent once."""
         client = self.node.create_client(srv_type, name)
         try:
             if not client.wait_for_service(timeout_sec=self.timeout):
                 raise TimeoutError(f"waiting for service {name}: no server within {self.timeout} s")
-            return self._result(client.call_async(request), f"answer from {name}")
+            if not read_only:
+                return self._result(client.call_async(request), f"answer from {name}")
+            end = time.monotonic() + self.timeout
+            while True:
+                future = client.call_async(request)
+                resend_at = min(end, time.monotonic() + RESEND_S)
+                while not future.done() and time.monotonic() < resend_at:
+                    self._spin_once(0.01)
+                if future.done():
+                    return future.result()
+                client.remove_pending_request(future)
+                if time.monotonic() >= end:
+                    raise TimeoutError(f"answer from {name}: nothing within {self.timeout} s")
         finally:
             self.node.destroy_client(client)
 
@@ -251,7 +267,7 @@ class Ros2:
     def _lifecycle_set(self, a):
         from lifecycle_msgs.srv import ChangeState, GetAvailableTransitions
         available = self.call(GetAvailableTransitions, f"{a.node_name}/get_available_transitions",
-                              GetAvailableTransitions.Request()).available_transitions
+                              GetAvailableTransitions.Request(), read_only=True).available_transitions
         by_label = {t.transition.label: t.transition for t in available}
         if a.transition not in by_label:
             raise CommandFailed(f"{a.node_name}: no transition {a.transition!r} from its state "
@@ -266,7 +282,7 @@ class Ros2:
         from rcl_interfaces.msg import ParameterType
         from rcl_interfaces.srv import DescribeParameters
         response = self.call(DescribeParameters, f"{a.node_name}/describe_parameters",
-                             DescribeParameters.Request(names=a.parameter_names))
+                             DescribeParameters.Request(names=a.parameter_names), read_only=True)
         unset = [d.name or n for n, d in zip(a.parameter_names, response.descriptors)
                  if d.type == ParameterType.PARAMETER_NOT_SET]
         if unset or len(response.descriptors) != len(a.parameter_names):
@@ -277,7 +293,7 @@ class Ros2:
         from rcl_interfaces.msg import ParameterType
         from rcl_interfaces.srv import GetParameters
         response = self.call(GetParameters, f"{a.node_name}/get_parameters",
-                             GetParameters.Request(names=[a.parameter_name]))
+                             GetParameters.Request(names=[a.parameter_name]), read_only=True)
         if not response.values or response.values[0].type == ParameterType.PARAMETER_NOT_SET:
             raise CommandFailed(f"{a.node_name}: parameter {a.parameter_name} not set")
         return response
