@@ -2,12 +2,12 @@
 the node goes on talking (a node in its own process, over DDS)."""
 import fcntl
 import os
-import re
 from pathlib import Path
 
 import pytest
 
 from conftest import observation_trace
+from flashrt_ros.ros.shm_segments import SEGMENT_LOCK
 
 pytestmark = pytest.mark.ros
 
@@ -17,7 +17,7 @@ SHM = Path("/dev/shm")
 def _held_segments() -> set[str]:
     held = set()
     for name in os.listdir(SHM):
-        if re.match(r"^(fastdds|fastrtps)_[0-9a-z]{16}_el$", name):
+        if SEGMENT_LOCK.match(name):
             with open(SHM / name, "rb") as lock:
                 try:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
