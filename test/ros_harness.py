@@ -79,9 +79,14 @@ def primary_and(role: str, ros_domain, tmp_path: Path, ns: str, primary_params: 
     other = NodeProcess(ros_domain, tmp_path / f"{role}.log", namespace=ns, role=role,
                         capsule_dir=str(tmp_path / f"{role}_caps"), **{"primary": "/robot1", **params})
     planner = Planner(namespace="/robot1")
-    client = FlashRTClient(planner.node, ns)
-    planner.wait_ready()
-    client.wait_until_ready(30.0)
+    try:
+        client = FlashRTClient(planner.node, ns)
+        planner.wait_ready()
+        client.wait_until_ready(30.0)
+    except BaseException:  # nodes that never got ready must not run on into the next tests
+        planner.close()
+        primary.stop(), other.stop()
+        raise
     return primary, other, planner, client
 
 
