@@ -34,13 +34,16 @@ def test_a_users_choice_is_left_alone_and_the_log_line_says_why(env, says):
     assert env == before and says in line, (env, line)
 
 
-def test_the_profile_only_enlarges_shared_memory_and_keeps_the_default_transports():
+def test_the_profile_only_enlarges_shared_memory_shortens_its_health_check_and_keeps_the_default_transports():
     root = ET.parse(SOURCE_PROFILE).getroot()
     descriptors = {d.findtext("d:transport_id", namespaces=NS): d
                    for d in root.iter(f"{{{NS['d']}}}transport_descriptor")}
     assert sorted(d.findtext("d:type", namespaces=NS) for d in descriptors.values()) == ["SHM", "UDPv4"]
     shm = next(d for d in descriptors.values() if d.findtext("d:type", namespaces=NS) == "SHM")
     assert int(shm.findtext("d:segment_size", namespaces=NS)) >= 3 * 4204800  # three default keyframes, and more
+    # a send to a dead process's port waits this long inside publish (the 1000 ms default cost a standby 1-4 s
+    # of failover); not so short that a loaded machine's hiccup of a live process reads as its death
+    assert 200 <= int(shm.findtext("d:healthy_check_timeout_ms", namespaces=NS)) <= 300
     udp = next(d for d in descriptors.values() if d.findtext("d:type", namespaces=NS) == "UDPv4")
     assert len(list(udp)) == 2, "the UDP transport is Fast DDS's default one (no ports, buffers or interfaces)"
     participant = root.find(".//d:participant", NS)
