@@ -123,8 +123,9 @@ NODE_PARAMS = {
                     "taken by name; a message lacking one of them is refused (an ERROR on /diagnostics). "
                     "Unset: message order, names unchecked", _joint_names, False),
     "observation_reliable": (False, "reliable QoS on 'observation' (lossless replay); false = sensor-data "
-                             "(best effort). Depth 4 either way, as during a replan: the 4 newest wait, the "
-                             "oldest is dropped first",
+                             "(best effort). Depth 8 either way (qos_overrides can change it): an executor that "
+                             "falls behind for a few sensor periods still steps each one; past that the oldest "
+                             "is dropped first",
                              _bool, False),
     "replan_deadline_ms": (50.0, "default Replan deadline when a goal says 0; at most replan_max_deadline_ms",
                            _ranged, True),
