@@ -43,6 +43,7 @@ from .capsule_stream import StreamPublisher
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .dds_profile import use_shipped_profile
 from .diagnostics import device_name, diagnostics_message
+from .freed_memory import keep_freed_memory
 from .leader import LEADER_TOPIC, LeaderGuard
 from .node_stats import NodeStats
 from .outputs import ActionOutputs, action_joint_names
@@ -586,6 +587,8 @@ def main(args=None) -> int:
     try:
         node = FlashRTNode(argv=args if args is not None else sys.argv)
         node.get_logger().info(dds_line)
+        if check_node_param("keep_freed_memory", node.get_parameter("keep_freed_memory").value):
+            node.get_logger().info(keep_freed_memory())  # before configure's large allocations
         if check_node_param("clean_dead_shm_segments", node.get_parameter("clean_dead_shm_segments").value):
             removed_line = removal_line(*remove_dead_segments())
             if removed_line:

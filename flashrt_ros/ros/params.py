@@ -206,6 +206,10 @@ NODE_PARAMS = {
                             "receives nothing)", _ranged, False),
     "capsule_stream": (True, "publish every capsule record on ~/capsule_stream (reliable, off the step's thread) "
                        "for replicas and bags, and serve ~/capsule_stream/resync", _bool, False),
+    "keep_freed_memory": (True, "at start, glibc keeps freed heap memory mapped (blocks under 32 MiB from the heap, "
+                          "up to 64 MiB kept per arena) so the capsule stream's 4 MiB keyframes reuse pages instead "
+                          "of faulting in new ones (that held the records behind each keyframe 20-60 ms); false = "
+                          "the C library's defaults", _bool, False),
     "clean_dead_shm_segments": (True, "at start, remove the Fast DDS shared-memory segments in /dev/shm that no "
                                 "living process holds (kill -9 and crashes leave them, each keeping up to 16 MiB "
                                 "of RAM with the shipped DDS profile); only ones older than 60 s, never a live "
