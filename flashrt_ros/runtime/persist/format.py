@@ -103,11 +103,15 @@ def segment_header_bytes(layout: LogLayout) -> bytes:
 def encode_record(kind: int, info, small: bytes | np.ndarray, kv: np.ndarray, n_entries: int) -> bytes:
     """``info``: anything with id, parent_id, step, stamp_ns, pinned, label (a CapsuleInfo)."""
     label = info.label.encode()
-    payload = b"".join((INFO.pack(info.id, info.parent_id, info.step, info.stamp_ns, bool(info.pinned), n_entries,
-                                  len(label)), label, memoryview(small).cast("B"),
-                        np.ascontiguousarray(kv, np.float32).tobytes()))
-    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<BI", kind, len(payload))))
-    return RECORD_HEAD.pack(RECORD_MAGIC, kind, len(payload), crc) + payload
+    # one copy of the KV (a keyframe's is the whole window, 4 MiB at the default model): the checksum runs over
+    # the parts in place, and the record is joined once
+    parts = (INFO.pack(info.id, info.parent_id, info.step, info.stamp_ns, bool(info.pinned), n_entries, len(label)),
+             label, memoryview(small).cast("B"), memoryview(np.ascontiguousarray(kv, np.float32).reshape(-1)).cast("B"))
+    n = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+    crc = zlib.crc32(struct.pack("<BI", kind, n))
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return b"".join((RECORD_HEAD.pack(RECORD_MAGIC, kind, n, crc), *parts))
 
 
 def read_segment_header(path: Path, blob: bytes | memoryview, layout: LogLayout) -> int:
