@@ -46,3 +46,28 @@ def test_rollback_with_sparse_capsules_takes_the_newest_not_after_target(trace):
     for o in trace[:30]:
         s.step(o)
     assert s.rollback(steps_back=5).step == 24  # live 30 -> target 25 -> capsule at 24
+
+
+def test_usage_kept_as_capsules_come_and_go_equals_a_walk_over_every_capsule(trace):
+    """usage() no longer walks the store (diagnostics ask it every second, under the session lock): its pin
+    count and oldest / newest step, kept as capsules are added, pinned, dropped and evicted, equal a walk."""
+    rng = np.random.default_rng(3)
+    s = Session(small_config(capsule_capacity=40))  # evicts within the trace
+    for i, o in enumerate(trace[:300]):
+        s.step(o)
+        held = s.store.list()
+        op = rng.integers(8)
+        if op == 0 and len(s.store.list(pinned_only=True)) < 5:
+            s.pin(int(rng.choice([c.id for c in held])))
+        elif op == 1 and s.store.list(pinned_only=True):
+            s.unpin(s.store.list(pinned_only=True)[0].id)
+        elif op == 2 and i > 20:
+            s.rollback(steps_back=int(rng.integers(1, 10)))  # older steps held again as newest capsules
+        elif op == 3 and i % 25 == 0:
+            s.replan(None, np.tile(o, (2, 3, 1)))  # what-ifs: newer steps, evicted first
+        elif op == 4 and len(held) > 3:
+            s.drop(held[1].id)
+        u, held = s.store.usage(), s.store.list()
+        steps = [c.step for c in held]
+        assert (u.capsules, u.pinned, u.oldest_step, u.newest_step) == (
+            len(held), sum(c.pinned for c in held), min(steps), max(steps)), i

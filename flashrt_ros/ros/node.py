@@ -44,6 +44,7 @@ from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .dds_profile import use_shipped_profile
 from .diagnostics import device_name, diagnostics_message
 from .freed_memory import keep_freed_memory
+from .gc_freeze import GcFreezer, collect_and_freeze
 from .leader import LEADER_TOPIC, LeaderGuard
 from .node_stats import NodeStats
 from .outputs import ActionOutputs, action_joint_names
@@ -128,6 +129,11 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         except ValueError:
             period = 1.0  # configure fails and names the parameter
         self._diagnostics_timer = self.create_timer(period, self.publish_diagnostics)
+        try:
+            gc_period = check_node_param("gc_freeze_period_s", self.get_parameter("gc_freeze_period_s").value)
+        except ValueError:
+            gc_period = 5.0  # configure fails and names the parameter
+        self._gc_freezer = GcFreezer(self, gc_period)
         # created once, as nav2 servers are: they answer in every state (refusing while not active)
         self._capsule_services = GatedCapsuleServices(self, None)
         self._replan_server = GatedReplanServer(self)
@@ -176,6 +182,8 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         self._capsule_services.capsule_dir, self._qos = capsule_dir, qos
         self.hardware_id = device_name(session.backend)
         usage = session.store_usage()
+        if self._gc_freezer.timer is not None:
+            collect_and_freeze()  # the session's objects: never walked by the collector again
         self.get_logger().info(
             f"configure: done in {(time.perf_counter() - t0) * 1e3:.0f} ms: backend {session.backend.name} on "
             f"{self.hardware_id}, {len(session.plan.ops)} ops, {usage.capacity} capsule slots, "

@@ -81,6 +81,7 @@ NODE_RANGES = {
     "control_period_s": (0.0001, 3600.0),
     "thread_priority": (0, 99),
     "replan_nice": (0, 19),
+    "gc_freeze_period_s": (0.0, 3600.0),
     "stream_keyframe_s": (0.1, 3600.0),
     "liveliness_lease_ms": (10.0, 60_000.0),
 }
@@ -206,6 +207,10 @@ NODE_PARAMS = {
                             "receives nothing)", _ranged, False),
     "capsule_stream": (True, "publish every capsule record on ~/capsule_stream (reliable, off the step's thread) "
                        "for replicas and bags, and serve ~/capsule_stream/resync", _bool, False),
+    "gc_freeze_period_s": (5.0, "every this many seconds, Python's garbage collector collects what is new and "
+                           "freezes what survives (gc.freeze), so it never walks the capsule index and history "
+                           "again: a full collection of a full store held the GIL 45-85 ms, stopping the step and "
+                           "the capsule stream; 0 = CPython's default collector", _ranged, False),
     "keep_freed_memory": (True, "at start, glibc keeps freed heap memory mapped (blocks under 32 MiB from the heap, "
                           "up to 64 MiB kept per arena) so the capsule stream's 4 MiB keyframes reuse pages instead "
                           "of faulting in new ones (that held the records behind each keyframe 20-60 ms); false = "

@@ -11,6 +11,7 @@ lose data and never wedge the live step.
 """
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -89,6 +90,11 @@ class CapsuleStore:
         self._free = deque(range(capacity))
         self._caps: dict[int, _Capsule] = {}  # insertion order = age
         self._what_ifs: dict[int, None] = {}  # the what-if capsules among them, oldest first
+        # kept as capsules come and go, so that usage() (diagnostics, every second, under the session lock) and
+        # the pin checks cost O(pins) or O(log n) instead of a walk over every capsule
+        self._pinned: dict[int, None] = {}  # the pinned ones
+        self._low: list[tuple[int, int]] = []  # (step, id): a heap; ids no longer held are dropped lazily
+        self._high: list[tuple[int, int]] = []  # (-step, id): the same for the newest step
         self._held: list[np.ndarray] = []  # page tables read outside the session lock (hold_pages)
         self._next_id = 1
         # a new id at or past id_watch is shown to on_id_watch first (persistence reserves ids ahead of
@@ -131,12 +137,25 @@ class CapsuleStore:
         return self.records[self._cap(cid).record]
 
     def usage(self) -> StoreUsage:
-        steps = [c.info.step for c in self._caps.values()]
         page_len = self.kv.k[0].shape[1]
-        return StoreUsage(len(self._caps), sum(c.info.pinned for c in self._caps.values()), self.capacity,
+        return StoreUsage(len(self._caps), len(self._pinned), self.capacity,
                           len(self._caps) * self.row_nbytes + self.kv.pages_used * self.page_nbytes,
-                          self.budget_bytes, min(steps, default=-1), max(steps, default=-1),
+                          self.budget_bytes, self._extreme_step(self._low, 1), self._extreme_step(self._high, -1),
                           self.kv.pages_used * page_len, self.kv.n_pages * page_len)
+
+    def _extreme_step(self, heap: list[tuple[int, int]], sign: int) -> int:
+        """The oldest (sign 1) or newest (-1) step held, -1 when none: the heap's top once the entries of
+        capsules no longer held are popped."""
+        while heap and heap[0][1] not in self._caps:
+            heapq.heappop(heap)
+        return sign * heap[0][0] if heap else -1
+
+    def _track_step(self, step: int, cid: int) -> None:
+        for heap, key in ((self._low, step), (self._high, -step)):
+            if len(heap) > 2 * len(self._caps) + 64:  # mostly entries of released capsules: rebuilt, O(1) amortised
+                heap[:] = [e for e in heap if e[1] in self._caps]
+                heapq.heapify(heap)
+            heapq.heappush(heap, (key, cid))
 
     # ---- eviction -------------------------------------------------------------------------
     def _evict_oldest(self) -> bool:
@@ -153,6 +172,7 @@ class CapsuleStore:
 
     def _release(self, cid: int) -> None:
         self._what_ifs.pop(cid, None)
+        self._pinned.pop(cid, None)
         cap = self._caps.pop(cid)
         self._free.append(cap.record)
         self.kv.decref(cap.pages)
@@ -174,6 +194,11 @@ class CapsuleStore:
         info = CapsuleInfo(cid, parent_id, step, stamp_ns, label, pin, self.capsule_nbytes, self.fingerprint)
         self._next_id = max(self._next_id, cid + 1)
         self._caps[info.id] = _Capsule(info, record, pages)
+        if pin:
+            self._pinned[info.id] = None
+        else:  # an id given again (a re-anchor) takes the new entry's pin
+            self._pinned.pop(info.id, None)
+        self._track_step(step, info.id)
         return info
 
     # ---- capsules -------------------------------------------------------------------------
@@ -276,13 +301,12 @@ class CapsuleStore:
         self.kv.decref(pages)
 
     def _pinned_tables(self) -> list[np.ndarray]:
-        return [c.pages for c in self._caps.values() if c.info.pinned]
+        return [self._caps[cid].pages for cid in self._pinned]
 
     def check_pin_allowed(self, pages: np.ndarray | None = None) -> None:
         """Refuse a pin (before anything changes) that could starve the live step or a replan."""
-        pinned = [c for c in self._caps.values() if c.info.pinned]
-        if len(pinned) + 1 > self.capacity - self.reserve_records:
-            raise StoreFullOfPins(f"pin refused: {len(pinned)} of {self.capacity} capsules are pinned and "
+        if len(self._pinned) + 1 > self.capacity - self.reserve_records:
+            raise StoreFullOfPins(f"pin refused: {len(self._pinned)} of {self.capacity} capsules are pinned and "
                                   f"{self.reserve_records} must stay free for the live step and a replan; unpin one")
         held = {int(p) for t in [*self._pinned_tables(), *self._held] for p in t if p >= 0}
         if pages is not None:
@@ -307,6 +331,10 @@ class CapsuleStore:
         if pinned and not cap.info.pinned:
             self.check_pin_allowed(cap.pages)
         cap.info = replace(cap.info, pinned=pinned)
+        if pinned:
+            self._pinned[cid] = None
+        else:
+            self._pinned.pop(cid, None)
         return cap.info
 
     def pin(self, cid: int) -> CapsuleInfo:
