@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from flashrt_ros.ros.gc_freeze import collect_and_freeze
+from flashrt_ros.ros.gc_freeze import collect_and_freeze, thaw
 
 
 class Record:  # a capsule record's shape: plain attributes, no cycle
@@ -38,4 +38,16 @@ def test_a_cycle_that_was_garbage_at_the_freeze_is_collected_not_frozen(frozen):
     probe = weakref.ref(a)
     del a, b
     collect_and_freeze()
+    assert probe() is None
+
+
+def test_a_cycle_frozen_while_alive_is_collected_once_thawed(frozen):
+    a, b = Record(1), Record(2)  # a session and its tap, say
+    a.other, b.other = b, a
+    probe = weakref.ref(a)
+    collect_and_freeze()
+    del a, b  # released at cleanup: garbage, but frozen
+    gc.collect()
+    assert probe() is not None  # what a freeze costs: the collector never sees it
+    thaw()
     assert probe() is None

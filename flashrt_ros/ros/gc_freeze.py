@@ -7,7 +7,8 @@ is ~200,000 objects and took 45-85 ms in process (more in the node), stopping th
 the executor together; the replica's lag per 1 s period rose from ~15 ms p99 in the first two minutes to
 ~40 ms past five, as the store filled. Frozen objects are still freed by reference counting (the capsule
 records and history nodes hold no cycles); only a reference cycle that became garbage after it was frozen is
-never collected, which is why each freeze first runs a collection of what is not frozen yet.
+never collected, which is why each freeze first runs a collection of what is not frozen yet, and why cleanup thaws
+everything and collects once (a released Session with its stream and persistence taps may hold cycles).
 """
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def collect_and_freeze() -> float:
     gc.collect()
     gc.freeze()
     return (time.perf_counter() - t0) * 1e3
+
+
+def thaw() -> None:
+    """Unfreeze everything and collect once (a cleanup: the released session's cycles, if any, go now)."""
+    gc.unfreeze()
+    gc.collect()
 
 
 class GcFreezer:

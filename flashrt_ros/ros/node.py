@@ -44,7 +44,7 @@ from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .dds_profile import use_shipped_profile
 from .diagnostics import device_name, diagnostics_message
 from .freed_memory import keep_freed_memory
-from .gc_freeze import GcFreezer, collect_and_freeze
+from .gc_freeze import GcFreezer, collect_and_freeze, thaw
 from .leader import LEADER_TOPIC, LeaderGuard
 from .node_stats import NodeStats
 from .outputs import ActionOutputs, action_joint_names
@@ -394,6 +394,8 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         if self.session is not None:
             self.session.disable_persistence()  # writes what is queued and fsyncs
         self.session = self._reader = self._capsule_dir = None
+        if self._gc_freezer.timer is not None:
+            thaw()  # frozen objects are never collected: the released session's cycles go now
         if self._capsule_services is not None:
             self._capsule_services.capsule_dir = None
         self._last_usage = None
