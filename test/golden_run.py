@@ -98,6 +98,22 @@ def golden_run(changes: dict, steps: int) -> dict[str, str]:
     return out
 
 
+def blas_core() -> str:
+    """The kernel family numpy's OpenBLAS picked for this CPU ('Haswell', 'Zen', 'SkylakeX'; '' if unknown): its
+    small GEMMs block, so round, per family, and cold prefill's bytes with them."""
+    import ctypes
+    with open("/proc/self/maps") as maps:
+        libs = sorted({line.split()[-1] for line in maps if "openblas" in line.lower() and "/" in line})
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "openblas_get_corename"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return fn().decode()
+    return ""
+
+
 def compute() -> dict[str, dict[str, str]]:
     return {name: golden_run(changes, steps) for name, (changes, steps) in RUNS.items()}
 

@@ -81,7 +81,7 @@ def primary_and(role: str, ros_domain, tmp_path: Path, ns: str, primary_params: 
     planner = Planner(namespace="/robot1")
     try:
         client = FlashRTClient(planner.node, ns)
-        planner.wait_ready()
+        planner.wait_ready(subscribers=2 if role == "standby" else 1)
         client.wait_until_ready(30.0)
     except BaseException:  # nodes that never got ready must not run on into the next tests
         planner.close()
@@ -160,10 +160,11 @@ class Planner:
         self.pub = self.node.create_publisher(JointState, f"{namespace}/observation", qos)
         self.stamp = 1_000_000_000
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = 30.0, subscribers: int = 1) -> None:
+        """subscribers: the nodes that read the observations (2 with a standby)."""
         from flashrt_ros.ros.step_link import wait_linked
         self.client.wait_until_ready(timeout)
-        wait_linked(self.node, self.pub, self.step_sub, timeout)
+        wait_linked(self.node, self.pub, self.step_sub, timeout, subscribers=subscribers)
 
     def spin(self, seconds: float) -> None:
         end = time.monotonic() + seconds

@@ -1,8 +1,8 @@
 """The Fast DDS profile a flashrt node starts with: config/fastdds.xml, a 16 MiB shared-memory segment
 (Fast DDS's default is 512 KiB) so that a capsule stream keyframe (4 MiB at the default model) reaches a
-replica in ~9 ms instead of ~50 ms (measured on this machine; the XML says why), and a 250 ms shared-memory
-health check (default 1 s) so that a standby's first publishes after its primary's kill -9 do not wait a
-second or more for the dead process's port.
+replica in ~9 ms instead of ~50 ms (measured on this machine; the XML says why). Its shared-memory health
+check stays at Fast DDS's 1 s, on purpose (the XML says why: a shorter one cost live but stalled processes
+their traffic).
 
 Set before rclpy.init, only when the user chose nothing: neither profile variable is set, the RMW is Fast
 DDS (the default), and ROS_LOCALHOST_ONLY is not 1. That last one is Humble's localhost switch, which adds

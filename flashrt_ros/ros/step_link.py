@@ -35,11 +35,13 @@ def _publisher_count(node, subscription) -> int:
 
 
 def wait_linked(node, observation_pub, policy_step_sub, timeout_s: float,
-                alive: Callable[[], bool] = lambda: True) -> None:
-    """Spin ``node`` until the observation publisher and the policy_step reader are both matched.
+                alive: Callable[[], bool] = lambda: True, subscribers: int = 1) -> None:
+    """Spin ``node`` until the observation publisher has ``subscribers`` matched readers and the policy_step
+    reader a matched writer. With a standby there are two readers (it holds the observations), and the
+    standby's may match first: 1 would let the primary miss the first observations.
     Raises TimeoutError after ``timeout_s``, RuntimeError as soon as ``alive()`` is false."""
     deadline = time.monotonic() + timeout_s
-    while observation_pub.get_subscription_count() == 0 or _publisher_count(node, policy_step_sub) == 0:
+    while observation_pub.get_subscription_count() < subscribers or _publisher_count(node, policy_step_sub) == 0:
         rclpy.spin_once(node, timeout_sec=0.05)
         if not alive():
             raise RuntimeError("the node exited before observation and policy_step were matched")
