@@ -113,6 +113,14 @@ def test_unstepped_runs_count_the_published_observations_between_two_steps():
     assert unstepped_runs([10, 20, 30, 40, 50, 60], [10, 60]) == [4]
 
 
+# The robot's configuration: the compiled CPU backend, whose kernels release the GIL (the NumPy reference
+# backend's step and replan share it: on an AVX2-only EPYC its step took 6-7 ms beside a replan, and the loop kept
+# 75-80 % of the observations whatever the clients' priority). The planners run at nice 10, as bulk clients on a
+# robot's computer run below its control loop: at equal priority, on 2 cores, the three of them and this test's
+# process took ~100 % of a core between them, and the node's stepping thread waited its turn behind them (82-90 %
+# stepped, node at 70 % CPU); niced, 597-600 of 600. Starvation inside the node (the live step queued behind
+# whole replans) shows as unstepped runs of seconds either way.
+@pytest.mark.parametrize("node_params", [{"observation_reliable": False, "capsule_capacity": 400, "backend": "cpu"}])
 def test_three_clients_replanning_back_to_back_do_not_starve_the_100hz_control_loop(flashrt, ros_domain):
     import json
 
@@ -129,7 +137,8 @@ def test_three_clients_replanning_back_to_back_do_not_starve_the_100hz_control_l
     planner.node.create_subscription(JointState, "/test/observation",
                                      lambda m: published.append(stamp_ns(m.header.stamp)),
                                      QoSProfile(depth=1000, reliability=qos_profile_sensor_data.reliability))
-    clients = [subprocess.Popen([sys.executable, "-c", CLIENT, f"planner{i}", str(STREAM_S + 2.0)], env=ros_domain,
+    clients = [subprocess.Popen(["nice", "-n", "10", sys.executable, "-c", CLIENT, f"planner{i}", str(STREAM_S + 2.0)],
+                                env=ros_domain,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
     try:
         for c in clients:
