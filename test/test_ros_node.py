@@ -73,7 +73,8 @@ def test_commit_replan_makes_the_branch_live(flashrt):
     planner.run(obs[:20])
     branches = np.stack([obs[20:26], obs[30:36]])
     out = planner.client.replan(branches, commit_branch=1, deadline_ms=200.0)  # state, not time: the longest deadline
-    assert out.result.success and out.result.deadline_met and out.result.live_capsule_id == out.result.branch_capsule_ids[1]
+    assert out.result.success and out.result.deadline_met
+    assert out.result.live_capsule_id == out.result.branch_capsule_ids[1]
     nxt = planner.step(obs[36])
     assert nxt.step == 27
     lst = planner.client.call("list_capsules")
