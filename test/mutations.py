@@ -618,6 +618,12 @@ MUTATIONS = [
              "    compute_lock = session.lock\n",
              ["test/test_concurrent_replan.py::test_live_steps_during_what_ifs_equal_their_serial_bytes_and_so_do_the_what_ifs"],
              "the live step waits for each batched step again: the second core idles while the replan computes"),
+    Mutation("session_prepares_no_replans", RT + "session.py",
+             "        for branches in range(1, self.cfg.max_branches + 1):\n"
+             "            self._branch_runner(branches)\n",
+             "",
+             ["test/test_replan.py::test_a_prepared_session_binds_nothing_at_any_replan"],
+             "a fresh node's first replan binds its plan inside the deadline and misses 50 ms"),
     Mutation("replan_holds_the_runtime_lock_throughout", RT + "replan.py",
              "    with session.branch_lock:\n",
              "    with session.branch_lock, session.lock:\n",

@@ -104,3 +104,18 @@ def test_cancel_stops_between_steps(session, trace):
     res = session.replan(0, np.repeat(trace[None, :20], 2, axis=0), deadline_ms=1e6,
                          cancel=lambda: len(calls) >= 3, on_step=calls.append)
     assert res.steps_done == 3 and "cancelled" in res.message and not res.deadline_met
+
+
+def test_a_prepared_session_binds_nothing_at_any_replan(backend, trace):
+    """prepare_replans pays the one-time costs at configure: no replan, of any batch size, binds a plan then
+    (a fresh node's first replan took 35-43 ms to its first step and missed its 50 ms deadline)."""
+    s = Session(small_config(), backend=backend)
+    s.prepare_replans()
+    run(s, trace[:20])
+
+    def no_bind(*args, **kwargs):
+        raise AssertionError("a replan bound a plan inside its deadline")
+    s.backend.bind = no_bind
+    for branches in range(1, s.cfg.max_branches + 1):
+        res = s.replan(None, np.repeat(trace[None, 20:23], branches, axis=0), deadline_ms=1e6)
+        assert res.actions.shape[:2] == (branches, 3)

@@ -169,6 +169,7 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             qos = resolve_profiles(self, own["observation_reliable"], own["publish_trajectory"])
             t0 = time.perf_counter()
             session = Session(cfg, own["backend"])
+            session.prepare_replans()
             if own["capsule_hmac_key_file"]:
                 session.capsule_hmac_key = load_hmac_key(own["capsule_hmac_key_file"])
             self.resume_summary = self._start_persistence(session, own)

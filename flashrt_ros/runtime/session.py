@@ -308,6 +308,15 @@ class Session:
             runner = self._branch_runners[key] = self.backend.bind(self.plan, self.arena, 1, rows, **split)
         return runner
 
+    def prepare_replans(self) -> None:
+        """Pay now what a process's first replan would pay inside its deadline (the node calls this at
+        configure): the branch runners of every batch size (17 ms each on the NumPy backend), and numpy's lazy
+        import under the room check (np.unique imported numpy.ma: 28 ms). A first 1 x 8 replan in a fresh
+        node took 35-43 ms to its first step, and a 50 ms deadline cut it short."""
+        for branches in range(1, self.cfg.max_branches + 1):
+            self._branch_runner(branches)
+        self.kv.pages_obtainable([])
+
     def replan(self, capsule_id: int | None, observations, commit_branch: int | None = None,
                deadline_ms: float | None = None, cancel: Callable[[], bool] | None = None,
                on_step: Callable[[int], None] | None = None, copy_fork: bool = False) -> ReplanResult:
