@@ -500,9 +500,9 @@ MUTATIONS = [
              "                lo = _F0\n"
              "                hi = _F0\n"
              "                for i in range(half):\n"
-             "                    lo += xr[x_at + i] * wr[w_at + i * n_out + j]\n"
+             "                    lo += xr[x_at + i] * wr[w_at + j // 8 * 8 * n_in + i * 8 + j % 8]\n"
              "                for i in range(half, n_in):\n"
-             "                    hi += xr[x_at + i] * wr[w_at + i * n_out + j]\n"
+             "                    hi += xr[x_at + i] * wr[w_at + j // 8 * 8 * n_in + i * 8 + j % 8]\n"
              "                yr[y_at + j] = lo + hi\n",
              ["test/test_replan.py::test_replan_branches_equal_rollback_and_live_stepping_bytewise",
               "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
@@ -611,6 +611,12 @@ MUTATIONS = [
              ["test/test_cpu_linear_bytes.py",
               "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
              "rows sharing a weight load sum each output over the inputs in another order than a row alone"),
+    # issue 17 (gemv panels)
+    Mutation("cpu_gemv_panels_read_at_row_major_offsets", RT + "engine/cpu_linear.py",
+             "    wa, ya = w_at + j // _LANES * w_vs, y_at + j\n",
+             "    wa, ya = w_at + j, y_at + j\n",
+             ["test/test_cpu_linear_bytes.py"],
+             "a block of outputs past the first reads its weights where the row-major layout has them, not its panel"),
     # issue 17 (h17conc)
     Mutation("replan_computes_under_the_lock", RT + "replan.py",
              "    compute_lock = contextlib.nullcontext() if getattr(session.backend, \"concurrent_replay\", False) "

@@ -1,7 +1,8 @@
 """The compiled CPU GEMVs (linear, gru_cell), which run a batch's rows together so each weight load serves up to
 4 of them, write for every row the bytes of their row-by-row scalar twin (cpu_linear_ref.py): 1 to 8 rows,
 input and output widths on and off the vector width, every activation, inputs in either slab, and whole
-steps of the gru and ssm models."""
+steps of the gru and ssm models. The matrices are read row-major or in column panels (cpu_panels.py, what a
+bound step reads): the same bytes either way."""
 from functools import cache
 
 import numpy as np
@@ -11,11 +12,23 @@ from cpu_linear_ref import gru_cell_ref, linear_ref
 from conftest import observation_trace, small_config
 from flashrt_ros.runtime import PolicyConfig, Session
 from flashrt_ros.runtime.engine import cpu_kernels, cpu_linear
-from flashrt_ros.runtime.engine.cpu_program import ARG_COLS, DIM0, N_DIMS, REG_STATE, REG_WEIGHT, REG_WORK
+from flashrt_ros.runtime.engine.cpu_panels import GEMV_MATRICES, panel_shape, to_panels
+from flashrt_ros.runtime.engine.cpu_program import (
+    ARG_COLS,
+    DIM0,
+    N_DIMS,
+    PANEL,
+    REG_PANEL,
+    REG_STATE,
+    REG_WEIGHT,
+    REG_WORK,
+)
 from flashrt_ros.runtime.model.kernel_spec import ACT_NONE, ACT_RELU, ACT_SILU, ACT_TANH
 
 ROWS = [1, 2, 3, 4, 5, 8]
 SLABS = 2_200_000  # elements of each synthetic slab
+PANELS_AT = 1_500_000  # where the panel copies go in the weight slab (past every row-major matrix)
+LAYOUTS = ["row-major", "panels"]
 
 
 @cache
@@ -40,10 +53,28 @@ def _view(slabs, cols, b):
     return slab[off + b * stride:off + b * stride + n]
 
 
-def _assert_same_bytes(run, run_ref, args, rows):
-    """run on copies of the slabs, run_ref row by row on other copies: every slab byte-identical."""
+def _with_panels(args, matrices, layout, slabs_copies):
+    """args with each matrix argument {a: (n_in, n_out)} pointed at a panel copy written into the weight slab of
+    every copy (so the twin's slabs match there too); args unchanged for row-major."""
+    if layout == "row-major":
+        return args
+    args, at = list(args), PANELS_AT
+    for a, (n_in, n_out) in matrices.items():
+        reg, off, _, n = args[a]
+        assert reg == REG_WEIGHT and n == n_in * n_out and at + n_in * n_out + 8 * n_in < SLABS
+        panels = to_panels(_slabs()[2][off:off + n].reshape(n_in, n_out))
+        for slabs in slabs_copies:
+            slabs[2][at:at + panels.size] = panels
+        args[a] = (REG_PANEL, at, 0, n)
+        at += panels.size + 3  # off the cache line: nothing assumes alignment
+    return args
+
+
+def _assert_same_bytes(run, run_ref, args, rows, matrices=None, layout="row-major"):
+    """run on copies of the slabs, run_ref row by row on other copies: every slab byte-identical. run takes the
+    encoded op's args (matrices in `layout`), run_ref the row-major views."""
     got, want = [s.copy() for s in _slabs()], [s.copy() for s in _slabs()]
-    run(*got)
+    run(*got, args=_with_panels(args, matrices or {}, layout, (got, want)))
     for b in range(rows):
         run_ref(*[_view(want, cols, b) for cols in args])
     for name, g, w in zip(("small slab", "work slab", "weights", "KV log"), got, want):
@@ -54,39 +85,48 @@ def _assert_same_bytes(run, run_ref, args, rows):
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("n_in, n_out", [(1, 1), (14, 128), (37, 7), (128, 384), (256, 128), (128, 56),
                                          (9, 13), (64, 40), (33, 200)])
-@pytest.mark.parametrize("x_slab", [REG_WORK, REG_STATE])
-def test_linear_bytes_equal_the_row_by_row_twin_for_every_batch_and_width(rows, n_in, n_out, x_slab):
+@pytest.mark.parametrize("x_slab, layout", [(REG_WORK, "row-major"), (REG_STATE, "row-major"), (REG_WORK, "panels")])
+def test_linear_bytes_equal_the_row_by_row_twin_for_every_batch_and_width(rows, n_in, n_out, x_slab, layout):
     x_rs, y_rs = n_in + 3, n_out + 5  # row strides past the row: the padding is never written
     for act in (ACT_NONE, ACT_SILU, ACT_TANH, ACT_RELU):
         args = [(x_slab, 1000 + act, x_rs, n_in), (REG_WEIGHT, 17 + act * 7, 0, n_in * n_out),
                 (REG_WEIGHT, 2_150_001, 0, n_out), (REG_WORK, 2_000_003, y_rs, n_out)]
-        op = _op(cpu_kernels.K_LINEAR, args, [n_in, n_out, act])
 
-        def run(sf, wf, gf, lf, op=op, act=act):
+        def run(sf, wf, gf, lf, args, act=act):
+            op = _op(cpu_kernels.K_LINEAR, args, [n_in, n_out, act])
             cpu_linear.linear(op, sf, wf, gf, lf, rows, n_in, n_out, act)
 
         def run_ref(x, w, bias, y, act=act):
             linear_ref(x, w, bias, y, n_in, n_out, act)
 
-        _assert_same_bytes(run, run_ref, args, rows)
+        _assert_same_bytes(run, run_ref, args, rows, {1: (n_in, n_out)}, layout)
 
 
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("n_in, H", [(128, 128), (14, 5), (32, 32), (20, 24)])
-def test_gru_cell_bytes_equal_the_row_by_row_twin_for_every_batch_and_width(rows, n_in, H):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gru_cell_bytes_equal_the_row_by_row_twin_for_every_batch_and_width(rows, n_in, H, layout):
     G = 3 * H
     args = [(REG_WORK, 101, n_in + 1, n_in), (REG_STATE, 7, H + 2, H), (REG_WEIGHT, 0, 0, n_in * G),
             (REG_WEIGHT, 1_000_000, 0, H * G), (REG_WEIGHT, 2_000_000, 0, G), (REG_WEIGHT, 2_100_000, 0, G),
             (REG_WORK, 1_000_000, G, G), (REG_WORK, 1_100_000, G + 1, G), (REG_WORK, 1_200_000, H, H)]
-    op = _op(cpu_kernels.K_GRU, args, [n_in, H])
 
-    def run(sf, wf, gf, lf):
-        cpu_linear.gru_cell(op, sf, wf, gf, lf, rows, n_in, H)
+    def run(sf, wf, gf, lf, args):
+        cpu_linear.gru_cell(_op(cpu_kernels.K_GRU, args, [n_in, H]), sf, wf, gf, lf, rows, n_in, H)
 
     def run_ref(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new):
         gru_cell_ref(x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new, n_in, H)
 
-    _assert_same_bytes(run, run_ref, args, rows)
+    _assert_same_bytes(run, run_ref, args, rows, {2: (n_in, G), 3: (H, G)}, layout)
+
+
+def test_panels_hold_every_column_of_every_input_row_in_panel_order():
+    w = np.arange(5 * 19, dtype=np.float32).reshape(5, 19)
+    p = to_panels(w).reshape(3, 5, PANEL)  # 19 columns: 3 panels, the last padded with zeros
+    for i in range(5):
+        for j in range(19):
+            assert p[j // PANEL, i, j % PANEL] == w[i, j]
+    assert not p[2, :, 3:].any()
 
 
 @cache
@@ -105,21 +145,33 @@ def _regions_copy(batch):
     return [sf, sf.view(np.int64), wf.copy(), gf.copy(), lf.copy()]
 
 
+def _from_panels(gf, off, n_in, n_out):
+    """The row-major matrix of a panel copy (the inverse of to_panels), flat."""
+    n_panels = -(-n_out // PANEL)
+    panels = gf[off:off + n_panels * PANEL * n_in].reshape(n_panels, n_in, PANEL)
+    return np.ascontiguousarray(panels.transpose(1, 0, 2).reshape(n_in, -1)[:, :n_out]).reshape(-1)
+
+
 def _run_ref(batch, regions):
-    """The step op by op: linear and gru_cell by the row-by-row twin, every other op by the compiled kernel."""
+    """The step op by op: linear and gru_cell by the row-by-row twin on row-major matrices, every other op by
+    the compiled kernel."""
     sf, si, wf, gf, lf = regions
     slabs = {REG_STATE: sf, REG_WORK: wf, REG_WEIGHT: gf}
     for o, op in enumerate(batch.prog):
         if op[0] not in (cpu_kernels.K_LINEAR, cpu_kernels.K_GRU):
             cpu_kernels.run_program(batch.prog[o:o + 1], batch.fconst[o:o + 1], *regions, batch.rows)
             continue
+        kernel = "linear" if op[0] == cpu_kernels.K_LINEAR else "gru_cell"
         n_args = 4 if op[0] == cpu_kernels.K_LINEAR else 9
+        dims = [int(v) for v in op[DIM0:DIM0 + 3]]
         for b in range(batch.rows):
             views = []
             for a in range(n_args):
                 reg, off, stride, n = op[1 + ARG_COLS * a:1 + ARG_COLS * (a + 1)]
-                views.append(slabs[reg][off + b * stride:off + b * stride + n])
-            dims = [int(v) for v in op[DIM0:DIM0 + 3]]
+                if reg == REG_PANEL:
+                    views.append(_from_panels(gf, off, *panel_shape(kernel, a, dims)))
+                else:
+                    views.append(slabs[reg][off + b * stride:off + b * stride + n])
             if op[0] == cpu_kernels.K_LINEAR:
                 linear_ref(*views, *dims)
             else:
@@ -139,6 +191,9 @@ def test_whole_batched_steps_equal_the_step_with_row_by_row_gemvs(mixer, small, 
     for r in range(1, rows + 1):
         s.arena.state[r] = s.arena.state[0]
     batch = s.backend.bind(s.plan, s.arena, 1, rows)
+    matrices = [a for op in batch.prog for a in range(4) if op[1 + ARG_COLS * a] == REG_PANEL]
+    assert len(matrices) == sum(len(GEMV_MATRICES[k]) for k in (op.kernel for op in s.plan.ops)
+                                if k in GEMV_MATRICES)  # the step reads every GEMV matrix from its panels
     got, want = _regions_copy(batch), _regions_copy(batch)
     obs_cols = next(op for op in batch.prog if op[0] == cpu_kernels.K_OBS_NORM)[1:1 + ARG_COLS]
     assert obs_cols[0] in (REG_STATE, REG_WORK)

@@ -3,7 +3,8 @@
 Memory is the NumPy backend's (the same arena, KV log, capsules, files). Binding a plan to a row range
 encodes it once as an integer program (kernel code, then per buffer: region, element offset, row stride,
 size; then the op's dimensions); replay is one call of cpu_kernels.run_program over the arena's flat
-regions, which writes in place and allocates nothing. Cold prefill is the NumPy backend's tuned BLAS
+regions, which writes in place and allocates nothing. The weight region is the arena's weight slab plus its
+GEMV matrices in column panels (cpu_panels.py), built once per arena. Cold prefill is the NumPy backend's tuned BLAS
 prefill, the fastest cold path on this CPU.
 
 The first use compiles (tens of seconds); numba caches the machine code on disk, in a folder keyed by the
@@ -93,6 +94,25 @@ class CompiledReplay:
                 assert all(self.prog[o, 1 + cp.ARG_COLS * i] == cp.REG_WORK for i in (0, 5, 6, 7, 8, 9))
             dims, self.fconst[o] = _dims(op, arena)
             self.prog[o, cp.DIM0:cp.DIM0 + len(dims)] = dims
+        self._regions = self._regions[:3] + (self._use_panels(plan, arena),) + self._regions[4:]
+
+    def _use_panels(self, plan, arena) -> np.ndarray:
+        """Points every GEMV matrix argument at its column-panel copy (cpu_panels.py); returns the weight region
+        that holds both layouts."""
+        from . import cpu_program as cp
+        from .cpu_panels import GEMV_MATRICES, panel_shape, weight_region
+        uses = []  # (op, argument, (offset, n_in, n_out))
+        for o, op in enumerate(plan.ops):
+            for a, _ in GEMV_MATRICES.get(op.kernel, ()):
+                col = 1 + cp.ARG_COLS * a
+                assert self.prog[o, col] == cp.REG_WEIGHT, f"{op.kernel}: argument {a} is not a weight"
+                n_in, n_out = panel_shape(op.kernel, a, [int(v) for v in self.prog[o, cp.DIM0:]])
+                assert self.prog[o, col + 3] == n_in * n_out, f"{op.kernel}: weight {a} is not {n_in} x {n_out}"
+                uses.append((o, col, (int(self.prog[o, col + 1]), n_in, n_out)))
+        region, at = weight_region(arena, frozenset(key for _, _, key in uses))
+        for o, col, key in uses:
+            self.prog[o, col:col + 2] = cp.REG_PANEL, at[key]
+        return region
 
     def replay(self) -> None:
         self._run(self.prog, self.fconst, *self._regions, self.rows)

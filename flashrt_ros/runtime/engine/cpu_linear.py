@@ -3,7 +3,13 @@
 y_r[j] = sum_i x_r[i] w[i, j], i in order, each (row, output) its own accumulator: the same float operations
 for a row alone as for a row in a batch, so batching never changes a byte. Rows run in blocks of up to 4 that
 share each weight load (a row alone reloaded the whole matrix per row), and a block's sums live in vector
-registers across the whole input loop: the intrinsics of cpu_simd.py."""
+registers across the whole input loop: the intrinsics of cpu_simd.py.
+
+A matrix is row-major (REG_WEIGHT) or in column panels (REG_PANEL, cpu_panels.py): the bound step uses panels,
+so a block walks its 8 to 64 columns in address order. Row-major, a 4-row block read one 64-byte line per
+input row at a stride of n_out floats, and a step's weights (3.6 MiB at the default model) come from L3: on an
+AVX2 EPYC that walk made a 4-row batched step 3-4x its warm-cache time. The layout changes which address a
+weight is read from, never the order of any sum."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +17,7 @@ from numba import njit
 
 from ..model.kernel_spec import ACT_RELU, ACT_SILU, ACT_TANH
 from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
-from .cpu_program import ARG_COLS, REG_STATE, REG_WEIGHT, REG_WORK, _row
+from .cpu_program import ARG_COLS, PANEL, REG_PANEL, REG_STATE, REG_WEIGHT, REG_WORK, _row
 from .cpu_simd import _LANES, _g1x1, _g1x2, _g1x4, _g1x8, _g2x1, _g2x2, _g2x4, _g3x1, _g3x2, _g4x1, _g4x2
 
 _F0, _F1 = np.float32(0.0), np.float32(1.0)
@@ -30,46 +36,48 @@ def _act(v, act):
 
 
 @njit(cache=True, nogil=True)
-def _gemv_block(xr, wr, yr, x_at, x_rs, w_at, n_in, n_out, y_at, y_rs, rows, j, wide):
+def _gemv_block(xr, wr, yr, x_at, x_rs, w_at, n_in, w_rs, w_vs, y_at, y_rs, rows, j, wide):
     """Outputs j.. of a block of `rows` (1 to 4) rows, as many vectors as fit; returns the next output index."""
-    wa, ya = w_at + j, y_at + j
+    wa, ya = w_at + j // _LANES * w_vs, y_at + j
     vecs = (wide - j) // _LANES
     if rows == 4:
         if vecs >= 2:
-            _g4x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            _g4x2(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
             return j + 2 * _LANES
-        _g4x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+        _g4x1(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
     elif rows == 3:
         if vecs >= 2:
-            _g3x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            _g3x2(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
             return j + 2 * _LANES
-        _g3x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+        _g3x1(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
     elif rows == 2:
         if vecs >= 4:
-            _g2x4(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            _g2x4(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
             return j + 4 * _LANES
         if vecs >= 2:
-            _g2x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            _g2x2(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
             return j + 2 * _LANES
-        _g2x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+        _g2x1(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
     else:  # a row alone: more independent sums instead of shared loads
         if vecs >= 8:
-            _g1x8(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            _g1x8(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
             return j + 8 * _LANES
         if vecs >= 4:
-            _g1x4(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            _g1x4(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
             return j + 4 * _LANES
         if vecs >= 2:
-            _g1x2(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+            _g1x2(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
             return j + 2 * _LANES
-        _g1x1(xr, wr, yr, x_at, x_rs, wa, n_in, n_out, ya, y_rs)
+        _g1x1(xr, wr, yr, x_at, x_rs, wa, n_in, w_rs, w_vs, ya, y_rs)
     return j + _LANES
 
 
 @njit(cache=True, nogil=True)
-def gemv_rows(xr, x_at, x_rs, wr, w_at, yr, y_at, y_rs, rows, n_in, n_out):
-    """y_b = x_b w for rows b = 0..rows-1: x_b = xr[x_at + b x_rs:], w = wr[w_at:] (n_in x n_out, row-major),
-    y_b = yr[y_at + b y_rs:]. Every output summed over i in order, one accumulator each."""
+def gemv_rows(xr, x_at, x_rs, wr, w_at, panels, yr, y_at, y_rs, rows, n_in, n_out):
+    """y_b = x_b w for rows b = 0..rows-1: x_b = xr[x_at + b x_rs:], w = wr[w_at:] (n_in x n_out, row-major,
+    or in column panels when `panels`), y_b = yr[y_at + b y_rs:]. Every output summed over i in order, one
+    accumulator each. w[i, j] is wr[w_at + j // 8 w_vs + i w_rs + j % 8]."""
+    w_rs, w_vs = (PANEL, PANEL * n_in) if panels else (n_out, PANEL)
     wide = n_out // _LANES * _LANES
     b = 0
     while b < rows:
@@ -77,12 +85,13 @@ def gemv_rows(xr, x_at, x_rs, wr, w_at, yr, y_at, y_rs, rows, n_in, n_out):
         xa, ya = x_at + b * x_rs, y_at + b * y_rs
         j = 0
         while j < wide:
-            j = _gemv_block(xr, wr, yr, xa, x_rs, w_at, n_in, n_out, ya, y_rs, block, j, wide)
+            j = _gemv_block(xr, wr, yr, xa, x_rs, w_at, n_in, w_rs, w_vs, ya, y_rs, block, j, wide)
         for r in range(block):  # outputs past the last 8
             for j in range(wide, n_out):
                 acc = _F0
+                w_j = w_at + j // PANEL * w_vs + j % PANEL
                 for i in range(n_in):
-                    acc += xr[xa + r * x_rs + i] * wr[w_at + i * n_out + j]
+                    acc += xr[xa + r * x_rs + i] * wr[w_j + i * w_rs]
                 yr[ya + r * y_rs + j] = acc
         b += block
 
@@ -95,7 +104,7 @@ def _region(sf, wf, gf, lf, op, a):
         return sf
     if reg == REG_WORK:
         return wf
-    if reg == REG_WEIGHT:
+    if reg == REG_WEIGHT or reg == REG_PANEL:
         return gf
     return lf
 
@@ -107,9 +116,10 @@ def _rs(op, a):
 
 @njit(cache=True, nogil=True)
 def _gemv_arg(sf, wf, gf, lf, op, x, w, y, rows, n_in, n_out):
-    """gemv_rows of op's arguments x (per row), w (shared) and y (per row)."""
+    """gemv_rows of op's arguments x (per row), w (shared, row-major or panels) and y (per row)."""
     gemv_rows(_region(sf, wf, gf, lf, op, x), _row(op, x, 0), _rs(op, x), _region(sf, wf, gf, lf, op, w),
-              _row(op, w, 0), _region(sf, wf, gf, lf, op, y), _row(op, y, 0), _rs(op, y), rows, n_in, n_out)
+              _row(op, w, 0), op[1 + ARG_COLS * w] == REG_PANEL, _region(sf, wf, gf, lf, op, y), _row(op, y, 0),
+              _rs(op, y), rows, n_in, n_out)
 
 
 @njit(cache=True, nogil=True)

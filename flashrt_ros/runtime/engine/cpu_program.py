@@ -13,6 +13,9 @@ MAX_ARGS = 15
 DIM0 = 1 + ARG_COLS * MAX_ARGS  # first column of the op's integer dimensions
 N_DIMS = 6
 REG_STATE, REG_STATE_I64, REG_WORK, REG_WEIGHT, REG_LOG = range(5)
+# a GEMV's matrix in the weight region as column panels (cpu_panels.py), read in address order
+REG_PANEL = 5
+PANEL = 8  # columns per panel: one vector of float32 lanes (cpu_simd._LANES)
 
 
 @njit(cache=True, nogil=True)

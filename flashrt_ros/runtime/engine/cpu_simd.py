@@ -133,16 +133,17 @@ _values_2x8, _values_1x8 = _values_intrinsic(2, 1), _values_intrinsic(1, 1)
 
 def _gemv_intrinsic(rows, vecs):
     """An intrinsic for y_r[j0 + e] = sum_i x_r[i] w[i, j0 + e], i = 0..n_in-1 in order, for `rows` rows and
-    8 * vecs outputs e, 8 to a vector lane: x_r = xr[x_at + r x_rs:], w[i, j0:] = wr[w_at + i n_out:],
-    y_r = yr[y_at + r y_rs:]. Each weight vector is loaded once for all the rows."""
+    8 * vecs outputs e, 8 to a vector lane: x_r = xr[x_at + r x_rs:], y_r = yr[y_at + r y_rs:], and the weight
+    vector k of input i at wr[w_at + i w_rs + k w_vs] (row-major: w_rs = n_out, w_vs = 8; panels: w_rs = 8,
+    w_vs = 8 n_in). Each weight vector is loaded once for all the rows."""
 
     @intrinsic
-    def gemv(typingctx, xr, wr, yr, x_at, x_rs, w_at, n_in, n_out, y_at, y_rs):
+    def gemv(typingctx, xr, wr, yr, x_at, x_rs, w_at, n_in, w_rs, w_vs, y_at, y_rs):
         i8 = types.int64
-        sig = types.void(xr, wr, yr, i8, i8, i8, i8, i8, i8, i8)
+        sig = types.void(xr, wr, yr, i8, i8, i8, i8, i8, i8, i8, i8)
 
         def codegen(context, builder, signature, args):
-            xr_v, wr_v, yr_v, x_at, x_rs, w_at, n_in, n_out, y_at, y_rs = args
+            xr_v, wr_v, yr_v, x_at, x_rs, w_at, n_in, w_rs, w_vs, y_at, y_rs = args
             xp, wp, yp = (context.make_array(t)(context, builder, v).data
                           for t, v in zip(signature.args[:3], (xr_v, wr_v, yr_v)))
             i64 = ir.IntType(64)
@@ -151,8 +152,8 @@ def _gemv_intrinsic(rows, vecs):
                     for _ in range(rows)]
             with cgutils.for_range(builder, n_in) as loop:
                 i = loop.index
-                w_i = builder.add(w_at, builder.mul(i, n_out))
-                w = [builder.load(builder.bitcast(builder.gep(wp, [builder.add(w_i, i64(_LANES * k))]),
+                w_i = builder.add(w_at, builder.mul(i, w_rs))
+                w = [builder.load(builder.bitcast(builder.gep(wp, [builder.add(w_i, builder.mul(w_vs, i64(k)))]),
                                                   _VEC.as_pointer()), align=4) for k in range(vecs)]
                 for r in range(rows):
                     x = builder.load(builder.gep(xp, [builder.add(x_row[r], i)]))

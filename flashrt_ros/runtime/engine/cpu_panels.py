@@ -1,0 +1,55 @@
+"""The weight region the compiled CPU step reads: the arena's weight slab, then every GEMV matrix of the plan
+again in column panels (panel p holds columns 8p..8p+7 of every input row, n_in x 8 floats in address order;
+the last panel zero-padded). A block of output columns then reads whole cache lines in order instead of one
+line per input row at a stride of n_out (cpu_linear.py says what that cost). Built once per arena and shared
+by every row range bound to it; weights never change after a Session is built, so the copy cannot go stale.
+"""
+from __future__ import annotations
+
+from weakref import WeakKeyDictionary
+
+import numpy as np
+
+from .cpu_program import PANEL
+
+_ALIGN = 16  # floats: each panel matrix starts on a 64-byte cache line
+# (kernel, weight argument index, dimension giving n_in, n_out = dims[1] or 3 * dims[1] for the GRU)
+GEMV_MATRICES = {"linear": ((1, 0),), "gru_cell": ((2, 0), (3, 1))}
+
+_built: WeakKeyDictionary = WeakKeyDictionary()  # arena -> {matrices: (region, {(offset, n_in, n_out): at})}
+
+
+def panel_shape(kernel: str, arg: int, dims: list[int]) -> tuple[int, int]:
+    """(n_in, n_out) of the GEMV matrix that argument `arg` of a `kernel` op holds, from its encoded dims."""
+    n_in_dim = dict(GEMV_MATRICES[kernel])[arg]
+    if kernel == "linear":
+        return dims[n_in_dim], dims[1]
+    return dims[n_in_dim], 3 * dims[1]  # gru_cell: dims (n_in, H), gates 3H wide
+
+
+def to_panels(w: np.ndarray) -> np.ndarray:
+    """(n_in, n_out) row-major -> panels, flat: out[(p n_in + i) 8 + e] = w[i, 8p + e], zero past n_out."""
+    n_in, n_out = w.shape
+    n_panels = -(-n_out // PANEL)
+    padded = np.zeros((n_in, n_panels * PANEL), np.float32)
+    padded[:, :n_out] = w
+    return np.ascontiguousarray(padded.reshape(n_in, n_panels, PANEL).transpose(1, 0, 2)).reshape(-1)
+
+
+def weight_region(arena, matrices: frozenset[tuple[int, int, int]]) -> tuple[np.ndarray, dict]:
+    """The float32 weight region with `matrices` ((element offset, n_in, n_out) in the weight slab) appended as
+    panels, and each matrix's element offset there. Cached per arena and matrix set."""
+    per_arena = _built.setdefault(arena, {})
+    if matrices not in per_arena:
+        slab = arena.weight_slab.view(np.float32)
+        at, end = {}, -(-slab.size // _ALIGN) * _ALIGN
+        for key in sorted(matrices):
+            at[key] = end
+            end += -(-(-(-key[2] // PANEL) * PANEL * key[1]) // _ALIGN) * _ALIGN
+        region = np.zeros(end, np.float32)
+        region[:slab.size] = slab
+        for (off, n_in, n_out), dst in at.items():
+            panels = to_panels(slab[off:off + n_in * n_out].reshape(n_in, n_out))
+            region[dst:dst + panels.size] = panels
+        per_arena[matrices] = (region, at)
+    return per_arena[matrices]
