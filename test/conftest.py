@@ -23,6 +23,8 @@ os.environ.setdefault("ROS_LOG_DIR", "/tmp/flashrt-test-roslog")
 # The compiled CPU backend compiles once into build/ and every later test run (and node) reads that cache.
 os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / "build" / "numba-cache"))
 
+from hang_guard import hang_guard, pytest_configure  # noqa: E402, F401  a hung test ends the run, stacks shown
+
 from flashrt_ros.runtime import PolicyConfig, Session  # noqa: E402
 
 

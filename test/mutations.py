@@ -611,6 +611,12 @@ MUTATIONS = [
              ["test/test_cpu_linear_bytes.py",
               "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
              "rows sharing a weight load sum each output over the inputs in another order than a row alone"),
+    # the suite's hang guard
+    Mutation("hang_guard_dumps_into_the_capture_file", "test/hang_guard.py",
+             "exit=True, file=_stderr)",
+             "exit=True)",
+             ["test/test_hang_guard.py"],
+             "a hung test's stacks go to pytest's capture file, lost when the guard exits the run"),
     # issue 17 (gemv panels)
     Mutation("cpu_gemv_panels_read_at_row_major_offsets", RT + "engine/cpu_linear.py",
              "    wa, ya = w_at + j // _LANES * w_vs, y_at + j\n",
