@@ -3,9 +3,9 @@
 Memory is the NumPy backend's (the same arena, KV log, capsules, files). Binding a plan to a row range
 encodes it once as an integer program (kernel code, then per buffer: region, element offset, row stride,
 size; then the op's dimensions); replay is one call of cpu_kernels.run_program over the arena's flat
-regions, which writes in place and allocates nothing. The weight region is the arena's weight slab plus its
-GEMV matrices in column panels (cpu_panels.py), built once per arena. Cold prefill is the NumPy backend's tuned BLAS
-prefill, the fastest cold path on this CPU.
+regions, which writes in place and allocates nothing. The weight region is the arena's weight slab plus
+its GEMV matrices in column panels (cpu_panels.py), built once per arena. Cold prefill is the NumPy
+backend's tuned BLAS prefill, the fastest cold path on this CPU.
 
 The first use compiles (tens of seconds); numba caches the machine code on disk, in a folder keyed by the
 compiled sources (numba_cache.py), so later starts load it in about a second.
@@ -103,7 +103,7 @@ class CompiledReplay:
         from .cpu_panels import GEMV_MATRICES, panel_shape, weight_region
         uses = []  # (op, argument, (offset, n_in, n_out))
         for o, op in enumerate(plan.ops):
-            for a, _ in GEMV_MATRICES.get(op.kernel, ()):
+            for a in GEMV_MATRICES.get(op.kernel, ()):
                 col = 1 + cp.ARG_COLS * a
                 assert self.prog[o, col] == cp.REG_WEIGHT, f"{op.kernel}: argument {a} is not a weight"
                 n_in, n_out = panel_shape(op.kernel, a, [int(v) for v in self.prog[o, cp.DIM0:]])

@@ -13,18 +13,16 @@ import numpy as np
 from .cpu_program import PANEL
 
 _ALIGN = 16  # floats: each panel matrix starts on a 64-byte cache line
-# (kernel, weight argument index, dimension giving n_in, n_out = dims[1] or 3 * dims[1] for the GRU)
-GEMV_MATRICES = {"linear": ((1, 0),), "gru_cell": ((2, 0), (3, 1))}
+GEMV_MATRICES = {"linear": (1,), "gru_cell": (2, 3)}  # kernel -> its arguments that are GEMV matrices
 
 _built: WeakKeyDictionary = WeakKeyDictionary()  # arena -> {matrices: (region, {(offset, n_in, n_out): at})}
 
 
 def panel_shape(kernel: str, arg: int, dims: list[int]) -> tuple[int, int]:
     """(n_in, n_out) of the GEMV matrix that argument `arg` of a `kernel` op holds, from its encoded dims."""
-    n_in_dim = dict(GEMV_MATRICES[kernel])[arg]
-    if kernel == "linear":
-        return dims[n_in_dim], dims[1]
-    return dims[n_in_dim], 3 * dims[1]  # gru_cell: dims (n_in, H), gates 3H wide
+    if kernel == "linear":  # dims (n_in, n_out, act): w
+        return dims[0], dims[1]
+    return (dims[0] if arg == 2 else dims[1]), 3 * dims[1]  # gru_cell, dims (n_in, H): w_ih, w_hh, 3H gates
 
 
 def to_panels(w: np.ndarray) -> np.ndarray:
