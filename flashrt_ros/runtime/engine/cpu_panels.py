@@ -18,6 +18,10 @@ GEMV_MATRICES = {"linear": (1,), "gru_cell": (2, 3)}  # kernel -> its arguments 
 _built: WeakKeyDictionary = WeakKeyDictionary()  # arena -> {matrices: (region, {(offset, n_in, n_out): at})}
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
 def panel_shape(kernel: str, arg: int, dims: list[int]) -> tuple[int, int]:
     """(n_in, n_out) of the GEMV matrix that argument `arg` of a `kernel` op holds, from its encoded dims."""
     if kernel == "linear":  # dims (n_in, n_out, act): w
@@ -28,10 +32,9 @@ def panel_shape(kernel: str, arg: int, dims: list[int]) -> tuple[int, int]:
 def to_panels(w: np.ndarray) -> np.ndarray:
     """(n_in, n_out) row-major -> panels, flat: out[(p n_in + i) 8 + e] = w[i, 8p + e], zero past n_out."""
     n_in, n_out = w.shape
-    n_panels = -(-n_out // PANEL)
-    padded = np.zeros((n_in, n_panels * PANEL), np.float32)
+    padded = np.zeros((n_in, _round_up(n_out, PANEL)), np.float32)
     padded[:, :n_out] = w
-    return np.ascontiguousarray(padded.reshape(n_in, n_panels, PANEL).transpose(1, 0, 2)).reshape(-1)
+    return np.ascontiguousarray(padded.reshape(n_in, -1, PANEL).transpose(1, 0, 2)).reshape(-1)
 
 
 def weight_region(arena, matrices: frozenset[tuple[int, int, int]]) -> tuple[np.ndarray, dict]:
@@ -40,10 +43,11 @@ def weight_region(arena, matrices: frozenset[tuple[int, int, int]]) -> tuple[np.
     per_arena = _built.setdefault(arena, {})
     if matrices not in per_arena:
         slab = arena.weight_slab.view(np.float32)
-        at, end = {}, -(-slab.size // _ALIGN) * _ALIGN
+        at, end = {}, _round_up(slab.size, _ALIGN)
         for key in sorted(matrices):
+            _, n_in, n_out = key
             at[key] = end
-            end += -(-(-(-key[2] // PANEL) * PANEL * key[1]) // _ALIGN) * _ALIGN
+            end += _round_up(_round_up(n_out, PANEL) * n_in, _ALIGN)
         region = np.zeros(end, np.float32)
         region[:slab.size] = slab
         for (off, n_in, n_out), dst in at.items():
