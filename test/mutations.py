@@ -617,6 +617,12 @@ MUTATIONS = [
              "exit=True)",
              ["test/test_hang_guard.py"],
              "a hung test's stacks go to pytest's capture file, lost when the guard exits the run"),
+    # the node's teardown watchdog (the Fast DDS deadlock)
+    Mutation("node_teardown_without_a_watchdog", "flashrt_ros/ros/node.py",
+             "        faulthandler.dump_traceback_later(TEARDOWN_LIMIT_S, exit=True)",
+             "        pass",
+             ["test/test_ros_shutdown.py::test_a_node_whose_dds_teardown_hangs_exits_1_with_every_threads_stack"],
+             "a node whose DDS teardown deadlocks never exits"),
     # issue 17 (gemv panels)
     Mutation("cpu_gemv_panels_read_at_row_major_offsets", RT + "engine/cpu_linear.py",
              "    wa, ya = w_at + j // _LANES * w_vs, y_at + j\n",

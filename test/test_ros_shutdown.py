@@ -5,11 +5,13 @@ Each signal lands at another point: right after the long goal's first feedback, 
 goals (each answered "busy", then "shutting down") is still being taken."""
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 from replan_helpers import long_goal_observations, wait_for_feedback
-from ros_harness import NodeProcess, Planner, ros_env
+from ros_harness import ROOT, NodeProcess, Planner, ros_env
 
 from conftest import observation_trace
 
@@ -68,3 +70,21 @@ def test_a_signal_during_a_replan_and_a_burst_of_goals_exits_0_with_a_clean_log(
         assert rc == 0, (point, rc, log[-2000:])
         noise = [ln for ln in log.splitlines() if "ERROR" in ln or "Traceback" in ln or "Warning" in ln]
         assert not noise, (point, burst, len(goals), noise, log[-3000:])
+
+
+def test_a_node_whose_dds_teardown_hangs_exits_1_with_every_threads_stack(ros_context):
+    """The Fast DDS deadlock in a participant's destruction (eProsima/Fast-DDS#6502) once kept a node that had
+    failed to configure from exiting: here the context's shutdown never returns, and the node must still exit
+    (1, past TEARDOWN_LIMIT_S) with the stacks that show where it hung."""
+    hang = ("import sys, time, rclpy\n"
+            "import flashrt_ros.ros.node as node\n"
+            "node.TEARDOWN_LIMIT_S = 1.0\n"
+            "rclpy.try_shutdown = lambda: time.sleep(3600)  # a teardown that never ends\n"
+            "sys.exit(node.main(sys.argv))\n")
+    # capsule_capacity 8 fails configure at once (below the replan reserve): the node goes straight to teardown
+    proc = subprocess.run([sys.executable, "-c", hang, "--ros-args", "-p", "capsule_capacity:=8"], cwd=ROOT,
+                          env=ros_context, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "configure failed: capsule_capacity" in proc.stderr, proc.stderr[-3000:]
+    assert "Timeout (0:00:01)!" in proc.stderr and "in <lambda>" in proc.stderr and "in main" in proc.stderr, \
+        proc.stderr[-3000:]

@@ -14,6 +14,7 @@ Run: ``ros2 run flashrt_ros flashrt_node --ros-args --params-file config/flashrt
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import sys
@@ -581,6 +582,12 @@ def spin_until_stopped(executor, node, stop: threading.Event) -> None:
                                     throttle_duration_sec=1.0)
 
 
+# Fast DDS 3.2 can deadlock destroying a participant while a peer leaves (eProsima/Fast-DDS#6502): the process
+# would never exit, and a launch file or systemd would wait on it. Past this limit after the runtime is released
+# (the capsule log flushed), every thread's stack goes to stderr and the process exits 1 without the rest.
+TEARDOWN_LIMIT_S = 20.0
+
+
 def main(args=None) -> int:
     # SIGINT / SIGTERM only ask the loop to stop, from the start: shutdown then runs in order
     # (replan worker, services, node, context) and exits 0, even mid-configure or mid-replan.
@@ -624,6 +631,7 @@ def main(args=None) -> int:
     finally:
         if node is not None:
             node.release()  # the replan worker stops while the context still works
+        faulthandler.dump_traceback_later(TEARDOWN_LIMIT_S, exit=True)  # C-level: covers interpreter exit too
         if executor is not None:
             executor.shutdown()
         if node is not None:
