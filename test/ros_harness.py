@@ -126,6 +126,11 @@ def call(planner, srv_type, name: str, timeout: float = 10.0, **fields):
     return spin_until(planner.node, cli.call_async(srv_type.Request(**fields)), timeout)
 
 
+def stamp_ns(msg) -> int:
+    """A message's header stamp in nanoseconds."""
+    return msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec
+
+
 def joint_state(obs: np.ndarray, stamp_ns: int, n_joints: int = 7):
     from builtin_interfaces.msg import Time
     from sensor_msgs.msg import JointState
@@ -184,7 +189,14 @@ class Planner:
         assert len(self.steps) > n, "no policy_step"
         return self.steps[-1]
 
-    def step(self, obs: np.ndarray, timeout: float = 5.0, dead=None, grace: float = 0.3):
+    def spin_until(self, done, timeout_s: float = 10.0) -> bool:
+        """Spin until done() or timeout_s; whether done() (the test's asserts say what was missing)."""
+        end = time.monotonic() + timeout_s
+        while not done() and time.monotonic() < end:
+            self.spin(0.05)
+        return bool(done())
+
+    def step(self, obs: np.ndarray, timeout: float = 10.0, dead=None, grace: float = 0.3):
         """Publish one observation and wait for its policy_step (flow control: nothing is overwritten).
         dead(): the node is known dead, so the wait ends ``grace`` seconds later (an answer sent before it
         died still arrives in that time) instead of at the timeout. TimeoutError either way."""

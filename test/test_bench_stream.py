@@ -46,8 +46,40 @@ def test_replicas_failover_and_seek_are_byte_exact_in_the_quick_run(quick):
     assert d["failover_ms"]["measured"] == 1 and d["failover_ms"]["p50"] > 0
     assert d["failover_actions_byte_identical"] == {"run": 1, "passed": 1}
     assert d["failover_unstepped_observations"] == 0
-    assert d["late_replica"]["holds_every_capsule_since_first"] is True
+    takeovers = d["standby_takeovers_while_primary_lived"]
+    assert d["late_replica"]["holds_every_capsule_since_first"] is True, (d["late_replica"], takeovers)
     assert d["seek"]["byte_identical"] is True and d["seek"]["steps_after_from"] > 0
-    assert d["standby_takeovers_while_primary_lived"]["takeovers"] == 0
+    assert takeovers["takeovers"] == 0, takeovers
     assert set(d["acceptance"]) >= {"stream_step_overhead.p99_ratio <= 1.1", "replica_lag_ms.p99 <= 20",
                                     "failover_ms.p99 <= 200 over 20 kills", "seek_ratio < 0.05"}
+
+
+def test_only_runs_the_named_parts_in_run_order_and_rejects_an_unknown_one(monkeypatch, capsys):
+    from flashrt_ros.tools.bench import cli, stream
+    seen = []
+
+    def fake_run(args):  # the parts' argument as the bench gets it, not a measurement
+        seen.append(args.only)
+        return {"backend": "numpy"}
+
+    monkeypatch.setattr(stream, "run", fake_run)
+    assert cli.main(["stream", "--only", "seek", "--only", "failover"]) == 0
+    assert cli.main(["stream"]) == 0
+    assert seen == [["failover", "seek"], list(cli.STREAM_PARTS)]
+    with pytest.raises(SystemExit) as e:
+        cli.main(["stream", "--only", "kills"])
+    assert e.value.code == 2 and "invalid choice: 'kills'" in capsys.readouterr().err
+
+
+def test_a_part_not_run_is_judged_not_measured_and_a_part_run_without_its_keys_is_missed():
+    from flashrt_ros.tools.bench.stream import acceptance
+    failover = {"failover_ms": {"p99": 150.0, "measured": 20},
+                "failover_actions_byte_identical": {"passed": 20, "run": 20}, "failover_unstepped_observations": 0}
+    alone = acceptance({"parts": ["failover"], **failover})
+    assert alone["failover_ms.p99 <= 200 over 20 kills"] is True
+    assert alone["failover byte-identical, 0 unstepped"] is True
+    others = [v for k, v in alone.items() if not k.startswith("failover")]
+    assert len(others) == 6 and all(v is None for v in others)  # not measured
+    every = acceptance({"parts": ["stream", "failover", "seek"], **failover})
+    assert every["replica_whatif_byte_exact passed == run >= 100"] is False
+    assert every["no takeover while the primary lives"] is False

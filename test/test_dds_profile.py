@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from flashrt_ros.ros.dds_profile import SOURCE_PROFILE, use_shipped_profile
+from flashrt_ros.ros.dds_profile import SOURCE_PROFILE, default_fast_dds_ports, use_shipped_profile
 
 NS = {"d": "http://www.eprosima.com"}
 
@@ -32,6 +32,17 @@ def test_a_users_choice_is_left_alone_and_the_log_line_says_why(env, says):
     before = dict(env)
     line = use_shipped_profile(env)
     assert env == before and says in line, (env, line)
+
+
+@pytest.mark.parametrize("env, default_ports", [
+    ({}, True),
+    ({"RMW_IMPLEMENTATION": "rmw_fastrtps_cpp", "ROS_LOCALHOST_ONLY": "1"}, True),
+    ({"FASTDDS_DEFAULT_PROFILES_FILE": "/etc/mine.xml"}, False),  # it may move the ports or name an id
+    ({"FASTRTPS_DEFAULT_PROFILES_FILE": "/etc/mine.xml"}, False),
+    ({"RMW_IMPLEMENTATION": "rmw_cyclonedds_cpp"}, False),
+])
+def test_dead_participant_ids_are_held_only_under_fast_dds_default_ports(env, default_ports):
+    assert default_fast_dds_ports(env) is default_ports
 
 
 def test_the_profile_only_enlarges_shared_memory_shortens_its_health_check_and_keeps_the_default_transports():

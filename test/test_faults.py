@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from ros_harness import NodeProcess, Planner, call, env_without_module, reference_session, spin_until
+from ros_harness import NodeProcess, Planner, call, env_without_module, reference_session, spin_until, stamp_ns
 
 from conftest import observation_trace
 
@@ -320,12 +320,12 @@ def test_a_100_hz_stream_is_stepped_and_published_during_a_long_replan_in_order_
         while len(planner.steps) < 5 + n and time.monotonic() < end and not result.done():
             planner.spin(0.01)
         # every observation's policy_step arrived while the replan was still running
-        stepped = {m.header.stamp.sec * 10**9 + m.header.stamp.nanosec for m in planner.steps[5:]}
+        stepped = {stamp_ns(m) for m in planner.steps[5:]}
         assert not result.done(), (f"the replan ended first: {len(stepped)} of {n} observations stepped by then, "
                                    f"missing {[k for k, s in enumerate(stamps) if s not in stepped]}; node log: "
                                    f"{proc.output()[-1500:]}")
         assert feedback[-1].feedback.steps_done < 20_000
-        got = [m.header.stamp.sec * 10**9 + m.header.stamp.nanosec for m in planner.steps[5:]]
+        got = [stamp_ns(m) for m in planner.steps[5:]]
         assert got == stamps and [m.step for m in planner.steps[5:]] == list(range(6, 6 + n))
         spin_until(planner.node, handle.cancel_goal_async(), 20)
         assert spin_until(planner.node, result, 20).status == GoalStatus.STATUS_CANCELED

@@ -28,7 +28,7 @@ def test_client_goal_handles_named_services_and_failures(flashrt, tmp_path):
     # --- a goal handle never blocks: sent, polled, fetched; actions come shaped ---
     # the longest deadline the node allows: this checks the handle, not the machine's speed
     task = client.send_replan(np.stack([obs[20:26], obs[22:28]]), capsule_id=None, commit_branch=None,
-                              deadline_ms=200.0)
+                              deadline_ms=60_000.0)
     assert not task.is_task_complete()  # nothing was waited for yet
     end = time.monotonic() + 20
     while not task.is_task_complete():
@@ -37,7 +37,10 @@ def test_client_goal_handles_named_services_and_failures(flashrt, tmp_path):
     assert out.accepted and out.succeeded and out.result.steps_done == 6
     assert out.actions().shape == (2, 6, 7) and out.actions().dtype == np.float32
     # feedback starts 20 ms into a replan: one that ends sooner sends only its result (1 x 2: a few ms)
-    short = [client.replan(obs[None, 20:22]) for _ in range(5)]
+    # (until one is that fast: a loaded machine's stall may stretch a few)
+    short = []
+    while len(short) < 20 and not any(o.result.elapsed_ms < 10.0 for o in short):
+        short.append(client.replan(obs[None, 20:22]))
     assert all(o.succeeded for o in short)
     fast = [o for o in short if o.result.elapsed_ms < 10.0]
     assert fast, [o.result.elapsed_ms for o in short]

@@ -152,6 +152,9 @@ def test_three_clients_replanning_back_to_back_do_not_starve_the_100hz_control_l
         while sensor.poll() is None and time.monotonic() < end:  # receive times are taken as they come
             planner.spin(0.05)
         sensor_out = sensor.communicate(timeout=10)[0]
+        # the node's last steps, however late a loaded machine lets them come (a fixed wait here was too short)
+        planner.spin_until(lambda: bool(received) and bool(published)
+                           and stamp_ns(received[-1][1].header.stamp) >= published[-1])
         planner.spin(0.3)
         counts = [json.loads(c.communicate(timeout=30)[0].strip().splitlines()[-1]) for c in clients]
     finally:

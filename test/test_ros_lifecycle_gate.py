@@ -56,6 +56,7 @@ def test_services_and_replan_refuse_while_not_active_and_change_nothing(ros_doma
     planner = Planner()
     obs = observation_trace(12)
     try:
+        planner.client.wait_until_ready(30.0)  # a process just started: discovery first (a refusal is an answer)
         assert_everything_refused(planner, "unconfigured", obs)
         assert change_state(planner, Transition.TRANSITION_CONFIGURE)
         assert_everything_refused(planner, "inactive", obs)

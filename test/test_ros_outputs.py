@@ -48,7 +48,10 @@ class Outputs:
             if self.wait(1, timeout=2.0):
                 break
         assert self.actions and self.trajectories, "no action / action_trajectory arrived"
-        self.wait(len(obs) + 1, timeout=0.5)  # whatever else is in flight
+        # whatever else is in flight, up to the last step's outputs (a fixed wait lets a late one in after clear())
+        last = np.asarray(self.planner.steps[-1].action, np.float32).astype(np.float64).tobytes()
+        self.planner.spin_until(lambda: stamp_ns(self.trajectories[-1].header.stamp) == self.planner.stamp
+                                and np.asarray(self.actions[-1].data).tobytes() == last)
         self.actions.clear()
         self.trajectories.clear()
 

@@ -63,7 +63,7 @@ def test_refused_goals_carry_their_reason_change_nothing_and_every_goal_of_a_bur
                            capsule_dir=str(tmp_path / "capsules"), max_branches=2)
     try:
         summary_path = tmp_path / "planner.json"
-        run = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.demo.planner", "--duration", "1.2", "--period",
+        run = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.demo.planner", "--duration", "3", "--period",
                               "0.3", "--namespace", "/refusing", "--json", str(summary_path)], env=ros_domain,
                              capture_output=True, text=True, timeout=60)
     finally:

@@ -89,7 +89,7 @@ def test_a_goal_whose_client_died_is_abandoned(long_node):
         assert victim.stdout.readline().strip() == "running"
         victim.terminate()  # SIGTERM: its participant leaves the graph at once (SIGKILL: after the DDS lease)
         victim.wait(10)
-        end = time.monotonic() + 5.0
+        end = time.monotonic() + 20.0  # the graph's news of the departure, on a loaded machine
         while "its client is gone" not in proc.output() and time.monotonic() < end:
             time.sleep(0.05)
         log = proc.output()

@@ -63,17 +63,20 @@ def test_a_node_killed_20_times_resumes_each_time_at_its_last_record_and_continu
                 reference.rollback(steps_back=reference.step_count - resumed_step)
                 assert state_digest(reference.materialize(reference.live_capsule_id)) == digest
             fed = resumed_step
-            # step at 100 Hz; the kill lands at a random moment, between or during steps
+            # step at 100 Hz; the kill lands at a random moment, between or during steps, armed at the run's first
+            # answer (armed before it, a new node's first step, slow on a loaded machine, was killed with nothing
+            # persisted once in CI)
             n = int(rng.integers(20, 60))
-            timer = threading.Timer(rng.uniform(0.3, 0.9) * n * PERIOD_S,
+            timer = threading.Timer(rng.uniform(0.3, 0.9) * (n - 1) * PERIOD_S,
                                     lambda p=proc.proc: os.kill(p.pid, signal.SIGKILL))
-            timer.start() if kill < KILLS else None
-            for o in obs[fed:fed + n]:
+            for i, o in enumerate(obs[fed:fed + n]):
                 t0 = time.monotonic()
                 try:
-                    got = _step_unless_killed(planner, proc, o, timeout=2.0 if kill < KILLS else 10.0)
+                    got = _step_unless_killed(planner, proc, o, timeout=2.0 if kill < KILLS and i else 10.0)
                 except TimeoutError:
                     break  # killed
+                if i == 0 and kill < KILLS:
+                    timer.start()
                 want = reference.step(o)
                 assert np.asarray(got.action, np.float32).tobytes() == want.action.tobytes(), (kill, fed)
                 fed += 1
@@ -84,7 +87,14 @@ def test_a_node_killed_20_times_resumes_each_time_at_its_last_record_and_continu
                 assert proc.proc.returncode == -signal.SIGKILL
                 probe = reference_session()  # what the log holds now, read as the next node will
                 report = resume(probe, persist)
-                assert report.step > 0, "nothing persisted before the kill"
+                if report.step == 0 and kill == 0:
+                    # killed before its writer's first record (a starved writer on a loaded machine): what it
+                    # answered is lost, within the bound, and the next node starts afresh
+                    assert fed <= MAX_LOST, (kill, fed)
+                    lost_counts.append(fed)
+                    reference, expected = reference_session(), None
+                    continue
+                assert report.step > 0, f"kill {kill}: nothing persisted before it ({fed} steps answered)"
                 expected = (report.step, state_digest(probe.materialize(report.capsule_id)))
         finally:
             if planner is not None:

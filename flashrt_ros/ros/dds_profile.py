@@ -32,6 +32,12 @@ def shipped_profile() -> Path | None:
         return None
 
 
+def default_fast_dds_ports(environ=os.environ) -> bool:
+    """Fast DDS with its default port formula: the RMW is Fast DDS and no profile of the user's could change
+    the formula (or name a participant id). Read before use_shipped_profile sets the variable."""
+    return environ.get("RMW_IMPLEMENTATION", "") in FASTDDS_RMWS and not any(environ.get(v) for v in PROFILE_VARS)
+
+
 def use_shipped_profile(environ=os.environ) -> str:
     """Point Fast DDS at the shipped profile unless the user chose otherwise. Returns one line for the log."""
     chosen = next((v for v in PROFILE_VARS if environ.get(v)), None)
@@ -52,4 +58,4 @@ def use_shipped_profile(environ=os.environ) -> str:
     return f"DDS profile: {path} (16 MiB shared-memory segment, for the capsule stream's keyframes)"
 
 
-__all__ = ["PROFILE_VARS", "shipped_profile", "use_shipped_profile"]
+__all__ = ["PROFILE_VARS", "default_fast_dds_ports", "shipped_profile", "use_shipped_profile"]

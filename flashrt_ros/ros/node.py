@@ -42,7 +42,8 @@ from ..runtime.state.capsule_file import load_hmac_key
 from .capsule_dir import CapsuleDir
 from .capsule_stream import StreamPublisher
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
-from .dds_profile import use_shipped_profile
+from .dds_profile import default_fast_dds_ports, use_shipped_profile
+from .dead_participants import HeldIds, hold_dead_participant_ids
 from .diagnostics import device_name, diagnostics_message
 from .freed_memory import keep_freed_memory
 from .gc_freeze import GcFreezer, collect_and_freeze, thaw
@@ -594,17 +595,23 @@ def main(args=None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    dds_line = use_shipped_profile()  # before rclpy.init: Fast DDS reads its profile when the first participant starts
+    # before rclpy.init: the participant takes its id, and Fast DDS reads its profile, when it starts
+    held_ids = hold_dead_participant_ids() if default_fast_dds_ports() else HeldIds(0)
+    dds_line = use_shipped_profile()
     try:
         _init_ros(args if args is not None else sys.argv)
     except Exception as e:  # noqa: BLE001 - e.g. a params file that is missing or not valid YAML
+        held_ids.release()
         print(f"flashrt: cannot start: {_one_line(e)}", file=sys.stderr)
         return 2
     code = 0
     node = executor = None
     try:
         node = FlashRTNode(argv=args if args is not None else sys.argv)
+        held_ids.release()  # the participant exists
         node.get_logger().info(dds_line)
+        if held_ids.line():
+            node.get_logger().info(held_ids.line())
         if check_node_param("keep_freed_memory", node.get_parameter("keep_freed_memory").value):
             node.get_logger().info(keep_freed_memory())  # before configure's large allocations
         if check_node_param("clean_dead_shm_segments", node.get_parameter("clean_dead_shm_segments").value):
@@ -629,6 +636,7 @@ def main(args=None) -> int:
         print(f"flashrt: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
         code = 1
     finally:
+        held_ids.release()
         if node is not None:
             node.release()  # the replan worker stops while the context still works
         faulthandler.dump_traceback_later(TEARDOWN_LIMIT_S, exit=True)  # C-level: covers interpreter exit too

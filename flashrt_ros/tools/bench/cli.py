@@ -12,6 +12,7 @@ from ..machine import load_average, with_machine
 
 # The backend a subcommand measures when its JSON does not say.
 RUNS_ON = {"gpu": "cuda"}
+STREAM_PARTS = ("stream", "failover", "seek")  # flashrt-bench stream's parts, in the order they run
 
 
 def main(argv=None) -> int:
@@ -48,6 +49,9 @@ def main(argv=None) -> int:
                         "overhead, replica lag, what-if bytes, late join, kill -9 failover, --from seek")
     st.add_argument("--json", help="also write the JSON here")
     st.add_argument("--quick", action="store_true", help="the same measurements at toy sizes (tests)")
+    st.add_argument("--only", action="append", choices=STREAM_PARTS, metavar="PART",
+                    help=f"run only this part (repeatable; one of {', '.join(STREAM_PARTS)}; default: all). "
+                    "`--only failover` repeats the 20 kill -9 takeovers alone, in minutes")
     add_backend_argument(st, "auto", "the nodes' backend parameter: ")
     cap = sub.add_parser("capsules", help="the capsule tree of a short mission: rollbacks, replans, pins, eviction")
     cap.add_argument("--json", help="also write the JSON here")
@@ -56,6 +60,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.which == "ros" and not 0 <= args.thread_priority <= 99:
         ap.error("--thread-priority must be 0 (off) to 99")
+    if args.which == "stream":
+        args.only = [p for p in STREAM_PARTS if p in (args.only or STREAM_PARTS)]
     if args.which == "ros" and not 0 <= args.replan_nice <= 19:
         ap.error("--replan-nice must be 0 (off) to 19")
     if getattr(args, "plot", None):

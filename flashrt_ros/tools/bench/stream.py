@@ -33,6 +33,7 @@ import numpy as np
 
 from ...ros.replica import LAG_EDGES_MS
 from ...runtime import PolicyConfig, Session
+from ...runtime.persist.replica import LOCAL_IDS_FROM
 from ..common import p50_p99, progress, stop_processes, synthetic_trace
 from ..demo.mission import params_file, ros_env
 from .measure import ratio
@@ -53,10 +54,16 @@ class Plan:
     seek_s: float  # length of the bag entered with --from (0: none)
     full_window: bool = True  # warm up until the KV window is full (what a robot that ran a while has)
     soak_s: float = 0.0  # the primary, its replica and its standby run at least this long (the standby never leads)
+    # the liveliness lease of that primary and standby (the kills' pairs keep the default, 100 ms). The quick run
+    # (make test) judges bytes, not timing: on 2 loaded cores a 100 ms lease lapsed as a participant joined (the
+    # late replica) and the standby took over from a living primary, in 2 of 7 quick runs beside two busy loops
+    soak_lease_ms: float = 100.0
 
 
 FULL = Plan(blocks=10, block_steps=500, whatifs=100, late_after_s=300.0, kills=20, seek_s=600.0, soak_s=600.0)
-QUICK = Plan(blocks=2, block_steps=60, whatifs=3, late_after_s=2.0, kills=1, seek_s=8.0, full_window=False)
+QUICK = Plan(blocks=2, block_steps=60, whatifs=3, late_after_s=2.0, kills=1, seek_s=8.0, full_window=False,
+             soak_lease_ms=1000.0)
+LIST_TIMEOUT_S = 30.0
 
 
 def _node(env, log_dir: Path, ns: str, backend: str, **params) -> subprocess.Popen:
@@ -119,6 +126,23 @@ class Robot:
             t_next += 1.0 / RATE_HZ
             self.spin(max(0.0, t_next - time.monotonic()))
 
+    def step_each(self, obs, subscribers: int, timeout: float = 30.0) -> None:
+        """Once ``subscribers`` nodes subscribe, publish each of obs after the previous one was stepped: a node
+        that just activated (its first steps slow) drops nothing from its history. TimeoutError otherwise."""
+        end = time.monotonic() + timeout
+        while self.pub.get_subscription_count() < subscribers:
+            if time.monotonic() > end:
+                raise TimeoutError(f"{self.ns}/observation: {self.pub.get_subscription_count()} of {subscribers} "
+                                   f"subscribers after {timeout:.0f} s")
+            self.spin(0.05)
+        for i, o in enumerate(obs):
+            n = len(self.steps)
+            self.run([o])
+            while len(self.steps) == n:
+                if time.monotonic() > end:
+                    raise TimeoutError(f"{self.ns}: observation {i + 1} of {len(obs)} never stepped")
+                self.spin(0.01)
+
     def wait_steps(self, n: int, timeout: float = 10.0) -> None:
         end = time.monotonic() + timeout
         while len(self.steps) < n and time.monotonic() < end:
@@ -157,17 +181,19 @@ def _change_state(node, name: str, transition: int) -> None:
         node.destroy_client(cli)
 
 
-def _held(client) -> set[int]:
-    return {c.id for c in client.list_capsules().capsules}
+def _held(client, timeout_s: float = 5.0) -> set[int]:
+    return {c.id for c in client.list_capsules(timeout_s=timeout_s).capsules}
 
 
 def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
     from lifecycle_msgs.msg import Transition
 
     from ...ros.client import FlashRTClient
-    procs = [_node(env, log_dir, "/robot", backend, stream_keyframe_s=10.0),
+    lease = plan.soak_lease_ms
+    procs = [_node(env, log_dir, "/robot", backend, stream_keyframe_s=10.0, liveliness_lease_ms=lease),
              _node(env, log_dir, "/ws", backend, role="replica", primary="/robot"),
-             _node(env, log_dir, "/robot_standby", backend, role="standby", primary="/robot")]
+             _node(env, log_dir, "/robot_standby", backend, role="standby", primary="/robot",
+                   liveliness_lease_ms=lease)]
     try:
         robot, primary, replica = Robot(node, "/robot"), FlashRTClient(node, "/robot"), FlashRTClient(node, "/ws")
         progress("stream: waiting for the primary /robot and the replica /ws")
@@ -247,7 +273,7 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
                                         "standby beside it), binned (value: the bucket's upper edge)"}
         log = (log_dir / "robot_standby.log").read_text(errors="replace")
         out["standby_takeovers_while_primary_lived"] = {
-            "takeovers": log.count("took over"), "run_s": round(time.monotonic() - t_start, 1),
+            "takeovers": log.count("took over"), "run_s": round(time.monotonic() - t_start, 1), "lease_ms": lease,
             "lines": [line[-300:] for line in log.splitlines() if "took over" in line or "lapsed" in line][:5]}
         return out
     finally:
@@ -287,11 +313,19 @@ def _late_replica(node, env, log_dir, robot, primary, t_start, plan, backend) ->
                 break
         robot.run(extra[int(21 * RATE_HZ):int(24 * RATE_HZ)])  # 3 s more: does it keep every capsule?
         robot.spin(0.5)
-        mine, theirs = _held(late), _held(primary)
+        # a replica on loaded cores may take seconds to list ~1,000 capsules: not what is measured here
+        mine, theirs = _held(late, LIST_TIMEOUT_S), _held(primary, LIST_TIMEOUT_S)
         since = {c for c in theirs if state["first"] is not None and c >= state["first"]}
+        last = (robot.diag.get("late/flashrt") or [{}])[-1]
         return {"started_after_s": round(started, 1),
                 "caught_up_s": round(state["caught"] - state["active"], 3) if state["caught"] else None,
                 "holds_every_capsule_since_first": bool(since) and since <= mine,
+                # why not, when it does not: which capsules, and what the replica's last diagnostics counted
+                "first_held": state["first"], "primary_newest": max(theirs, default=0),
+                "replica_newest": max((c for c in mine if c < LOCAL_IDS_FROM), default=0),
+                "missing": sorted(since - mine)[:10], "missing_count": len(since - mine),
+                "replica_diagnostics": {k: last.get(k) for k in ("lifecycle_state", "replica_gaps", "replica_skipped",
+                                                                 "replica_refused", "replica_last_error")},
                 "target_s": "stream_keyframe_s + 1 = 11"}
     finally:
         late.destroy()
@@ -308,17 +342,20 @@ def failover(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
                                                          primary=ns)]
         try:
             robot = Robot(node, ns)
+            trace = synthetic_trace(400, 14, seed=100 + k)
             try:
                 FlashRTClient(node, ns).wait_until_ready(90.0)
                 standby = FlashRTClient(node, f"{ns}_standby")
                 standby.wait_until_ready(90.0)
+                # services answer before the nodes are active: the first steps wait for the primary and its
+                # standby to subscribe, then go one by one (at 100 Hz a new node's slow first steps dropped one
+                # from its history, and every later step number was off by one against the reference)
+                robot.step_each(trace[:20], subscribers=2)
             except Exception as e:  # noqa: BLE001 - one pair that does not come up is a failed kill, not a lost run
                 details.append({"kill": k + 1, "error": f"{type(e).__name__}: {e}"})
                 progress(f"failover: kill {k + 1}/{plan.kills}: not started ({e})")
                 continue
-            trace = synthetic_trace(400, 14, seed=100 + k)
-            # services answer before the nodes are active: step until the standby holds a capsule
-            robot.run(trace[:20])
+            # then until the standby holds a capsule
             end = time.monotonic() + 30.0
             while not _held(standby) and time.monotonic() < end:
                 robot.spin(0.1)
@@ -330,7 +367,7 @@ def failover(node, env, log_dir: Path, plan: Plan, backend: str) -> dict:
                     killed[0] = time.monotonic()
                     os.kill(procs[0].pid, signal.SIGKILL)
             robot.run(trace[20:kill_at + 60], lambda i: tick(i + 20))
-            end = time.monotonic() + 5.0  # duplicates count in robot.steps: wait for the last step's number
+            end = time.monotonic() + 15.0  # duplicates count in robot.steps: wait for the last step's number
             while max((m.step for _, m in robot.steps), default=0) < kill_at + 60 and time.monotonic() < end:
                 robot.spin(0.05)
             robot.spin(0.5)
@@ -422,13 +459,15 @@ def run(args) -> dict:
         rclpy.init()
         node = rclpy.create_node("flashrt_bench_stream")
         try:
-            out = {"plan": plan.__dict__, "backend": backend, "node_logs": str(log_dir)}
-            out.update(stream_and_replicas(node, env, log_dir, plan, backend))
-            out.update(failover(node, env, log_dir, plan, backend))
+            out = {"plan": plan.__dict__, "backend": backend, "parts": args.only, "node_logs": str(log_dir)}
+            if "stream" in args.only:
+                out.update(stream_and_replicas(node, env, log_dir, plan, backend))
+            if "failover" in args.only:
+                out.update(failover(node, env, log_dir, plan, backend))
         finally:
             node.destroy_node()
             rclpy.try_shutdown()
-        if plan.seek_s:
+        if plan.seek_s and "seek" in args.only:
             out.update(seek(Path(tmp), plan, backend))
     out["acceptance"] = acceptance(out)
     return out
@@ -441,15 +480,22 @@ def acceptance(out: dict) -> dict:
     w = out.get("replica_whatif_byte_exact", {})
     late = out.get("late_replica", {})
     fo = out.get("failover_actions_byte_identical", {})
-    return {"stream_step_overhead.p99_ratio <= 1.1": le(out.get("stream_step_overhead", {}).get("p99_ratio"), 1.1),
-            "replica_lag_ms.p99 <= 20": le(out.get("replica_lag_ms", {}).get("p99"), 20.0),
-            "replica_whatif_byte_exact passed == run >= 100": bool(w) and w["passed"] == w["run"] >= 100,
-            "late replica caught up within 11 s": le(late.get("caught_up_s"), 11.0) if late else None,
-            "failover_ms.p99 <= 200 over 20 kills": (le(out.get("failover_ms", {}).get("p99"), 200.0)
-                                                     and out.get("failover_ms", {}).get("measured", 0) >= 20),
-            "failover byte-identical, 0 unstepped": bool(fo) and fo["passed"] == fo["run"]
-            and out.get("failover_unstepped_observations") == 0,
-            "no takeover while the primary lives": out.get("standby_takeovers_while_primary_lived",
-                                                           {}).get("takeovers") == 0,
-            "seek_ratio < 0.05": None if out.get("seek_ratio") is None else bool(out["seek_ratio"] < 0.05
-                                                                                 and out["seek"]["byte_identical"])}
+    keys = {"stream": {
+                "stream_step_overhead.p99_ratio <= 1.1": le(out.get("stream_step_overhead", {}).get("p99_ratio"),
+                                                            1.1),
+                "replica_lag_ms.p99 <= 20": le(out.get("replica_lag_ms", {}).get("p99"), 20.0),
+                "replica_whatif_byte_exact passed == run >= 100": bool(w) and w["passed"] == w["run"] >= 100,
+                "late replica caught up within 11 s": le(late.get("caught_up_s"), 11.0) if late else None,
+                "no takeover while the primary lives": out.get("standby_takeovers_while_primary_lived",
+                                                               {}).get("takeovers") == 0},
+            "failover": {
+                "failover_ms.p99 <= 200 over 20 kills": (le(out.get("failover_ms", {}).get("p99"), 200.0)
+                                                         and out.get("failover_ms", {}).get("measured", 0) >= 20),
+                "failover byte-identical, 0 unstepped": bool(fo) and fo["passed"] == fo["run"]
+                and out.get("failover_unstepped_observations") == 0},
+            "seek": {
+                "seek_ratio < 0.05": None if out.get("seek_ratio") is None
+                else bool(out["seek_ratio"] < 0.05 and out["seek"]["byte_identical"])}}
+    # a part not run is not measured (None), not missed
+    ran = out.get("parts", list(keys))
+    return {k: (v if part in ran else None) for part, table in keys.items() for k, v in table.items()}

@@ -1,0 +1,124 @@
+"""Keep a restarting node off the participant ids of Fast DDS processes that died (kill -9, a crash).
+
+Fast DDS gives a new participant the lowest id whose metatraffic UDP port is free, so a node restarted on the
+same computer takes its dead predecessor's id and the same shared-memory port (7411 + 250 * domain + 2 * id).
+The processes that were sending to the dead node still have that port mapped. Normally their Fast DDS sees the
+dead listener within a second or two and opens the port anew (which removes the dead listener's lock file,
+``<port>_el``). When it does not, the lock file stays, unheld; the restarted node then takes the port for a
+zombie, unlinks it and creates another, and those senders write into the old one for good: once in CI a
+restarted primary heard nothing for 30 s, and a restarted pair of the stream bench was "discovered but does
+not answer" for 90 s.
+
+So before rclpy.init the node binds the metatraffic ports of those ids (UDP, loopback only, nothing is sent)
+and lets go once its participant exists: Fast DDS then picks an id nobody died holding. ROS-free, tested
+without a graph (and with real participants in test_dead_participants.py).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: Fast DDS keeps its ports elsewhere there
+    fcntl = None
+
+SHM_DIR = Path("/dev/shm")
+PORT_PREFIXES = ("fastdds", "fastrtps")  # Fast DDS 3 / 2.x (Humble, Jazzy)
+PORT_BASE, DOMAIN_GAIN, PARTICIPANT_GAIN = 7400, 250, 2  # the RTPS port formula (Fast DDS's defaults)
+METATRAFFIC_UNICAST, USER_UNICAST = 10, 11  # its offsets d1 and d3; user data's shared-memory port is d3's
+MAX_IDS = 32  # the RMW's initial-peer range under ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST: ids past it are not
+#               announced to, so held ids must leave room
+MAX_DOMAIN_ID = 232  # the highest ROS_DOMAIN_ID whose ports fit the formula
+MIN_AGE_S = 1.0  # a participant starting now creates its lock file an instant before it locks it
+
+
+def metatraffic_port(domain_id: int, participant_id: int) -> int:
+    return PORT_BASE + DOMAIN_GAIN * domain_id + METATRAFFIC_UNICAST + PARTICIPANT_GAIN * participant_id
+
+
+def shm_port(domain_id: int, participant_id: int) -> int:
+    return PORT_BASE + DOMAIN_GAIN * domain_id + USER_UNICAST + PARTICIPANT_GAIN * participant_id
+
+
+def dead_participant_ids(domain_id: int, shm_dir: Path = SHM_DIR, min_age_s: float = MIN_AGE_S) -> list[int]:
+    """Ids below MAX_IDS whose shared-memory port has a lock file nobody holds (its listener died and no sender
+    has opened the port anew), ascending. All of them: Fast DDS takes the lowest free id, so any dead one left
+    unheld below the first free id is taken (with only the 8 newest held, the 13th restart of the 20-kill resume
+    test took an older one, and was "discovered but does not answer" for 60 s). Held ids above the first free
+    one cost a socket each and move nothing; if every id below MAX_IDS is dead or live, the node gets one past
+    them, as Fast DDS would give it anyway once they were live."""
+    if fcntl is None:
+        return []
+    found: list[int] = []
+    now = time.time()
+    for pid in range(MAX_IDS):
+        port = shm_port(domain_id, pid)
+        if port > 65535:
+            break
+        for prefix in PORT_PREFIXES:
+            lock = shm_dir / f"{prefix}_port{port}_el"
+            try:
+                started = lock.stat().st_mtime
+                if now - started < min_age_s:
+                    continue
+                with open(lock, "rb") as held:
+                    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on close
+            except OSError:
+                continue  # absent, or its listener lives
+            found.append(pid)
+            break
+    return found
+
+
+@dataclass
+class HeldIds:
+    """The metatraffic ports bound to keep Fast DDS off dead participants' ids; release() once the node's
+    participant exists."""
+    domain_id: int
+    ids: list[int] = field(default_factory=list)
+    _sockets: list[socket.socket] = field(default_factory=list, repr=False)
+
+    def release(self) -> None:
+        for s in self._sockets:
+            s.close()
+        self._sockets.clear()
+
+    def line(self) -> str:
+        """One line for the node's log ('' when no id was held)."""
+        if not self.ids:
+            return ""
+        return (f"DDS participant: kept off ids {self.ids} of domain {self.domain_id} (their processes died; "
+                "processes that sent to them may still write to their shared-memory ports)")
+
+
+def hold_dead_participant_ids(environ=os.environ, shm_dir: Path = SHM_DIR) -> HeldIds:
+    """Bind the metatraffic port of every dead participant id of this process's domain (ROS_DOMAIN_ID) that
+    nobody else binds. Anything that cannot be read or bound is left alone."""
+    try:
+        domain_id = int(environ.get("ROS_DOMAIN_ID") or 0)
+    except ValueError:
+        return HeldIds(0)
+    if not 0 <= domain_id <= MAX_DOMAIN_ID:  # rclpy refuses it anyway; its ports would be someone else's
+        return HeldIds(domain_id)
+    held = HeldIds(domain_id)
+    for pid in dead_participant_ids(domain_id, shm_dir):
+        try:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        except OSError:  # out of file descriptors: start on whatever id Fast DDS gives
+            break
+        try:
+            s.bind(("127.0.0.1", metatraffic_port(domain_id, pid)))
+        except OSError:
+            s.close()  # taken: by a live participant, so Fast DDS skips it anyway
+            continue
+        held.ids.append(pid)
+        held._sockets.append(s)
+    return held
+
+
+__all__ = ["PORT_PREFIXES", "HeldIds", "dead_participant_ids", "hold_dead_participant_ids", "metatraffic_port",
+           "shm_port"]

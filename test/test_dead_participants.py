@@ -1,0 +1,186 @@
+"""A node restarted after a kill -9 keeps off the dead participant's id (flashrt_ros/ros/dead_participants.py):
+the lock files are read as Fast DDS leaves them, the ports are really bound, and a real restarted participant
+takes another id."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flashrt_ros.ros.dead_participants import (
+    MAX_IDS,
+    PORT_PREFIXES,
+    SHM_DIR,
+    dead_participant_ids,
+    hold_dead_participant_ids,
+    metatraffic_port,
+    shm_port,
+)
+
+DOMAIN = 41
+
+
+def _lock_file(shm_dir, participant_id: int, age_s: float = 10.0, prefix: str = "fastdds"):
+    path = shm_dir / f"{prefix}_port{shm_port(DOMAIN, participant_id)}_el"
+    path.touch()
+    os.utime(path, (time.time() - age_s,) * 2)
+    return path
+
+
+def _bound_by_someone(port: int) -> bool:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError as e:
+        assert e.errno == errno.EADDRINUSE, e
+        return True
+    finally:
+        s.close()
+    return False
+
+
+def test_only_unheld_lock_files_old_enough_are_dead_participants(tmp_path):
+    _lock_file(tmp_path, 0)
+    alive = _lock_file(tmp_path, 1)
+    _lock_file(tmp_path, 2, age_s=0.0)  # a participant starting now: its file exists an instant before its lock
+    _lock_file(tmp_path, 3, prefix="fastrtps")  # Fast DDS 2.x names
+    (tmp_path / f"fastdds_port{shm_port(DOMAIN, 4)}").touch()  # a port without a lock file: opened anew
+    (tmp_path / f"fastdds_port{shm_port(DOMAIN + 1, 5)}_el").touch()  # another domain
+    with open(alive, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # its listener lives
+        assert dead_participant_ids(DOMAIN, tmp_path) == [0, 3]
+    assert dead_participant_ids(DOMAIN, tmp_path) == [0, 1, 3]
+
+
+def test_every_dead_id_below_the_peer_range_is_held_the_oldest_too(tmp_path):
+    """Fast DDS takes the lowest free id: an old dead id left unheld is the one a restart takes (held were only
+    the 8 newest once, and the 13th restart of 20 kills took an older one and never answered)."""
+    for pid in range(MAX_IDS + 2):
+        _lock_file(tmp_path, pid, age_s=100.0 - pid)  # higher ids died later
+    assert dead_participant_ids(DOMAIN, tmp_path) == list(range(MAX_IDS))
+
+
+def test_held_ids_bind_their_metatraffic_ports_until_released(tmp_path):
+    _lock_file(tmp_path, 0)
+    _lock_file(tmp_path, 2)
+    taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    taken.bind(("127.0.0.1", metatraffic_port(DOMAIN, 2)))  # a live process holds it: not ours to hold
+    try:
+        held = hold_dead_participant_ids({"ROS_DOMAIN_ID": str(DOMAIN)}, tmp_path)
+        try:
+            assert held.ids == [0]
+            assert _bound_by_someone(metatraffic_port(DOMAIN, 0))
+            assert "kept off ids [0] of domain 41" in held.line()
+        finally:
+            held.release()
+        assert not _bound_by_someone(metatraffic_port(DOMAIN, 0))
+        held.release()  # twice is harmless
+    finally:
+        taken.close()
+
+
+@pytest.mark.parametrize("domain", ["", "not-a-number", "-1", "233"])
+def test_no_domain_or_a_bad_one_holds_nothing_it_cannot_name(tmp_path, domain):
+    for d in (-1, 233):  # dead-looking files where an out-of-range domain's formula points
+        lock = tmp_path / f"fastdds_port{shm_port(d, 0)}_el"
+        lock.touch()
+        os.utime(lock, (time.time() - 10,) * 2)
+    held = hold_dead_participant_ids({"ROS_DOMAIN_ID": domain}, tmp_path)
+    try:
+        assert held.ids == [] and held.line() == "", held.ids
+        assert domain != "" or held.domain_id == 0  # unset: ROS's default domain
+    finally:
+        held.release()
+
+
+_PARTICIPANT = """
+import json, sys, rclpy
+from flashrt_ros.ros.dead_participants import hold_dead_participant_ids
+held = hold_dead_participant_ids() if sys.argv[1] == "hold" else None
+rclpy.init()
+node = rclpy.create_node("restarted")
+if held is not None:
+    held.release()
+print(json.dumps(held.ids if held is not None else None), flush=True)
+sys.stdin.read()
+"""
+
+
+def _participant(env, mode: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-c", _PARTICIPANT, mode], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def _forget_dead_ids(domain: int) -> None:
+    """Remove the lock files earlier tests' killed processes left in this domain (ROS_DOMAIN_IDs are reused
+    across tests): Fast DDS gives a new participant such an id as readily as a never-used one."""
+    while dead := dead_participant_ids(domain, min_age_s=0.0):
+        for pid in dead:
+            for prefix in PORT_PREFIXES:
+                (SHM_DIR / f"{prefix}_port{shm_port(domain, pid)}_el").unlink(missing_ok=True)
+
+
+def _close(proc: subprocess.Popen) -> None:
+    proc.stdin.close()
+    try:
+        proc.wait(15.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.ros
+def test_a_participant_restarted_after_a_kill_takes_a_fresh_id_only_when_it_holds_the_dead_one(ros_domain):
+    domain = int(ros_domain["ROS_DOMAIN_ID"])
+    _forget_dead_ids(domain)
+    victim, _ = _participant(ros_domain, "plain")
+    time.sleep(1.2)  # older than MIN_AGE_S when it is read
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    dead = dead_participant_ids(domain)
+    assert len(dead) == 1, dead  # nobody sent to it: its lock file stays, unheld
+    port = metatraffic_port(domain, dead[0])
+    restarted, line = _participant(ros_domain, "hold")
+    try:
+        assert dead[0] in json.loads(line), line
+        assert not _bound_by_someone(port), "the restarted participant took the dead one's id"
+    finally:
+        _close(restarted)
+    # without holding it, Fast DDS gives the same restart the dead id (the lowest free one)
+    plain, _ = _participant(ros_domain, "plain")
+    try:
+        assert _bound_by_someone(port), "Fast DDS did not reuse the dead id: the holding is not what kept it off"
+    finally:
+        _close(plain)
+
+
+@pytest.mark.ros
+def test_a_node_started_after_a_kill_keeps_off_the_dead_id_and_says_so(ros_domain, tmp_path):
+    from ros_harness import NodeProcess
+    domain = int(ros_domain["ROS_DOMAIN_ID"])
+    _forget_dead_ids(domain)
+    victim, _ = _participant(ros_domain, "plain")
+    time.sleep(1.2)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    dead = dead_participant_ids(domain)
+    assert len(dead) == 1, dead  # the killed participant's
+    node = NodeProcess(ros_domain, tmp_path / "node.log")
+    try:
+        end = time.monotonic() + 60.0
+        while "DDS participant:" not in node.output() and "activate:" not in node.output():
+            assert time.monotonic() < end and node.proc.poll() is None, node.output()[-3000:]
+            time.sleep(0.1)
+        held = [ln for ln in node.output().splitlines() if "DDS participant: kept off ids" in ln]
+        assert held and f"kept off ids {dead} of domain {domain}" in held[0], node.output()[-3000:]
+    finally:
+        node.stop()
