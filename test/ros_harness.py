@@ -62,6 +62,8 @@ class NodeProcess:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGUSR1)  # the node prints every thread's stack: where it hangs
+                time.sleep(1.0)
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()

@@ -87,6 +87,15 @@ def test_held_ids_bind_their_metatraffic_ports_until_released(tmp_path):
         taken.close()
 
 
+def test_the_log_line_names_the_id_taken_and_the_ids_kept_off():
+    from flashrt_ros.ros.dead_participants import HeldIds
+    assert HeldIds(DOMAIN).line() == "" and HeldIds(DOMAIN).line([]) == ""
+    assert HeldIds(DOMAIN).line([3]) == f"DDS participant: id 3 of domain {DOMAIN}"
+    line = HeldIds(DOMAIN, ids=[0, 1]).line([3])
+    assert line.startswith(f"DDS participant: id 3 of domain {DOMAIN}, kept off ids [0, 1] of domain {DOMAIN}")
+    assert HeldIds(DOMAIN, ids=[0]).line().startswith(f"DDS participant: kept off ids [0] of domain {DOMAIN}")
+
+
 @pytest.mark.parametrize("domain", ["", "not-a-number", "-1", "233"])
 def test_no_domain_or_a_bad_one_holds_nothing_it_cannot_name(tmp_path, domain):
     for d in (-1, 233):  # dead-looking files where an out-of-range domain's formula points
@@ -102,22 +111,29 @@ def test_no_domain_or_a_bad_one_holds_nothing_it_cannot_name(tmp_path, domain):
 
 
 _PARTICIPANT = """
-import json, sys, rclpy
-from flashrt_ros.ros.dead_participants import hold_dead_participant_ids
+import json, os, sys, rclpy
+from flashrt_ros.ros.dead_participants import hold_dead_participant_ids, own_participant_ids
 held = hold_dead_participant_ids() if sys.argv[1] == "hold" else None
 rclpy.init()
 node = rclpy.create_node("restarted")
 if held is not None:
     held.release()
-print(json.dumps(held.ids if held is not None else None), flush=True)
+own = own_participant_ids(int(os.environ["ROS_DOMAIN_ID"]))
+print(json.dumps({"held": held.ids if held is not None else None, "own": own}), flush=True)
 sys.stdin.read()
 """
 
 
-def _participant(env, mode: str) -> tuple[subprocess.Popen, str]:
+def _participant(env, mode: str) -> tuple[subprocess.Popen, dict]:
+    """A process with one participant; its held ids (None when ``mode`` is "plain") and its own ids."""
     proc = subprocess.Popen([sys.executable, "-c", _PARTICIPANT, mode], env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return proc, proc.stdout.readline().strip()
+    line = proc.stdout.readline().strip()
+    try:
+        return proc, json.loads(line)
+    except ValueError:
+        proc.kill()
+        raise AssertionError(f"the participant did not start: {line}{proc.stdout.read()}") from None
 
 
 def _forget_dead_ids(domain: int) -> None:
@@ -142,23 +158,26 @@ def _close(proc: subprocess.Popen) -> None:
 def test_a_participant_restarted_after_a_kill_takes_a_fresh_id_only_when_it_holds_the_dead_one(ros_domain):
     domain = int(ros_domain["ROS_DOMAIN_ID"])
     _forget_dead_ids(domain)
-    victim, _ = _participant(ros_domain, "plain")
+    victim, first = _participant(ros_domain, "plain")
     time.sleep(1.2)  # older than MIN_AGE_S when it is read
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     dead = dead_participant_ids(domain)
-    assert len(dead) == 1, dead  # nobody sent to it: its lock file stays, unheld
+    assert len(dead) == 1 and first["own"] == dead, (dead, first)  # nobody sent to it: its lock file stays
     port = metatraffic_port(domain, dead[0])
-    restarted, line = _participant(ros_domain, "hold")
+    restarted, answer = _participant(ros_domain, "hold")
     try:
-        assert dead[0] in json.loads(line), line
+        assert dead[0] in answer["held"], answer
         assert not _bound_by_someone(port), "the restarted participant took the dead one's id"
+        assert len(answer["own"]) == 1 and answer["own"] != dead, answer
+        assert _bound_by_someone(metatraffic_port(domain, answer["own"][0])), answer  # the id it reports is its own
     finally:
         _close(restarted)
     # without holding it, Fast DDS gives the same restart the dead id (the lowest free one)
-    plain, _ = _participant(ros_domain, "plain")
+    plain, answer = _participant(ros_domain, "plain")
     try:
         assert _bound_by_someone(port), "Fast DDS did not reuse the dead id: the holding is not what kept it off"
+        assert answer["own"] == dead, answer
     finally:
         _close(plain)
 
@@ -180,7 +199,9 @@ def test_a_node_started_after_a_kill_keeps_off_the_dead_id_and_says_so(ros_domai
         while "DDS participant:" not in node.output() and "activate:" not in node.output():
             assert time.monotonic() < end and node.proc.poll() is None, node.output()[-3000:]
             time.sleep(0.1)
-        held = [ln for ln in node.output().splitlines() if "DDS participant: kept off ids" in ln]
+        held = [ln for ln in node.output().splitlines() if "DDS participant: id " in ln]
         assert held and f"kept off ids {dead} of domain {domain}" in held[0], node.output()[-3000:]
+        took = int(held[0].split("DDS participant: id ")[1].split()[0])
+        assert took not in dead and _bound_by_someone(metatraffic_port(domain, took)), held[0]
     finally:
         node.stop()

@@ -74,6 +74,26 @@ def dead_participant_ids(domain_id: int, shm_dir: Path = SHM_DIR, min_age_s: flo
     return found
 
 
+def own_participant_ids(domain_id: int, fd_dir: Path = Path("/proc/self/fd"), shm_dir: Path = SHM_DIR) -> list[int]:
+    """This process's participant ids in ``domain_id``: the ids whose shared-memory port lock file it has open
+    (its listeners), ascending; [] where /proc is not there. For the log: which id a restart took."""
+    ports = {shm_port(domain_id, pid): pid for pid in range(MAX_IDS * 4)}
+    names = {f"{prefix}_port{port}_el": pid for port, pid in ports.items() for prefix in PORT_PREFIXES}
+    found = set()
+    try:
+        links = list(fd_dir.iterdir())
+    except OSError:
+        return []
+    for link in links:
+        try:
+            target = Path(os.readlink(link))
+        except OSError:
+            continue  # closed meanwhile
+        if target.parent == shm_dir and target.name in names:
+            found.add(names[target.name])
+    return sorted(found)
+
+
 @dataclass
 class HeldIds:
     """The metatraffic ports bound to keep Fast DDS off dead participants' ids; release() once the node's
@@ -87,12 +107,14 @@ class HeldIds:
             s.close()
         self._sockets.clear()
 
-    def line(self) -> str:
-        """One line for the node's log ('' when no id was held)."""
+    def line(self, own_ids: list[int] | None = None) -> str:
+        """One line for the node's log: the id the participant took (``own_ids``) and the ids kept off ('' when
+        neither is known)."""
+        took = f"id {own_ids[0] if len(own_ids) == 1 else own_ids} of domain {self.domain_id}" if own_ids else ""
         if not self.ids:
-            return ""
-        return (f"DDS participant: kept off ids {self.ids} of domain {self.domain_id} (their processes died; "
-                "processes that sent to them may still write to their shared-memory ports)")
+            return f"DDS participant: {took}" if took else ""
+        return (f"DDS participant: {took + ', ' if took else ''}kept off ids {self.ids} of domain {self.domain_id} "
+                "(their processes died; processes that sent to them may still write to their shared-memory ports)")
 
 
 def hold_dead_participant_ids(environ=os.environ, shm_dir: Path = SHM_DIR) -> HeldIds:
@@ -121,4 +143,4 @@ def hold_dead_participant_ids(environ=os.environ, shm_dir: Path = SHM_DIR) -> He
 
 
 __all__ = ["PORT_PREFIXES", "HeldIds", "dead_participant_ids", "hold_dead_participant_ids", "metatraffic_port",
-           "shm_port"]
+           "own_participant_ids", "shm_port"]

@@ -43,7 +43,7 @@ from .capsule_dir import CapsuleDir
 from .capsule_stream import StreamPublisher
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .dds_profile import default_fast_dds_ports, use_shipped_profile
-from .dead_participants import HeldIds, hold_dead_participant_ids
+from .dead_participants import HeldIds, hold_dead_participant_ids, own_participant_ids
 from .diagnostics import device_name, diagnostics_message
 from .freed_memory import keep_freed_memory
 from .gc_freeze import GcFreezer, collect_and_freeze, thaw
@@ -595,8 +595,11 @@ def main(args=None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if hasattr(signal, "SIGUSR1"):  # kill -USR1: every thread's stack to stderr, the node runs on (a hung node)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     # before rclpy.init: the participant takes its id, and Fast DDS reads its profile, when it starts
-    held_ids = hold_dead_participant_ids() if default_fast_dds_ports() else HeldIds(0)
+    port_formula = default_fast_dds_ports()  # else the ids cannot be told from the ports
+    held_ids = hold_dead_participant_ids() if port_formula else HeldIds(0)
     dds_line = use_shipped_profile()
     try:
         _init_ros(args if args is not None else sys.argv)
@@ -610,8 +613,9 @@ def main(args=None) -> int:
         node = FlashRTNode(argv=args if args is not None else sys.argv)
         held_ids.release()  # the participant exists
         node.get_logger().info(dds_line)
-        if held_ids.line():
-            node.get_logger().info(held_ids.line())
+        participant_line = held_ids.line(own_participant_ids(held_ids.domain_id) if port_formula else [])
+        if participant_line:
+            node.get_logger().info(participant_line)
         if check_node_param("keep_freed_memory", node.get_parameter("keep_freed_memory").value):
             node.get_logger().info(keep_freed_memory())  # before configure's large allocations
         if check_node_param("clean_dead_shm_segments", node.get_parameter("clean_dead_shm_segments").value):
