@@ -109,8 +109,16 @@ def spin_until(node, future, timeout: float = 10.0):
     while not future.done() and time.monotonic() < end:
         rclpy.spin_once(node, timeout_sec=0.01)
     if not future.done():
-        raise TimeoutError(f"no answer within {timeout} s")
+        raise TimeoutError(f"no answer within {timeout} s ({dds_ids()})")
     return future.result()
+
+
+def dds_ids() -> str:
+    """This process's DDS participant ids and the domain's dead ones: what a missing answer is read with."""
+    from flashrt_ros.ros.dead_participants import dead_participant_ids, own_participant_ids
+    domain = int(os.environ.get("ROS_DOMAIN_ID") or 0)
+    return (f"domain {domain}: the test process has ids {own_participant_ids(domain)}, "
+            f"dead ids {dead_participant_ids(domain)}")
 
 
 _CLIENTS: dict = {}

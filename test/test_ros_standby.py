@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from ros_harness import NodeProcess, joint_state, primary_and, reference_session, stamp_ns
+from ros_harness import NodeProcess, dds_ids, joint_state, primary_and, reference_session, stamp_ns
 
 from conftest import observation_trace
 
@@ -37,10 +37,11 @@ def _start(ros_domain, tmp_path, lease_ms: float | None = None):
     return primary_and("standby", ros_domain, tmp_path, "/robot1_standby", lease, **lease)
 
 
-def _wait_held(planner, remote, capsule_id: int) -> None:
+def _wait_held(planner, remote, capsule_id: int, primary, standby) -> None:
     end = time.monotonic() + 15.0
     while capsule_id not in {c.id for c in remote.list_capsules().capsules}:
-        assert time.monotonic() < end, "the standby never held the primary's live capsule"
+        assert time.monotonic() < end, (f"the standby never held the primary's live capsule {capsule_id}\n"
+                                        f"{dds_ids()}\nprimary:\n{primary.output()[-2500:]}\nstandby:\n{standby.output()[-2500:]}")
         planner.spin(0.05)
 
 
@@ -73,7 +74,7 @@ def test_a_standby_takes_over_a_killed_primary_and_continues_byte_exactly(ros_do
     primary, standby, planner, remote = _start(ros_domain, tmp_path)
     try:
         planner.run(OBS[:50])
-        _wait_held(planner, remote, planner.steps[-1].capsule_id)
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, primary, standby)
         killed_at = []
 
         def kill_at_20(i):
@@ -115,7 +116,7 @@ def test_a_frozen_primary_resumed_after_a_takeover_is_deposed_and_steps_no_more(
     primary, standby, planner, remote = _start(ros_domain, tmp_path)
     try:
         planner.run(OBS[:30])
-        _wait_held(planner, remote, planner.steps[-1].capsule_id)
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, primary, standby)
         os.kill(primary.proc.pid, signal.SIGSTOP)  # alive, silent: past the lease the standby takes over
         _at_100_hz(planner, OBS[30:60])
         planner.spin_until(lambda: "took over" in standby.output())
@@ -148,7 +149,7 @@ def test_a_standby_that_refused_an_early_lapse_still_takes_over_when_the_primary
         os.kill(primary.proc.pid, signal.SIGCONT)
         planner.spin_until(lambda: "alive again" in standby.output())
         planner.run(OBS[:30])
-        _wait_held(planner, remote, planner.steps[-1].capsule_id)
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, primary, standby)
         os.kill(primary.proc.pid, signal.SIGKILL)
         _at_100_hz(planner, OBS[30:50])
         planner.spin_until(lambda: max(m.step for m in planner.steps) >= 50)
@@ -174,7 +175,7 @@ def test_a_stall_of_the_whole_machine_is_not_the_primarys_death(ros_domain, tmp_
     primary, standby, planner, remote = _start(ros_domain, tmp_path, lease_ms)
     try:
         planner.run(OBS[:30])
-        _wait_held(planner, remote, planner.steps[-1].capsule_id)
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, primary, standby)
         for n, k in enumerate((30, 40, 50), start=1):
             # an observation in flight as the machine stops: the standby holds it, the primary has not recorded it,
             # so on resuming its record looks 4 leases overdue
@@ -226,7 +227,7 @@ def test_an_idle_primary_that_stalls_past_its_lease_is_not_replaced_but_a_dead_o
     primary, standby, planner, remote = _start(ros_domain, tmp_path, lease_ms)
     try:
         planner.run(OBS[:30])
-        _wait_held(planner, remote, planner.steps[-1].capsule_id)
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, primary, standby)
         planner.spin(0.5)  # idle: no observation, no record
         for n in range(1, 4):
             os.kill(primary.proc.pid, signal.SIGSTOP)
@@ -236,7 +237,8 @@ def test_an_idle_primary_that_stalls_past_its_lease_is_not_replaced_but_a_dead_o
             planner.spin(0.3)
         lapses, took_over_alive = standby.output().count("liveliness lapsed;"), "took over" in standby.output()
         planner.run(OBS[30:40])
-        _wait_held(planner, remote, planner.steps[-1].capsule_id)  # nothing left to step: the kill finds it idle
+        # nothing left to step: the kill finds it idle
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, primary, standby)
         os.kill(primary.proc.pid, signal.SIGKILL)
         planner.spin_until(lambda: "took over" in standby.output())
         planner.run(OBS[40:50])
