@@ -14,11 +14,10 @@ import sys
 import time
 
 import pytest
+from ros_harness import forget_dead_ports
 
 from flashrt_ros.ros.dead_participants import (
     MAX_IDS,
-    PORT_PREFIXES,
-    SHM_DIR,
     dead_participant_ids,
     hold_dead_participant_ids,
     metatraffic_port,
@@ -136,15 +135,6 @@ def _participant(env, mode: str) -> tuple[subprocess.Popen, dict]:
         raise AssertionError(f"the participant did not start: {line}{proc.stdout.read()}") from None
 
 
-def _forget_dead_ids(domain: int) -> None:
-    """Remove the lock files earlier tests' killed processes left in this domain (ROS_DOMAIN_IDs are reused
-    across tests): Fast DDS gives a new participant such an id as readily as a never-used one."""
-    while dead := dead_participant_ids(domain, min_age_s=0.0):
-        for pid in dead:
-            for prefix in PORT_PREFIXES:
-                (SHM_DIR / f"{prefix}_port{shm_port(domain, pid)}_el").unlink(missing_ok=True)
-
-
 def _close(proc: subprocess.Popen) -> None:
     proc.stdin.close()
     try:
@@ -157,7 +147,7 @@ def _close(proc: subprocess.Popen) -> None:
 @pytest.mark.ros
 def test_a_participant_restarted_after_a_kill_takes_a_fresh_id_only_when_it_holds_the_dead_one(ros_domain):
     domain = int(ros_domain["ROS_DOMAIN_ID"])
-    _forget_dead_ids(domain)
+    forget_dead_ports(domain)
     victim, first = _participant(ros_domain, "plain")
     time.sleep(1.2)  # older than MIN_AGE_S when it is read
     victim.send_signal(signal.SIGKILL)
@@ -186,7 +176,7 @@ def test_a_participant_restarted_after_a_kill_takes_a_fresh_id_only_when_it_hold
 def test_a_node_started_after_a_kill_keeps_off_the_dead_id_and_says_so(ros_domain, tmp_path):
     from ros_harness import NodeProcess
     domain = int(ros_domain["ROS_DOMAIN_ID"])
-    _forget_dead_ids(domain)
+    forget_dead_ports(domain)
     victim, _ = _participant(ros_domain, "plain")
     time.sleep(1.2)
     victim.send_signal(signal.SIGKILL)

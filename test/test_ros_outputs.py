@@ -9,6 +9,7 @@ from ros_harness import Diagnostics, joint_state
 from test_ros_float_array import float_node  # noqa: F401 - the fixture
 
 from conftest import observation_trace
+from flashrt_ros.ros.convert import stamp_to_ns
 
 pytestmark = pytest.mark.ros
 
@@ -50,14 +51,10 @@ class Outputs:
         assert self.actions and self.trajectories, "no action / action_trajectory arrived"
         # whatever else is in flight, up to the last step's outputs (a fixed wait lets a late one in after clear())
         last = np.asarray(self.planner.steps[-1].action, np.float32).astype(np.float64).tobytes()
-        self.planner.spin_until(lambda: stamp_ns(self.trajectories[-1].header.stamp) == self.planner.stamp
+        self.planner.spin_until(lambda: stamp_to_ns(self.trajectories[-1].header.stamp) == self.planner.stamp
                                 and np.asarray(self.actions[-1].data).tobytes() == last)
         self.actions.clear()
         self.trajectories.clear()
-
-
-def stamp_ns(stamp) -> int:
-    return stamp.sec * 10**9 + stamp.nanosec
 
 
 def test_action_and_trajectory_carry_names_sizes_order_stamps_and_times(flashrt):
@@ -75,14 +72,14 @@ def test_action_and_trajectory_carry_names_sizes_order_stamps_and_times(flashrt)
         assert (dim.label, dim.size, dim.stride, action.layout.data_offset) == ("joints", 7, 7, 0)
         assert np.asarray(action.data).tobytes() == np.asarray(step.action, np.float32).astype(np.float64).tobytes()
         assert list(traj.joint_names) == JOINTS
-        assert stamp_ns(traj.header.stamp) == stamp_ns(step.header.stamp) != 0  # the observation's stamp
+        assert stamp_to_ns(traj.header.stamp) == stamp_to_ns(step.header.stamp) != 0  # the observation's stamp
         assert len(traj.points) == CHUNK_LEN
         chunk = np.asarray(step.action_chunk, np.float32).astype(np.float64).reshape(CHUNK_LEN, 7)
         for k, point in enumerate(traj.points):
             assert np.asarray(point.positions).tobytes() == chunk[k].tobytes()
-            assert stamp_ns(point.time_from_start) == round((k + 1) * PERIOD_S * 1e9)
+            assert stamp_to_ns(point.time_from_start) == round((k + 1) * PERIOD_S * 1e9)
     sent = [planner.stamp - 10_000_000 * (4 - i) for i in range(5)]  # Planner.step's stamps, in order
-    assert [stamp_ns(t.header.stamp) for t in out.trajectories] == sent
+    assert [stamp_to_ns(t.header.stamp) for t in out.trajectories] == sent
 
 
 def test_a_zero_stamp_is_replaced_by_the_node_clock_and_counted(flashrt):
@@ -99,8 +96,8 @@ def test_a_zero_stamp_is_replaced_by_the_node_clock_and_counted(flashrt):
         planner.spin(0.01)
     step = planner.steps[-1]
     assert out.wait(1)
-    assert stamp_ns(step.header.stamp) >= before  # the node's clock (system time), not 0
-    assert stamp_ns(out.trajectories[-1].header.stamp) == stamp_ns(step.header.stamp)
+    assert stamp_to_ns(step.header.stamp) >= before  # the node's clock (system time), not 0
+    assert stamp_to_ns(out.trajectories[-1].header.stamp) == stamp_to_ns(step.header.stamp)
     diag.until(lambda v: v["stamps_from_node_clock"] == "1")
     stamped = planner.step(obs[21])  # a stamped one is not counted
     diag.until(lambda v: v["steps"] == str(stamped.step) and v["stamps_from_node_clock"] == "1")
@@ -124,5 +121,5 @@ def test_a_float_array_observation_is_stamped_with_the_node_clock_and_counted(fl
     while not planner.steps and time.monotonic() < end:
         planner.spin(0.01)
     (step,) = planner.steps
-    assert stamp_ns(step.header.stamp) >= before  # an array has no header: the node's clock
+    assert stamp_to_ns(step.header.stamp) >= before  # an array has no header: the node's clock
     diag.until(lambda v: v["steps"] == "1" and v["stamps_from_node_clock"] == "1")
