@@ -102,31 +102,14 @@ def trace() -> np.ndarray:
     return observation_trace(400)
 
 
-class _NextDomain:
-    """domain_coordinator's selector, but continuing across tests: its default starts at 1 on every call, so
-    every test of a run shared domain 1 with the dead shared-memory ports of every earlier test's kills."""
-
-    def __init__(self):
-        self.value = 0
-
-    def __call__(self) -> int:
-        self.value += 1
-        return (self.value - 1) % 100 + 1
-
-
-_NEXT_DOMAIN = _NextDomain()
-
-
 @pytest.fixture
 def ros_domain(tmp_path):
     """A private ROS_DOMAIN_ID (another than the previous test's) and log dir; rclpy initialised on that
     domain in this process. Ports that killed processes left in the domain are removed first."""
     import rclpy
-    from domain_coordinator import domain_id
-    from ros_harness import forget_dead_ports, ros_env
+    from ros_harness import fresh_domain, ros_env
 
-    with domain_id(_NEXT_DOMAIN) as did:
-        forget_dead_ports(did)
+    with fresh_domain() as did:
         env = ros_env(did, tmp_path / "roslog")
         os.environ["ROS_DOMAIN_ID"] = str(did)
         rclpy.init(domain_id=did)

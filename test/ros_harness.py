@@ -5,6 +5,7 @@ a private ROS_LOG_DIR, so runs never talk to each other or leave this machine.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -111,6 +112,31 @@ def spin_until(node, future, timeout: float = 10.0):
     if not future.done():
         raise TimeoutError(f"no answer within {timeout} s ({dds_ids()})")
     return future.result()
+
+
+class _NextDomain:
+    """domain_coordinator's selector, but continuing across a run's tests: its default starts at 1 on every
+    call, so every test shared domain 1 with the dead shared-memory ports of every earlier test's kills."""
+
+    def __init__(self):
+        self.value = 0
+
+    def __call__(self) -> int:
+        self.value += 1
+        return (self.value - 1) % 100 + 1
+
+
+_NEXT_DOMAIN = _NextDomain()
+
+
+@contextlib.contextmanager
+def fresh_domain():
+    """A ROS_DOMAIN_ID no other test process holds (domain_coordinator), another than the previous test's,
+    without the ports killed processes left in it."""
+    from domain_coordinator import domain_id
+    with domain_id(_NEXT_DOMAIN) as did:
+        forget_dead_ports(did)
+        yield did
 
 
 def forget_dead_ports(domain: int) -> list[int]:

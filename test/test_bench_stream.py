@@ -16,12 +16,11 @@ pytestmark = pytest.mark.ros
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    from domain_coordinator import domain_id
-    from ros_harness import ros_env
+    from ros_harness import fresh_domain, ros_env
 
     tmp = tmp_path_factory.mktemp("bench")
     out = tmp / "stream.json"
-    with domain_id() as did:  # its own ROS domain, LOCALHOST discovery, a private log dir
+    with fresh_domain() as did:  # its own ROS domain, LOCALHOST discovery, a private log dir
         res = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.bench", "stream", "--quick", "--json",
                               str(out)], cwd=ROOT, env=ros_env(did, tmp / "roslog"), capture_output=True, text=True,
                              timeout=600)

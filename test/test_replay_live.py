@@ -21,10 +21,9 @@ DAY_NS = 86_400 * 10**9
 
 @pytest.fixture
 def live_env(tmp_path):
-    from domain_coordinator import domain_id
-    from ros_harness import ros_env
+    from ros_harness import fresh_domain, ros_env
 
-    with domain_id() as did:
+    with fresh_domain() as did:
         yield ros_env(did, tmp_path / "roslog")
 
 

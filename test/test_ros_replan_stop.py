@@ -10,7 +10,7 @@ import time
 
 import pytest
 from replan_helpers import change_state, live_sha, long_goal_observations, wait_for_feedback
-from ros_harness import NodeProcess, Planner, ros_env
+from ros_harness import NodeProcess, Planner, fresh_domain, ros_env
 
 from conftest import observation_trace
 
@@ -40,9 +40,8 @@ while True:
 @pytest.fixture(scope="module")
 def long_node(tmp_path_factory):
     import rclpy
-    from domain_coordinator import domain_id
     tmp = tmp_path_factory.mktemp("replan_stop")
-    with domain_id() as did:
+    with fresh_domain() as did:
         env = ros_env(did, tmp / "roslog")
         os.environ["ROS_DOMAIN_ID"] = str(did)
         rclpy.init(domain_id=did)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from replan_helpers import long_goal_observations, wait_for_feedback
-from ros_harness import ROOT, NodeProcess, Planner, ros_env
+from ros_harness import ROOT, NodeProcess, Planner, fresh_domain, ros_env
 
 from conftest import observation_trace
 
@@ -23,8 +23,7 @@ LONG = 120_000.0
 @pytest.fixture
 def ros_context(tmp_path):
     import rclpy
-    from domain_coordinator import domain_id
-    with domain_id() as did:
+    with fresh_domain() as did:
         os.environ["ROS_DOMAIN_ID"] = str(did)
         rclpy.init(domain_id=did)
         try:
