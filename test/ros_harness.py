@@ -114,16 +114,20 @@ def spin_until(node, future, timeout: float = 10.0):
     return future.result()
 
 
+TEST_DOMAINS = 19  # tests take ROS_DOMAIN_IDs 1..19; the Makefile, .ci/run and the demo take 20 + pid % 180
+
+
 class _NextDomain:
-    """domain_coordinator's selector, but continuing across a run's tests: its default starts at 1 on every
-    call, so every test shared domain 1 with the dead shared-memory ports of every earlier test's kills."""
+    """The next test's domain: another than the last test's (domain_coordinator's default selector starts at 1
+    on every call, so a run's tests all shared domain 1 with the dead shared-memory ports of every earlier
+    test's kills)."""
 
     def __init__(self):
         self.value = 0
 
     def __call__(self) -> int:
         self.value += 1
-        return (self.value - 1) % 100 + 1
+        return (self.value - 1) % TEST_DOMAINS + 1
 
 
 _NEXT_DOMAIN = _NextDomain()
@@ -131,12 +135,28 @@ _NEXT_DOMAIN = _NextDomain()
 
 @contextlib.contextmanager
 def fresh_domain():
-    """A ROS_DOMAIN_ID no other test process holds (domain_coordinator), another than the previous test's,
-    without the ports killed processes left in it."""
-    from domain_coordinator import domain_id
-    with domain_id(_NEXT_DOMAIN) as did:
-        forget_dead_ports(did)
-        yield did
+    """A ROS_DOMAIN_ID no other test process holds, another than the previous test's, without the ports killed
+    processes left in it. Reserved as domain_coordinator reserves one (a bound TCP port), but here: its
+    domain_id() catches OSError around its yield, so a TimeoutError in the body came out as "generator didn't
+    stop after throw()"."""
+    import socket
+
+    from domain_coordinator.impl import PORT_BASE
+    for _ in range(TEST_DOMAINS):
+        did = _NEXT_DOMAIN()
+        reservation = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            reservation.bind(("", PORT_BASE + did))
+        except OSError:
+            reservation.close()
+            continue  # another test run holds it
+        try:
+            forget_dead_ports(did)
+            yield did
+        finally:
+            reservation.close()
+        return
+    raise RuntimeError(f"every test ROS domain (1..{TEST_DOMAINS}) is held by other test runs")
 
 
 def forget_dead_ports(domain: int) -> list[int]:
@@ -146,15 +166,18 @@ def forget_dead_ports(domain: int) -> list[int]:
     fresh boot has; the node's own handling of them is tested on purpose (test_dead_participants, the kills)."""
     import fcntl
 
-    from flashrt_ros.ros.dead_participants import MAX_IDS, PORT_PREFIXES, SHM_DIR, shm_port
+    from flashrt_ros.ros.dead_participants import MAX_IDS, MIN_AGE_S, PORT_PREFIXES, SHM_DIR, shm_port
     dead = []
     for pid in range(MAX_IDS):
         port = shm_port(domain, pid)
         for prefix in PORT_PREFIXES:
             lock = SHM_DIR / f"{prefix}_port{port}_el"
             try:
+                if time.time() - lock.stat().st_mtime < MIN_AGE_S:
+                    continue  # a participant starting now: it creates the file an instant before it locks it
                 with open(lock, "rb") as held:
                     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its listener lives
+                    # the mutex without taking it: no process of an earlier test (TEST_DOMAINS tests ago) sends here
                     for name in (f"{prefix}_port{port}", f"sem.{prefix}_port{port}_mutex", lock.name):
                         (SHM_DIR / name).unlink(missing_ok=True)
             except OSError:

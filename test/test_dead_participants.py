@@ -86,6 +86,21 @@ def test_held_ids_bind_their_metatraffic_ports_until_released(tmp_path):
         taken.close()
 
 
+def test_own_ids_are_the_lock_files_this_process_holds_not_those_it_only_has_open(tmp_path):
+    from flashrt_ros.ros.dead_participants import own_participant_ids
+    listener = _lock_file(tmp_path, 3, prefix="fastrtps")
+    peer = _lock_file(tmp_path, 5)  # a sender's zombie check opens a peer's lock file for an instant
+    other_domain = tmp_path / f"fastdds_port{shm_port(DOMAIN + 1, 0)}_el"
+    other_domain.touch()
+    with open(listener, "rb") as mine, open(peer, "rb"), open(other_domain, "rb") as theirs:
+        fcntl.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(theirs, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert own_participant_ids(DOMAIN, shm_dir=tmp_path) == [3]
+        assert own_participant_ids(DOMAIN + 1, shm_dir=tmp_path) == [0]
+    assert own_participant_ids(DOMAIN, shm_dir=tmp_path) == []
+    assert own_participant_ids(DOMAIN, fd_dir=tmp_path / "no-proc", shm_dir=tmp_path) == []
+
+
 def test_the_log_line_names_the_id_taken_and_the_ids_kept_off():
     from flashrt_ros.ros.dead_participants import HeldIds
     assert HeldIds(DOMAIN).line() == "" and HeldIds(DOMAIN).line([]) == ""
@@ -191,7 +206,9 @@ def test_a_node_started_after_a_kill_keeps_off_the_dead_id_and_says_so(ros_domai
             time.sleep(0.1)
         held = [ln for ln in node.output().splitlines() if "DDS participant: id " in ln]
         assert held and f"kept off ids {dead} of domain {domain}" in held[0], node.output()[-3000:]
-        took = int(held[0].split("DDS participant: id ")[1].split()[0])
+        took = held[0].split("DDS participant: id ")[1].split()[0]
+        assert took.isdigit(), held[0]  # one id, not a list: the node has one participant
+        took = int(took)
         assert took not in dead and _bound_by_someone(metatraffic_port(domain, took)), held[0]
     finally:
         node.stop()

@@ -76,9 +76,10 @@ def dead_participant_ids(domain_id: int, shm_dir: Path = SHM_DIR, min_age_s: flo
 
 def own_participant_ids(domain_id: int, fd_dir: Path = Path("/proc/self/fd"), shm_dir: Path = SHM_DIR) -> list[int]:
     """This process's participant ids in ``domain_id``: the ids whose shared-memory port lock file it has open
-    (its listeners), ascending; [] where /proc is not there. For the log: which id a restart took."""
-    ports = {shm_port(domain_id, pid): pid for pid in range(MAX_IDS * 4)}
-    names = {f"{prefix}_port{port}_el": pid for port, pid in ports.items() for prefix in PORT_PREFIXES}
+    and flock-held (its listeners; a sender's zombie check opens a peer's file for an instant, without keeping
+    the lock), ascending; [] where /proc is not there. For the log: which id a restart took."""
+    ids_in_domain = range(DOMAIN_GAIN // PARTICIPANT_GAIN)  # past it, the ports are the next domain's
+    names = {f"{prefix}_port{shm_port(domain_id, pid)}_el": pid for pid in ids_in_domain for prefix in PORT_PREFIXES}
     found = set()
     try:
         links = list(fd_dir.iterdir())
@@ -87,9 +88,12 @@ def own_participant_ids(domain_id: int, fd_dir: Path = Path("/proc/self/fd"), sh
     for link in links:
         try:
             target = Path(os.readlink(link))
+            if target.parent != shm_dir or target.name not in names:
+                continue
+            info = (fd_dir.parent / "fdinfo" / link.name).read_text()
         except OSError:
             continue  # closed meanwhile
-        if target.parent == shm_dir and target.name in names:
+        if any(line.startswith("lock:") and "FLOCK" in line for line in info.splitlines()):
             found.add(names[target.name])
     return sorted(found)
 
