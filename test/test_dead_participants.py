@@ -106,7 +106,7 @@ def test_the_log_line_names_the_id_taken_and_the_ids_kept_off():
     assert HeldIds(DOMAIN).line() == "" and HeldIds(DOMAIN).line([]) == ""
     assert HeldIds(DOMAIN).line([3]) == f"DDS participant: id 3 of domain {DOMAIN}"
     line = HeldIds(DOMAIN, ids=[0, 1]).line([3])
-    assert line.startswith(f"DDS participant: id 3 of domain {DOMAIN}, kept off ids [0, 1] of domain {DOMAIN}")
+    assert line.startswith(f"DDS participant: id 3, kept off ids [0, 1] of domain {DOMAIN} (their processes died")
     assert HeldIds(DOMAIN, ids=[0]).line().startswith(f"DDS participant: kept off ids [0] of domain {DOMAIN}")
 
 
@@ -206,7 +206,7 @@ def test_a_node_started_after_a_kill_keeps_off_the_dead_id_and_says_so(ros_domai
             time.sleep(0.1)
         held = [ln for ln in node.output().splitlines() if "DDS participant: id " in ln]
         assert held and f"kept off ids {dead} of domain {domain}" in held[0], node.output()[-3000:]
-        took = held[0].split("DDS participant: id ")[1].split()[0]
+        took = held[0].split("DDS participant: id ")[1].split(",")[0]
         assert took.isdigit(), held[0]  # one id, not a list: the node has one participant
         took = int(took)
         assert took not in dead and _bound_by_someone(metatraffic_port(domain, took)), held[0]

@@ -114,11 +114,11 @@ class HeldIds:
     def line(self, own_ids: list[int] | None = None) -> str:
         """One line for the node's log: the id the participant took (``own_ids``) and the ids kept off ('' when
         neither is known)."""
-        took = f"id {own_ids[0] if len(own_ids) == 1 else own_ids} of domain {self.domain_id}" if own_ids else ""
+        took = f"id {own_ids[0] if len(own_ids) == 1 else own_ids}, " if own_ids else ""
         if not self.ids:
-            return f"DDS participant: {took}" if took else ""
-        return (f"DDS participant: {took + ', ' if took else ''}kept off ids {self.ids} of domain {self.domain_id} "
-                "(their processes died; processes that sent to them may still write to their shared-memory ports)")
+            return f"DDS participant: {took[:-2]} of domain {self.domain_id}" if took else ""
+        return (f"DDS participant: {took}kept off ids {self.ids} of domain {self.domain_id} (their processes died; "
+                "processes that sent to them may still write to their shared-memory ports)")
 
 
 def hold_dead_participant_ids(environ=os.environ, shm_dir: Path = SHM_DIR) -> HeldIds:
