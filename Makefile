@@ -112,7 +112,7 @@ test-jazzy: $(JAZZY_STAMP) $(JAZZY_IFACE_STAMP)
 	$(JAZZY_VENV)/bin/python -c 'import rclpy, importlib.metadata as m; print("test-jazzy: rclpy", m.version("ros-rclpy"))'
 	@# the compiled CPU step into the shared cache first: on a fresh clone the first node would compile it
 	@# (~30 s) inside a test's 30 s wait for the node (make test compiles it in its earlier, ROS-free tests)
-	$(JAZZY_VENV)/bin/python -c 'from flashrt_ros.runtime import PolicyConfig, Session; Session(PolicyConfig(), "cpu")'
+	$(JAZZY_VENV)/bin/python -c 'from flashrt_ros.runtime.engine.backend import warm_cpu_step; warm_cpu_step("cpu")'
 	$(WITH_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q $(JAZZY_TESTS)
 
 # ruff, then the layer order (.importlinter): a wrong-way import fails here.

@@ -112,3 +112,12 @@ def test_a_forged_position_and_page_table_give_wrong_numbers_never_an_access_out
     arena["obs"][0] = 0.5
     s._live.replay()  # a crash here would take the test process with it
     assert arena.weight_slab.tobytes() == weights and arena.state[1:].tobytes() == before[1:].tobytes()
+
+
+def test_warming_the_cpu_step_loads_the_compiled_kernels_only_for_a_backend_that_uses_them():
+    from flashrt_ros.runtime.engine import cpu_backend
+    from flashrt_ros.runtime.engine.backend import cuda_probe, warm_cpu_step
+    assert warm_cpu_step("numpy") is None and warm_cpu_step("cuda") is None
+    took = warm_cpu_step("cpu")
+    assert took is not None and took >= 0 and cpu_backend.compile_seconds() == took
+    assert (warm_cpu_step("auto") is None) == (cuda_probe() is None)  # auto: the CPU step only without CUDA

@@ -87,6 +87,21 @@ def cpu_backend():
     return CpuBackend()
 
 
+def warm_cpu_step(name: str = "auto") -> float | None:
+    """When backend ``name`` resolves to the compiled CPU one, compile its step in this process (or read it from
+    numba's on-disk cache) and return the seconds that took; None for NumPy, CUDA, or without numba. A node
+    started afterwards reads the cache in about a second, instead of compiling for tens of seconds inside its
+    configure while the processes around it wait (a first `make demo`'s planner gave up after 30 s)."""
+    if name not in ("auto", "cpu") or (name == "auto" and cuda_probe() is None):
+        return None
+    try:
+        from .cpu_backend import _kernels, compile_seconds
+    except ImportError:  # numba missing: auto falls back to NumPy, cpu fails with its own message
+        return None
+    _kernels()
+    return compile_seconds()
+
+
 def select(name: str = "auto"):
     """'numpy', 'cpu' (compiled, numba), 'cuda', or 'auto' (CUDA when usable, else the compiled CPU backend,
     else NumPy). Logs the choice and, for auto, why a faster backend was passed over."""

@@ -48,6 +48,7 @@ def run(args) -> dict:
     if args.replan_nice:
         node_cmd += ["-p", f"replan_nice:={args.replan_nice}"]
     progress(f"ROS_DOMAIN_ID={env['ROS_DOMAIN_ID']}, discovery LOCALHOST, logs in {env['ROS_LOG_DIR']}")
+    _warm_cpu_step(args.backend)
     t0 = time.monotonic()
     node_log = open(work / "node.log", "w")
     node = subprocess.Popen(node_cmd, env=env, stdout=node_log, stderr=subprocess.STDOUT)
@@ -87,6 +88,15 @@ def run(args) -> dict:
                          and summary.get("steps", 0) > 0 and summary.get("deep_rollback", {}).get("ok") is not False)
     _print_summary(summary, work)
     return summary
+
+
+def _warm_cpu_step(backend: str) -> None:
+    """The compiled CPU step into numba's on-disk cache before the node starts: a first run compiles it for
+    tens of seconds, which the node would spend inside configure while the planner waits for it."""
+    from ...runtime.engine.backend import warm_cpu_step
+    progress("CPU step: reading it from the on-disk cache, or compiling it (tens of seconds, first run only)")
+    took = warm_cpu_step(backend)
+    progress("CPU step: not used (backend numpy or cuda)" if took is None else f"CPU step: ready in {took:.1f} s")
 
 
 class NodeRss:
