@@ -43,8 +43,9 @@ def test_replicas_failover_and_seek_are_byte_exact_in_the_quick_run(quick):
     w = d["replica_whatif_byte_exact"]
     assert w["run"] == 3 and w["passed"] == 3
     assert d["failover_ms"]["measured"] == 1 and d["failover_ms"]["p50"] > 0
-    assert d["failover_actions_byte_identical"] == {"run": 1, "passed": 1}
-    assert d["failover_unstepped_observations"] == 0
+    failed = (d["failover_kills_that_failed"], d["node_logs"])  # which steps differ or were lost, and the logs
+    assert d["failover_actions_byte_identical"] == {"run": 1, "passed": 1}, failed
+    assert d["failover_unstepped_observations"] == 0, failed
     takeovers = d["standby_takeovers_while_primary_lived"]
     assert d["late_replica"]["holds_every_capsule_since_first"] is True, (d["late_replica"], takeovers)
     assert d["seek"]["byte_identical"] is True and d["seek"]["steps_after_from"] > 0
