@@ -31,7 +31,8 @@ def quick(tmp_path_factory):
 def test_every_key_of_the_issue_is_reported_with_the_load_it_ran_under(quick):
     d, res = quick
     for key in ("stream_step_overhead", "replica_lag_ms", "replica_whatif_byte_exact", "late_replica",
-                "failover_ms", "failover_actions_byte_identical", "failover_unstepped_observations", "seek_ratio",
+                "failover_ms", "failover_actions_byte_identical", "failover_unstepped_observations",
+                "failover_primary_drops_before_kill", "seek_ratio",
                 "seek", "standby_takeovers_while_primary_lived", "acceptance", "machine"):
         assert key in d, key
     assert d["stream_step_overhead"]["p99_ratio"] > 0 and "load_avg_before" in d["machine"]
@@ -43,7 +44,8 @@ def test_replicas_failover_and_seek_are_byte_exact_in_the_quick_run(quick):
     w = d["replica_whatif_byte_exact"]
     assert w["run"] == 3 and w["passed"] == 3
     assert d["failover_ms"]["measured"] == 1 and d["failover_ms"]["p50"] > 0
-    failed = (d["failover_kills_that_failed"], d["node_logs"])  # which steps differ or were lost, and the logs
+    # which steps differ, which observations were lost and by whom, and the logs
+    failed = (d["failover_kills_that_failed"], d["failover_primary_drops_before_kill"], d["node_logs"])
     assert d["failover_actions_byte_identical"] == {"run": 1, "passed": 1}, failed
     assert d["failover_unstepped_observations"] == 0, failed
     takeovers = d["standby_takeovers_while_primary_lived"]
