@@ -862,4 +862,9 @@ MUTATIONS = [
              "    kept = list(range(len(sent)))\n",
              ["test/test_bench_failover_judge.py::test_a_primary_drop_before_its_kill_is_its_own_and_the_rest_still_compares_equal"],
              "a primary's own drop before the kill (a stall) would read as a takeover that broke byte-identity"),
+    Mutation("failover_bench_judges_an_observation_by_its_last_step", "flashrt_ros/tools/bench/stream_failover.py",
+             "if min(by_stamp.get(st, [standby_from])) < standby_from",
+             "if max(by_stamp.get(st, [standby_from])) < standby_from",
+             ["test/test_bench_failover_judge.py::test_steps_the_standby_repeats_from_an_older_capsule_leave_the_primarys_drop_its_own"],
+             "a standby's re-step of the primary's last observations would hide that the primary stepped them"),
 ]

@@ -12,7 +12,8 @@ from conftest import observation_trace, small_config
 from flashrt_ros.runtime import Session
 from flashrt_ros.tools.bench.stream_failover import judge_pair
 
-KILLED_AT = 100.0  # monotonic seconds of the kill; the primary's steps arrive before, the standby's after
+KILLED_AT = 100.0  # monotonic seconds of the kill
+STANDBY_FROM = KILLED_AT + 0.05  # a step received from then on is the standby's
 
 
 def _step(number: int, stamp_ns: int, action: np.ndarray, arrived: float):
@@ -21,20 +22,25 @@ def _step(number: int, stamp_ns: int, action: np.ndarray, arrived: float):
                                     action=action.astype(np.float32).tolist())
 
 
-def _pair(observations, stepped: list[int], primary_steps: int):
-    """The PolicySteps of a pair that stepped the observations ``stepped`` (indices, in order); the first
-    ``primary_steps`` of them by the primary (before the kill), the rest by the standby."""
+def _pair(observations, stepped: list[int], primary_steps: int, restepped: int = 0, late_ms: float = 0.0):
+    """The PolicySteps of a pair that stepped the observations ``stepped`` (indices, in order): the first
+    ``primary_steps`` of them by the primary, its last one received ``late_ms`` after the kill (sent before it);
+    the rest by the standby, which steps the primary's last ``restepped`` again first (from an older capsule)."""
     sent = [10**9 * (i + 1) + 7 for i in range(len(observations))]
     live = Session(small_config())
-    steps = []
+    steps, actions = [], []
     for n, i in enumerate(stepped, start=1):
-        arrived = KILLED_AT - 1.0 + n * 1e-3 if n <= primary_steps else KILLED_AT + 0.2 + n * 1e-3
-        steps.append(_step(n, sent[i], live.step(observations[i]).action, arrived))
+        actions.append(live.step(observations[i]).action)
+        if n <= primary_steps:
+            arrived = KILLED_AT + late_ms / 1e3 if n == primary_steps and late_ms else KILLED_AT - 1.0 + n * 1e-3
+            steps.append(_step(n, sent[i], actions[-1], arrived))
+    for n in range(primary_steps - restepped + 1, len(stepped) + 1):
+        steps.append(_step(n, sent[stepped[n - 1]], actions[n - 1], KILLED_AT + 0.2 + n * 1e-3))
     return steps, sent
 
 
 def _judge(steps, sent, observations):
-    return judge_pair(steps, sent, observations, KILLED_AT, Session(small_config()))
+    return judge_pair(steps, sent, observations, STANDBY_FROM, Session(small_config()))
 
 
 def test_an_uncrashed_looking_pair_has_nothing_to_report():
@@ -56,6 +62,27 @@ def test_an_observation_the_takeover_skipped_is_unstepped_not_a_primary_drop():
     steps, sent = _pair(obs, stepped, primary_steps=8)
     assert _judge(steps, sent, obs)["unstepped"] == [10]
     assert _judge(steps, sent, obs)["dropped_before_kill"] == []
+
+
+def test_steps_the_standby_repeats_from_an_older_capsule_leave_the_primarys_drop_its_own():
+    obs = observation_trace(12)
+    stepped = [i for i in range(12) if i != 4]
+    steps, sent = _pair(obs, stepped, primary_steps=6, restepped=2)  # the standby re-steps the 6th and 7th sent
+    assert _judge(steps, sent, obs) == {"dropped_before_kill": [5], "unstepped": [], "different": []}
+
+
+def test_a_primary_step_received_just_after_the_kill_is_still_the_primarys():
+    obs = observation_trace(12)
+    stepped = [i for i in range(12) if i != 5]
+    steps, sent = _pair(obs, stepped, primary_steps=6, late_ms=3.0)  # its step of the 7th sent, received late
+    assert _judge(steps, sent, obs) == {"dropped_before_kill": [6], "unstepped": [], "different": []}
+
+
+def test_stamps_and_observations_of_another_length_are_refused():
+    obs = observation_trace(12)
+    steps, sent = _pair(obs, list(range(12)), primary_steps=8)
+    with pytest.raises(ValueError, match="11 stamps sent for 12 observations"):
+        _judge(steps, sent[:11], obs)
 
 
 @pytest.mark.parametrize("harm", ["action", "step_number"])

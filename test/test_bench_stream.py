@@ -45,7 +45,7 @@ def test_replicas_failover_and_seek_are_byte_exact_in_the_quick_run(quick):
     assert w["run"] == 3 and w["passed"] == 3
     assert d["failover_ms"]["measured"] == 1 and d["failover_ms"]["p50"] > 0
     # which steps differ, which observations were lost and by whom, and the logs
-    failed = (d["failover_kills_that_failed"], d["failover_primary_drops_before_kill"], d["node_logs"])
+    failed = (d["failover_kills_that_failed"], d["failover_kills_with_drops_before_kill"], d["node_logs"])
     assert d["failover_actions_byte_identical"] == {"run": 1, "passed": 1}, failed
     assert d["failover_unstepped_observations"] == 0, failed
     takeovers = d["standby_takeovers_while_primary_lived"]
@@ -76,10 +76,12 @@ def test_only_runs_the_named_parts_in_run_order_and_rejects_an_unknown_one(monke
 def test_a_part_not_run_is_judged_not_measured_and_a_part_run_without_its_keys_is_missed():
     from flashrt_ros.tools.bench.stream import acceptance
     failover = {"failover_ms": {"p99": 150.0, "measured": 20},
-                "failover_actions_byte_identical": {"passed": 20, "run": 20}, "failover_unstepped_observations": 0}
+                "failover_actions_byte_identical": {"passed": 20, "run": 20}, "failover_unstepped_observations": 0,
+                "failover_primary_drops_before_kill": 7}
     alone = acceptance({"parts": ["failover"], **failover})
     assert alone["failover_ms.p99 <= 200 over 20 kills"] is True
     assert alone["failover byte-identical, 0 unstepped"] is True
+    assert alone["failover: no observation lost before a kill (a report)"] is False  # shown, apart from the takeover
     others = [v for k, v in alone.items() if not k.startswith("failover")]
     assert len(others) == 6 and all(v is None for v in others)  # not measured
     every = acceptance({"parts": ["stream", "failover", "seek"], **failover})

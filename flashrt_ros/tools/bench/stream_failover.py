@@ -16,12 +16,16 @@ from ..common import p50_p99, progress, stop_processes, synthetic_trace
 from ..demo.mission import params_file
 from .stream_robot import Robot, held_ids, start_node
 
+# A step received this long after the kill is the standby's: the primary's last ones arrive within a few ms of
+# it, and a standby waits 1.5 leases (150 ms) before it may step.
+STANDBY_AFTER_S = 0.05
+
 
 def failover(node, env, log_dir: Path, plan, backend: str) -> dict:
     """plan.kills pairs (stream.Plan), one kill each."""
     from ...ros.client import FlashRTClient
     cfg = PolicyConfig.from_yaml(params_file(None))
-    fo_ms, identical, unstepped, primary_drops, details = [], 0, 0, 0, []
+    fo_ms, identical, unstepped, primary_drops, details, drop_details = [], 0, 0, 0, [], []
     for k in range(plan.kills):
         ns, robot = f"/fo{k}", None
         procs = [start_node(env, log_dir, ns, backend),
@@ -58,19 +62,21 @@ def failover(node, env, log_dir: Path, plan, backend: str) -> dict:
                     and time.monotonic() < end:
                 robot.spin(0.05)
             robot.spin(0.5)
-            # the standby's first step: the first received 50 ms or more after the kill (the primary's last ones
-            # arrive within a few ms of it; a standby waits 1.5 leases, 150 ms, before it may step), if it claimed
+            # the standby's first step, if it claimed
             claimed = any(m.epoch == 2 for _, m in robot.leaders)
-            first = next((t for t, _ in robot.steps if claimed and t >= killed[0] + 0.05), None)
+            standby_from = killed[0] + STANDBY_AFTER_S
+            first = next((t for t, _ in robot.steps if claimed and t >= standby_from), None)
             if first is not None:
                 fo_ms.append((first - killed[0]) * 1e3)
-            judged = judge_pair(robot.steps, robot.sent, trace[:kill_at + 60], killed[0], Session(cfg, backend))
+            judged = judge_pair(robot.steps, robot.sent, trace[:kill_at + 60], standby_from, Session(cfg, backend))
             unstepped += len(judged["unstepped"])
             primary_drops += len(judged["dropped_before_kill"])
             identical += not judged["different"]
-            if judged["unstepped"] or judged["different"] or judged["dropped_before_kill"]:
-                details.append({"kill": k + 1, "kill_at_step": kill_at, "standby_first_step": min(
-                    (m.step for t, m in robot.steps if t >= killed[0] + 0.05), default=None),
+            if any(judged.values()):
+                failed = judged["unstepped"] or judged["different"]
+                (details if failed else drop_details).append({
+                    "kill": k + 1, "kill_at_step": kill_at,
+                    "standby_first_step": min((m.step for t, m in robot.steps if t >= standby_from), default=None),
                     **{key: _spans(v) for key, v in judged.items()}})
             progress(f"failover: kill {k + 1}/{plan.kills}: "
                      f"{fo_ms[-1] if first is not None else float('nan'):.0f} ms to the standby's first step")
@@ -84,20 +90,23 @@ def failover(node, env, log_dir: Path, plan, backend: str) -> dict:
                             "measured": len(fo_ms)},
             "failover_actions_byte_identical": {"run": plan.kills, "passed": identical},
             "failover_unstepped_observations": unstepped, "failover_primary_drops_before_kill": primary_drops,
-            "failover_kills_that_failed": details}
+            "failover_kills_that_failed": details, "failover_kills_with_drops_before_kill": drop_details}
 
 
-def judge_pair(steps: list, sent: list, observations, killed_at: float, reference: Session) -> dict:
+def judge_pair(steps: list, sent: list, observations, standby_from: float, reference: Session) -> dict:
     """One failover pair, observation by observation (matched by stamp). ``steps``: (arrival, PolicyStep) of both
-    nodes; ``sent``: the stamps sent, in order, of ``observations``. Returns, numbered as sent (from 1):
-    ``dropped_before_kill``, observations the primary never stepped though it stepped a later one before its
-    kill (its queue overflowed in a stall: the primary's loss, not the takeover's); ``unstepped``, those after
-    the primary's last step that no node stepped (the takeover's); and, by step number, ``different``: steps
-    whose action or stamp is not the uncrashed reference's, which steps exactly the observations stepped."""
+    nodes, duplicates included; a step received before ``standby_from`` is the primary's. ``sent``: the stamps
+    sent, in order, of ``observations``. Returns, numbered as sent (from 1): ``dropped_before_kill``, observations
+    no node stepped though the primary stepped a later one (lost before the kill: the primary's queue overflowed
+    in a stall, or the sensor's transport lost it; not the takeover's doing); ``unstepped``, those after the
+    primary's last step that no node stepped (the takeover's); and, by step number, ``different``: steps whose
+    action or stamp is not the uncrashed reference's, which steps exactly the observations stepped."""
+    if len(sent) != len(observations):
+        raise ValueError(f"{len(sent)} stamps sent for {len(observations)} observations")
     by_stamp: dict = {}
     for t, m in steps:
         by_stamp.setdefault(stamp_to_ns(m.header.stamp), []).append(t)
-    last_primary = max((i for i, st in enumerate(sent) if min(by_stamp.get(st, [killed_at])) < killed_at),
+    last_primary = max((i for i, st in enumerate(sent) if min(by_stamp.get(st, [standby_from])) < standby_from),
                        default=-1)
     not_stepped = [i for i, st in enumerate(sent) if st not in by_stamp]
     kept = [i for i, st in enumerate(sent) if st in by_stamp]
