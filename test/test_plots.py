@@ -7,6 +7,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from fixtures.replay_cli import TINY_CONFIG, config_with
 
 from conftest import ROOT
 
@@ -39,6 +40,15 @@ def make_bags(tmp_path, n=120, diverge_at=60):
     other = obs.copy()
     other[diverge_at:, 0] += 0.05
     return write_joint_trace(tmp_path / "a.mcap", "mcap", obs), write_joint_trace(tmp_path / "b.mcap", "mcap", other)
+
+
+def replay_policy(tmp_path, bag, *args) -> subprocess.CompletedProcess:
+    """flashrt-replay of ``bag`` with a one-layer policy (same obs and action dims as the default): the figure
+    is the subject here, and the default config's 512 MB store took 1-7 s to fault in at every run."""
+    cfg = tmp_path / "tiny.yaml"
+    if not cfg.exists():
+        config_with(tmp_path, cfg.name, base=TINY_CONFIG)
+    return run_tool("replay", bag, "--config", cfg, *args)
 
 
 # ---- benchmarks ------------------------------------------------------------------------------------------
@@ -139,11 +149,11 @@ def test_mission_plot_draws_the_timeline_of_steps_rollbacks_and_replans(ros_doma
 # ---- replay ------------------------------------------------------------------------------------------------
 def test_replay_plot_keeps_its_json_and_diff_plot_marks_the_first_divergence(tmp_path):
     a, b = make_bags(tmp_path)
-    res = run_tool("replay", a, "--out", tmp_path / "ra", "--plot", tmp_path / "ra.png")
+    res = replay_policy(tmp_path, a, "--out", tmp_path / "ra", "--plot", tmp_path / "ra.png")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "trace" not in json.loads(res.stdout)  # the per-step trace goes to the figure, not the summary
     assert_drawn(tmp_path / "ra.png")
-    assert run_tool("replay", b, "--out", tmp_path / "rb").returncode == 0
+    assert replay_policy(tmp_path, b, "--out", tmp_path / "rb").returncode == 0
     res = run_tool("replay", "diff", tmp_path / "ra", tmp_path / "rb", "--plot", tmp_path / "diff.png")
     assert res.returncode == 1, res.stderr[-3000:]
     assert json.loads(res.stdout)["first_diverging_index"] == 60
@@ -153,7 +163,7 @@ def test_replay_plot_keeps_its_json_and_diff_plot_marks_the_first_divergence(tmp
 def test_replay_diff_plot_of_identical_runs_draws_without_a_divergence(tmp_path):
     a, _ = make_bags(tmp_path, n=40)
     for out in ("r1", "r2"):
-        assert run_tool("replay", a, "--out", tmp_path / out).returncode == 0
+        assert replay_policy(tmp_path, a, "--out", tmp_path / out).returncode == 0
     res = run_tool("replay", "diff", tmp_path / "r1", tmp_path / "r2", "--plot", tmp_path / "same.png")
     assert res.returncode == 0 and json.loads(res.stdout)["identical"], res.stderr[-3000:]
     assert_drawn(tmp_path / "same.png")
@@ -219,7 +229,7 @@ def test_replay_diff_joints_draws_only_those_and_refuses_a_missing_one():
 def test_replay_diff_joints_on_the_command_line(tmp_path):
     a, b = make_bags(tmp_path, n=40, diverge_at=20)
     for bag, out in ((a, "ra"), (b, "rb")):
-        assert run_tool("replay", bag, "--out", tmp_path / out).returncode == 0
+        assert replay_policy(tmp_path, bag, "--out", tmp_path / out).returncode == 0
     res = run_tool("replay", "diff", tmp_path / "ra", tmp_path / "rb", "--plot", tmp_path / "d.png", "--joints", "0,3")
     assert res.returncode == 1, res.stderr[-3000:]
     assert_drawn(tmp_path / "d.png")
@@ -227,10 +237,10 @@ def test_replay_diff_joints_on_the_command_line(tmp_path):
                    "--joints", "0,99")
     assert res.returncode == 2 and "not 99" in res.stderr and not (tmp_path / "bad.png").exists()
     # one replay: a dimension the policy does not have is refused before the run, nothing written
-    res = run_tool("replay", a, "--out", tmp_path / "rc", "--plot", tmp_path / "one.png", "--joints", "7")
+    res = replay_policy(tmp_path, a, "--out", tmp_path / "rc", "--plot", tmp_path / "one.png", "--joints", "7")
     assert res.returncode == 2 and "action_dim 7" in res.stderr, res.stderr[-2000:]
     assert not (tmp_path / "rc").exists() and not (tmp_path / "one.png").exists()
-    res = run_tool("replay", a, "--plot", tmp_path / "one.png", "--joints", "6,0")
+    res = replay_policy(tmp_path, a, "--plot", tmp_path / "one.png", "--joints", "6,0")
     assert res.returncode == 0, res.stderr[-2000:]
     assert_drawn(tmp_path / "one.png")
 
