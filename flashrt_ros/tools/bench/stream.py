@@ -60,11 +60,17 @@ class Plan:
     # (make test) judges bytes, not timing: on 2 loaded cores a 100 ms lease lapsed as a participant joined (the
     # late replica) and the standby took over from a living primary, in 2 of 7 quick runs beside two busy loops
     soak_lease_ms: float = 100.0
+    # every node's (and the failover reference's) capsule_budget_mb; 0 keeps the params file's 512 MB, which each
+    # node faults in at start (2-6 s on a VM whose fresh memory comes from the host): a toy store for the tests
+    capsule_budget_mb: float = 0.0
+
+    def node_params(self) -> dict:
+        return {"capsule_budget_mb": self.capsule_budget_mb} if self.capsule_budget_mb else {}
 
 
 FULL = Plan(blocks=10, block_steps=500, whatifs=100, late_after_s=300.0, kills=20, seek_s=600.0, soak_s=600.0)
 QUICK = Plan(blocks=2, block_steps=60, whatifs=3, late_after_s=2.0, kills=1, seek_s=8.0, full_window=False,
-             soak_lease_ms=1000.0)
+             soak_lease_ms=1000.0, capsule_budget_mb=64.0)
 LIST_TIMEOUT_S = 30.0
 
 
@@ -104,11 +110,11 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
     from lifecycle_msgs.msg import Transition
 
     from ...ros.client import FlashRTClient
-    lease = plan.soak_lease_ms
-    procs = [start_node(env, log_dir, "/robot", backend, stream_keyframe_s=10.0, liveliness_lease_ms=lease),
-             start_node(env, log_dir, "/ws", backend, role="replica", primary="/robot"),
+    lease, params = plan.soak_lease_ms, plan.node_params()
+    procs = [start_node(env, log_dir, "/robot", backend, stream_keyframe_s=10.0, liveliness_lease_ms=lease, **params),
+             start_node(env, log_dir, "/ws", backend, role="replica", primary="/robot", **params),
              start_node(env, log_dir, "/robot_standby", backend, role="standby", primary="/robot",
-                   liveliness_lease_ms=lease)]
+                        liveliness_lease_ms=lease, **params)]
     try:
         robot, primary, replica = Robot(node, "/robot"), FlashRTClient(node, "/robot"), FlashRTClient(node, "/ws")
         progress("stream: waiting for the primary /robot and the replica /ws")
@@ -202,7 +208,7 @@ def _late_replica(node, env, log_dir, robot, primary, t_start, plan, backend) ->
         progress(f"stream: stepping {wait:.0f} s more before the late replica starts")
         robot.run(synthetic_trace(int(wait * RATE_HZ), 14, seed=5))
     started = time.monotonic() - t_start
-    proc = start_node(env, log_dir, "/late", backend, role="replica", primary="/robot")
+    proc = start_node(env, log_dir, "/late", backend, role="replica", primary="/robot", **plan.node_params())
     late = FlashRTClient(node, "/late")
     state = {"active": None, "caught": None, "first": None}
 
