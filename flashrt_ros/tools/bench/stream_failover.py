@@ -24,12 +24,13 @@ STANDBY_AFTER_S = 0.05
 def failover(node, env, log_dir: Path, plan, backend: str) -> dict:
     """plan.kills pairs (stream.Plan), one kill each."""
     from ...ros.client import FlashRTClient
-    cfg = PolicyConfig.from_yaml(params_file(None)).replace(**plan.node_params())
+    params = plan.node_params()
+    cfg = PolicyConfig.from_yaml(params_file(None)).replace(**params)
     fo_ms, identical, unstepped, primary_drops, details, drop_details = [], 0, 0, 0, [], []
     for k in range(plan.kills):
         ns, robot = f"/fo{k}", None
-        procs = [start_node(env, log_dir, ns, backend, **plan.node_params()),
-                 start_node(env, log_dir, f"{ns}_standby", backend, role="standby", primary=ns, **plan.node_params())]
+        procs = [start_node(env, log_dir, ns, backend, **params),
+                 start_node(env, log_dir, f"{ns}_standby", backend, role="standby", primary=ns, **params)]
         try:
             robot = Robot(node, ns)
             trace = synthetic_trace(400, 14, seed=100 + k)
