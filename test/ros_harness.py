@@ -96,6 +96,16 @@ def primary_and(role: str, ros_domain, tmp_path: Path, ns: str, primary_params: 
     return primary, other, planner, client
 
 
+def export_content(path: Path) -> tuple:
+    """A capsule export's metadata (sorted: safetensors writes its map in a per-process hash order) and bytes."""
+    import json
+    import struct
+    blob = path.read_bytes()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    return sorted(header.pop("__metadata__").items()), sorted(header.items()), blob[8 + n:]
+
+
 def env_without_module(env: dict, shim_dir: Path, module: str) -> dict:
     """The node's environment with `module` unimportable (a sitecustomize on PYTHONPATH blocks it), as on
     a machine where that optional dependency is not installed."""

@@ -219,6 +219,51 @@ def test_a_reset_on_the_primary_resets_the_replica_and_the_next_capsule_stands_a
     assert_same_capsules(r, s)
 
 
+def _taken_over(s, records, through_id: int, held: np.ndarray):
+    """A standby that heard the stream up to capsule ``through_id``, then took over (as node.py's roles do):
+    restores that capsule, numbers after the primary's ids, steps the observations it held, then streams."""
+    sb, standby = replica_of(s)
+    feed(standby, [rec for rec in records if rec.capsule_id <= through_id])
+    sb.rollback(standby.last.id)
+    standby.lead()
+    for o in held:
+        sb.step(o)
+    new_records = []
+    stream = sb.enable_stream(new_records.append, keyframe_s=10.0)
+    for o in OBS[300:302]:
+        sb.step(o)
+    assert stream.flush()
+    return sb, new_records
+
+
+def test_a_replica_that_follows_a_new_leader_drops_what_the_old_one_recorded_after_the_takeover_point():
+    """The standby heard the primary up to capsule 30 and stepped other observations after it (the primary's
+    31-40 were lost on the way), so ids 31.. mean other states on the new leader. A replica that held the old
+    31-40 must not restore those for the new leader's records of the same ids."""
+    s, stream, records, r, replica = stepped(40)
+    assert all(feed(replica, records))
+    sb, new_records = _taken_over(s, records, 30, OBS[100:105])
+    # the primary's numbering continued; a whole window first (a new stream), then deltas
+    assert [(rec.kind, rec.capsule_id) for rec in new_records] == [(RESYNC, 36), (DELTA, 37)]
+    dropped = replica.new_source(30)
+    assert dropped == list(range(31, 41))
+    assert all(feed(replica, new_records))
+    assert_same_capsules(r, sb)
+    assert r.state_host().tobytes() == sb.state_host().tobytes() and r.live_capsule_id == sb.live_capsule_id == 37
+
+
+def test_the_old_leaders_capsules_up_to_the_takeover_point_stay_with_the_replica():
+    s, stream, records, r, replica = stepped(40)
+    feed(replica, records)
+    before = {cid: r.capsule_host(cid).tobytes() for cid in range(1, 31) if cid in {i.id for i in r.list_capsules()}}
+    mine = r.replan(20, np.stack([OBS[200:204]])).branch_capsule_ids  # a what-if of the replica's own
+    replica.new_source(30)
+    held = {i.id for i in r.list_capsules()}
+    assert set(before) <= held and set(mine) <= held and max(i for i in held if i < LOCAL_IDS_FROM) == 30
+    assert all(r.capsule_host(cid).tobytes() == b for cid, b in before.items())
+    assert replica.stats().waiting_for_keyframe
+
+
 def test_the_stream_is_off_the_step_thread_and_drops_nothing_at_a_slow_subscriber():
     """A publish that blocks (a slow DDS peer) never holds up a step: the records queue, none is lost."""
     import threading

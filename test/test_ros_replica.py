@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from ros_harness import primary_and
+from ros_harness import export_content, primary_and
 
 from conftest import observation_trace
 
@@ -25,16 +25,6 @@ def _wait(cond, timeout: float, planner, what: str):
         if time.monotonic() > end:
             raise TimeoutError(what)
         planner.spin(0.05)
-
-
-def _content(path) -> tuple:
-    """An export's metadata (sorted: safetensors writes its map in a per-process hash order) and its bytes."""
-    import json
-    import struct
-    blob = path.read_bytes()
-    n = struct.unpack("<Q", blob[:8])[0]
-    header = json.loads(blob[8:8 + n])
-    return sorted(header.pop("__metadata__").items()), sorted(header.items()), blob[8 + n:]
 
 
 def _capsules(client):
@@ -72,8 +62,8 @@ def test_a_replica_holds_the_primarys_capsules_and_its_what_ifs_match_byte_for_b
         a = remote.export_capsule(f"r{cid}.safetensors", cid)
         b = planner.client.export_capsule(f"p{cid}.safetensors", cid)
         assert a.success and b.success, (a.message, b.message)
-        got = _content(tmp_path / "replica_caps" / f"r{cid}.safetensors")
-        want = _content(tmp_path / "primary_caps" / f"p{cid}.safetensors")
+        got = export_content(tmp_path / "replica_caps" / f"r{cid}.safetensors")
+        want = export_content(tmp_path / "primary_caps" / f"p{cid}.safetensors")
         assert got == want, f"capsule {cid}: the replica's export differs from the primary's"
     base = list(mine)[-10]
     plan = np.stack([OBS[100:106] + 0.1 * b for b in range(3)])
@@ -108,8 +98,8 @@ def test_a_replica_holds_the_primarys_capsules_and_its_what_ifs_match_byte_for_b
     a = remote.export_capsule("r_after.safetensors", live)
     b = planner.client.export_capsule("p_after.safetensors", live)
     assert a.success and b.success
-    assert _content(tmp_path / "replica_caps" / "r_after.safetensors") == \
-        _content(tmp_path / "primary_caps" / "p_after.safetensors")
+    assert export_content(tmp_path / "replica_caps" / "r_after.safetensors") == \
+        export_content(tmp_path / "primary_caps" / "p_after.safetensors")
 
 
 def test_a_replica_of_another_fingerprint_refuses_every_record_and_holds_nothing(ros_domain, tmp_path):

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from ros_harness import NodeProcess, dds_ids, joint_state, primary_and, reference_session, stamp_ns
+from ros_harness import NodeProcess, dds_ids, export_content, joint_state, primary_and, reference_session, stamp_ns
 
 from conftest import observation_trace
 
@@ -110,6 +110,51 @@ def test_a_standby_takes_over_a_killed_primary_and_continues_byte_exactly(ros_do
         assert all(a == want[step - 1] for a in actions), f"step {step} differs from the uncrashed reference"
     ref.rollback(steps_back=5)
     assert after_rollback.tobytes() == np.stack([ref.step(o).action for o in OBS[120:125]]).astype(np.float32).tobytes()
+
+
+def _replica(ros_domain, tmp_path, planner, ns: str):
+    from flashrt_ros.ros.client import FlashRTClient
+    proc = NodeProcess(ros_domain, tmp_path / f"{ns[1:]}.log", namespace=ns, role="replica", primary="/robot1",
+                       capsule_dir=str(tmp_path / f"{ns[1:]}_caps"))
+    client = FlashRTClient(planner.node, ns)
+    client.wait_until_ready(30.0)
+    return proc, client
+
+
+def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_domain, tmp_path):
+    """A replica beside the failover, and one started after it (both told primary: /robot1): each rebuilds the
+    new leader's capsules from its stream, byte for byte, and forwards commits to it."""
+    from flashrt_ros.runtime.persist.replica import LOCAL_IDS_FROM
+    primary, standby, planner, remote = _start(ros_domain, tmp_path)
+    procs = [primary, standby]
+    try:
+        replica, ws = _replica(ros_domain, tmp_path, planner, "/ws")
+        procs.append(replica)
+        planner.run(OBS[:30])
+        for client, proc in ((remote, standby), (ws, replica)):
+            _wait_held(planner, client, planner.steps[-1].capsule_id, primary, proc)
+        os.kill(primary.proc.pid, signal.SIGKILL)
+        _at_100_hz(planner, OBS[30:60])
+        planner.spin_until(lambda: max(m.step for m in planner.steps) >= 60)
+        newest = planner.steps[-1].capsule_id  # the new leader's, numbered after the primary's
+        assert 30 < newest < LOCAL_IDS_FROM, newest
+        late, ws2 = _replica(ros_domain, tmp_path, planner, "/ws2")
+        procs.append(late)
+        for client, proc in ((ws, replica), (ws2, late)):
+            _wait_held(planner, client, newest, standby, proc)
+            assert client.export_capsule("c.safetensors", newest).success
+        assert remote.export_capsule("c.safetensors", newest).success
+        want = export_content(tmp_path / "standby_caps" / "c.safetensors")
+        for ns in ("ws", "ws2"):
+            assert export_content(tmp_path / f"{ns}_caps" / "c.safetensors") == want, ns
+        out = ws2.replan(np.stack([OBS[60:63]]), capsule_id=newest, commit_branch=0, deadline_ms=200.0)
+        assert out.succeeded and "committed on /robot1_standby/flashrt" in out.result.message, out.result.message
+    finally:
+        logs = _stop_all(procs, planner)
+    assert "following its capsule stream instead of /robot1/flashrt's" in logs[2], logs[2][-3000:]
+    assert "following its capsule stream instead of /robot1/flashrt's" in logs[3], logs[3][-3000:]
+    for log in logs[1:]:
+        assert "Traceback" not in log, log[-3000:]
 
 
 def test_a_frozen_primary_resumed_after_a_takeover_is_deposed_and_steps_no_more(ros_domain, tmp_path):

@@ -45,11 +45,11 @@ class LeaderGuard:
         self.pub = node.create_publisher(Leader, topic, leader_qos())
         self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
 
-    def claim(self, epoch: int, step: int) -> None:
+    def claim(self, epoch: int, step: int, capsule_id: int) -> None:
         now = self.node.get_clock().now()
         self.epoch, self._stamp_ns = epoch, now.nanoseconds
         self.newest_seen = max(self.newest_seen, epoch)
-        self.pub.publish(Leader(stamp=now.to_msg(), epoch=epoch, node=self.name, step=step))
+        self.pub.publish(Leader(stamp=now.to_msg(), epoch=epoch, node=self.name, step=step, capsule_id=capsule_id))
 
     def _on_leader(self, msg: Leader) -> None:
         self.newest_seen = max(self.newest_seen, msg.epoch)
@@ -60,3 +60,27 @@ class LeaderGuard:
     def destroy(self) -> None:
         self.node.destroy_subscription(self.sub)
         self.node.destroy_publisher(self.pub)
+
+
+class LeaderWatch:
+    """A reader of the robot's leader claims (a replica): calls ``on_new_leader(claim)`` when the best claim
+    seen (newest epoch, then the earlier claim) names another node than the one followed. A deposed node's
+    claim stays on the topic (transient local) until its process ends, so the best claim, not the newest
+    to arrive, is the leader."""
+
+    def __init__(self, node, topic: str, following: str, on_new_leader: Callable[[Leader], None]):
+        self.node, self.following, self.on_new_leader = node, following, on_new_leader
+        self.best: Leader | None = None
+        self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
+
+    def _on_leader(self, msg: Leader) -> None:
+        best = self.best
+        if best is not None and not outranks(msg, best.epoch, best.stamp.sec * 10**9 + best.stamp.nanosec):
+            return
+        self.best = msg
+        if msg.node != self.following:
+            self.following = msg.node
+            self.on_new_leader(msg)
+
+    def destroy(self) -> None:
+        self.node.destroy_subscription(self.sub)

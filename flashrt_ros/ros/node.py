@@ -207,7 +207,7 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             super().on_activate(state)  # enables the lifecycle publishers
             self._deposed = ""
             if self._own["role"] == "replica":
-                return self._activate_replica(ReplicaLink(self, self.session, self._own["primary"]))
+                return self._activate_replica(ReplicaLink(self, self.session, self._own["primary"], follow_leader=True))
             self._leader = LeaderGuard(self, self.robot_topic(LEADER_TOPIC), self._on_deposed)
             qos = self._qos["observation"]
             if self._own["role"] == "standby":  # held from its newest record on, and never dropped while it takes over

@@ -20,6 +20,7 @@ from flashrt_interfaces.msg import CapsuleRecord
 
 from ..runtime.persist.replica import RecordRefused, StreamReplica
 from .capsule_stream import stream_qos
+from .leader import LEADER_TOPIC, LeaderWatch
 
 RESYNC_ASK_S = 0.5
 LAG_EDGES_MS = (1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 80, 100, 150, 200, 500, 1000)  # + one bucket past the last
@@ -32,22 +33,49 @@ def replica_refusal(primary: str, what: str) -> str:
 
 
 class ReplicaLink:
-    def __init__(self, node, session, primary: str, qos=None, event_callbacks=None):
-        from .client import FlashRTClient  # the primary's services and replan action, for forwarded commits
-
+    def __init__(self, node, session, primary: str, qos=None, event_callbacks=None, follow_leader: bool = False):
         self.node, self.primary = node, primary
-        self.primary_client = FlashRTClient(node, primary.rsplit("/", 1)[0])
         self.replica = StreamReplica(session)
         self.epoch = 0  # the newest epoch the primary's records carried
         self._lock = threading.Lock()  # the replica's counters: executor (records) vs diagnostics
         self._asked_at = -1e9
         self._lags: list[float] = []  # ms, since the last diagnostics
-        self.client = node.create_client(Trigger, f"{primary}/capsule_stream/resync")
-        self.sub = node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record,
-                                            qos or stream_qos(), event_callbacks=event_callbacks)
+        self._qos, self._event_callbacks = qos or stream_qos(), event_callbacks
+        self._connect(primary)
         # while it waits for a keyframe: ask again on a timer, not only when a record comes (the resync service
         # may not be discovered yet when the first records are skipped, right after activation)
         self._asker = node.create_timer(RESYNC_ASK_S, self._ask_if_waiting)
+        # a replica follows whoever leads the robot: after a failover the standby's stream, not the dead primary's
+        self.watch = (LeaderWatch(node, f"{primary.rsplit('/', 1)[0]}/{LEADER_TOPIC}", primary, self._follow)
+                      if follow_leader else None)
+
+    def _connect(self, primary: str) -> None:
+        """The stream, the resync service and (for forwarded commits) the services and action of ``primary``."""
+        from .client import FlashRTClient
+
+        self.primary = primary
+        self.primary_client = FlashRTClient(self.node, primary.rsplit("/", 1)[0])
+        self.client = self.node.create_client(Trigger, f"{primary}/capsule_stream/resync")
+        self.sub = self.node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record,
+                                                 self._qos, event_callbacks=self._event_callbacks)
+
+    def _disconnect(self) -> None:
+        self.node.destroy_subscription(self.sub)
+        self.node.destroy_client(self.client)
+        self.primary_client.destroy()
+
+    def _follow(self, claim) -> None:
+        """Another node claimed the robot (executor thread): rebuild from its stream, keeping the timeline it
+        inherited (up to claim.capsule_id) and dropping what the old leader recorded after it."""
+        was = self.primary
+        self._disconnect()
+        gone = self.replica.new_source(claim.capsule_id)
+        self._connect(claim.node)
+        self._asked_at = -1e9
+        self.node.get_logger().warning(
+            f"{claim.node} leads the robot since epoch {claim.epoch} (it continued from capsule {claim.capsule_id}): "
+            f"following its capsule stream instead of {was}'s; dropped {len(gone)} capsules {was} recorded after "
+            "that one")
 
     def _on_record(self, msg) -> None:
         self.epoch = max(self.epoch, msg.epoch)
@@ -92,9 +120,9 @@ class ReplicaLink:
 
     def destroy(self) -> None:
         self.node.destroy_timer(self._asker)
-        self.node.destroy_subscription(self.sub)
-        self.node.destroy_client(self.client)
-        self.primary_client.destroy()
+        if self.watch is not None:
+            self.watch.destroy()
+        self._disconnect()
 
 
 def role_diagnostics(role: str, stream, link: ReplicaLink | None, leader=None, deposed: str = "") -> tuple[dict, str]:

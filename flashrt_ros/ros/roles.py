@@ -19,7 +19,7 @@ class NodeRoles:
         """'' when this node's role serves ``what`` (a service name, or 'a committing replan')."""
         if self._own.get("role", "primary") == "primary" or what in REPLICA_SERVICES:
             return ""
-        return replica_refusal(self._own["primary"], what)
+        return replica_refusal(self._replica.primary if self._replica is not None else self._own["primary"], what)
 
     def commit_forwarder(self) -> ReplicaLink | None:
         """A replica's (or a standby's, before it takes over) link to its primary, where commits go."""
@@ -40,7 +40,7 @@ class NodeRoles:
 
     def _lead(self, epoch: int) -> None:
         """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread)."""
-        self._leader.claim(epoch, self.session.step_count)
+        self._leader.claim(epoch, self.session.step_count, self.session.live_capsule_id)
         self._start_stream(epoch)
 
     def _start_stream(self, epoch: int) -> None:
@@ -60,9 +60,10 @@ class NodeRoles:
         self._replica = None
         t0 = time.perf_counter()
         session.rollback(last.id)  # row 0 exactly that capsule, whatever a refused record left in it
+        link.replica.lead()  # its capsules continue the primary's ids
         rollback_ms = (time.perf_counter() - t0) * 1e3
         self._own["role"] = "primary"  # serves every service from here
-        self._leader.claim(epoch, last.step)
+        self._leader.claim(epoch, last.step, last.id)
         t1 = time.perf_counter()
         for msg in pending:
             self.step_from_message(msg)

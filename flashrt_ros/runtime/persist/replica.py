@@ -64,6 +64,30 @@ class StreamReplica:
                             last.id if last else 0, last.step if last else 0, last.stamp_ns if last else 0,
                             self._applied_at, self._last_error)
 
+    def new_source(self, inherited_through: int) -> list[int]:
+        """Another node leads now (a standby took over): its stream numbers records from its own start, and
+        its timeline continues the old one from capsule ``inherited_through``. The old leader's capsules after
+        that one were never the new leader's (it may have stepped other observations under the same ids), so
+        they go; what-if capsules (local ids) stay. Waits for the new stream's keyframe. Returns the ids
+        dropped."""
+        s = self.session
+        with s.lock:
+            gone = [c.id for c in s.store.list() if inherited_through < c.id < LOCAL_IDS_FROM]
+            for cid in gone:
+                s.store.drop(cid)
+            if s._live_id in gone:  # noqa: SLF001 - row 0 still holds that state, but no capsule names it
+                s._live_id = 0  # noqa: SLF001
+        self.last, self.last_seq, self.waiting = None, 0, True
+        return gone
+
+    def lead(self) -> None:
+        """This session leads the robot from here (a standby took over): its new capsules continue the
+        primary's ids, so that replicas accept its stream, and never take a what-if's id."""
+        s = self.session
+        with s.lock:
+            primary_ids = [c.id for c in s.store.list() if c.id < LOCAL_IDS_FROM]
+            s.store.number_after(max(primary_ids, default=0), LOCAL_IDS_FROM)
+
     def apply(self, seq: int, fingerprint: str, blob: bytes) -> bool:
         """Apply one stream record. True: applied; False: skipped (waiting for a RESYNC: ask for one).
         Raises RecordRefused (nothing changed, waiting for a RESYNC from here)."""

@@ -221,6 +221,13 @@ class CapsuleStore:
         """New ids start past ``max_id`` (a persisted log's): an id is never reused, across restarts too."""
         self._next_id = max(self._next_id, max_id + 1)
 
+    def number_after(self, max_id: int, below: int) -> None:
+        """New ids start right after ``max_id``, below the held ids from ``below`` on (a replica's what-ifs):
+        a standby that takes over continues the primary's numbering. No held id may lie between."""
+        if any(max_id < cid < below for cid in self._caps):
+            raise ValueError(f"ids after {max_id} are held already")
+        self._next_id = max_id + 1
+
     def snapshot(self, row: int, *, step: int, parent_id: int = 0, stamp_ns: int = 0, label: str = "",
                  pin: bool = False, cid: int | None = None) -> CapsuleInfo:
         """One copy of the row's small state, plus references to the pages of its window. ``cid``: the
