@@ -245,23 +245,34 @@ def test_a_replica_that_follows_a_new_leader_drops_what_the_old_one_recorded_aft
     sb, new_records = _taken_over(s, records, 30, OBS[100:105])
     # the primary's numbering continued; a whole window first (a new stream), then deltas
     assert [(rec.kind, rec.capsule_id) for rec in new_records] == [(RESYNC, 36), (DELTA, 37)]
-    dropped = replica.new_source(30)
-    assert dropped == list(range(31, 41))
+    cuts = []
+    replica.on_cut = lambda after, gone: cuts.append((after, gone))
+    replica.new_source(30)
     assert all(feed(replica, new_records))
+    assert cuts == [(30, list(range(31, 41)))]
     assert_same_capsules(r, sb)
     assert r.state_host().tobytes() == sb.state_host().tobytes() and r.live_capsule_id == sb.live_capsule_id == 37
 
 
-def test_the_old_leaders_capsules_up_to_the_takeover_point_stay_with_the_replica():
+def test_a_claim_or_a_bad_record_from_the_new_leader_drops_nothing():
+    """Anyone on the domain can claim the robot: the old leader's capsules go only once a record of the new
+    stream passed every check. What the replica holds up to the takeover point, and its what-ifs, stay."""
     s, stream, records, r, replica = stepped(40)
     feed(replica, records)
-    before = {cid: r.capsule_host(cid).tobytes() for cid in range(1, 31) if cid in {i.id for i in r.list_capsules()}}
     mine = r.replan(20, np.stack([OBS[200:204]])).branch_capsule_ids  # a what-if of the replica's own
+    before = {i.id: r.capsule_host(i.id).tobytes() for i in r.list_capsules()}
+    sb, new_records = _taken_over(s, records, 30, OBS[100:105])
     replica.new_source(30)
-    held = {i.id for i in r.list_capsules()}
-    assert set(before) <= held and set(mine) <= held and max(i for i in held if i < LOCAL_IDS_FROM) == 30
-    assert all(r.capsule_host(cid).tobytes() == b for cid, b in before.items())
+    with pytest.raises(RecordRefused):
+        replica.apply(1, r.fingerprint, _flip(new_records[0].blob, 100))
+    with pytest.raises(RecordRefused):  # a delta of an id the old leader used: refused, never a cut
+        feed(replica, new_records[1:])
+    assert {i.id: r.capsule_host(i.id).tobytes() for i in r.list_capsules()} == before
     assert replica.stats().waiting_for_keyframe
+    assert feed(replica, new_records[:1]) == [True]
+    held = {i.id for i in r.list_capsules()}
+    assert set(mine) <= held and {i for i in held if i < LOCAL_IDS_FROM} == set(range(1, 31)) | {36}
+    assert all(r.capsule_host(cid).tobytes() == before[cid] for cid in [*range(1, 31), *mine] if cid in before)
 
 
 def test_the_stream_is_off_the_step_thread_and_drops_nothing_at_a_slow_subscriber():

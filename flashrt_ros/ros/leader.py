@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.validate_full_topic_name import validate_full_topic_name
 
 from flashrt_interfaces.msg import Leader
 
@@ -35,6 +36,20 @@ def outranks(theirs: Leader, epoch: int, stamp_ns: int) -> bool:
     return theirs.epoch > epoch or theirs.epoch == epoch and their_stamp < stamp_ns
 
 
+def well_formed(node, claim: Leader) -> bool:
+    """A claim is outside input: its node must be a name a node can have (topics are built on it). Logged
+    (throttled) and ignored when not. Nothing here tells a forged claim of a well-formed name: DDS security
+    (SROS2) decides who may publish on the topic."""
+    try:
+        if not claim.node.startswith("/"):
+            raise ValueError("not a fully qualified name")
+        validate_full_topic_name(f"{claim.node}/capsule_stream")
+    except Exception as e:  # noqa: BLE001 - rclpy's InvalidTopicNameException and ours
+        node.get_logger().error(f"leader claim ignored: node name {claim.node!r}: {e}", throttle_duration_sec=1.0)
+        return False
+    return True
+
+
 class LeaderGuard:
     def __init__(self, node, topic: str, on_deposed: Callable[[Leader], None]):
         self.node, self.on_deposed = node, on_deposed
@@ -52,6 +67,8 @@ class LeaderGuard:
         self.pub.publish(Leader(stamp=now.to_msg(), epoch=epoch, node=self.name, step=step, capsule_id=capsule_id))
 
     def _on_leader(self, msg: Leader) -> None:
+        if not well_formed(self.node, msg):
+            return
         self.newest_seen = max(self.newest_seen, msg.epoch)
         if msg.node != self.name and self.epoch and outranks(msg, self.epoch, self._stamp_ns):
             self.epoch = 0
@@ -74,6 +91,8 @@ class LeaderWatch:
         self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
 
     def _on_leader(self, msg: Leader) -> None:
+        if not well_formed(self.node, msg):
+            return
         best = self.best
         if best is not None and not outranks(msg, best.epoch, best.stamp.sec * 10**9 + best.stamp.nanosec):
             return

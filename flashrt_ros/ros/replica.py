@@ -36,6 +36,7 @@ class ReplicaLink:
     def __init__(self, node, session, primary: str, qos=None, event_callbacks=None, follow_leader: bool = False):
         self.node, self.primary = node, primary
         self.replica = StreamReplica(session)
+        self.replica.on_cut = self._on_cut
         self.epoch = 0  # the newest epoch the primary's records carried
         self._lock = threading.Lock()  # the replica's counters: executor (records) vs diagnostics
         self._asked_at = -1e9
@@ -66,16 +67,25 @@ class ReplicaLink:
 
     def _follow(self, claim) -> None:
         """Another node claimed the robot (executor thread): rebuild from its stream, keeping the timeline it
-        inherited (up to claim.capsule_id) and dropping what the old leader recorded after it."""
+        inherited (up to claim.capsule_id); what the old leader recorded after that goes once the new stream's
+        first record passed its checks."""
         was = self.primary
         self._disconnect()
-        gone = self.replica.new_source(claim.capsule_id)
-        self._connect(claim.node)
+        try:
+            self._connect(claim.node)
+        except Exception as e:  # noqa: BLE001 - a claim is outside input: stay with the stream we had
+            self.node.get_logger().error(f"leader claim of {claim.node!r} not followed: {type(e).__name__}: {e}")
+            self._connect(was)
+            return
+        self.replica.new_source(claim.capsule_id)
         self._asked_at = -1e9
         self.node.get_logger().warning(
             f"{claim.node} leads the robot since epoch {claim.epoch} (it continued from capsule {claim.capsule_id}): "
-            f"following its capsule stream instead of {was}'s; dropped {len(gone)} capsules {was} recorded after "
-            "that one")
+            f"following its capsule stream instead of {was}'s")
+
+    def _on_cut(self, after: int, gone: list[int]) -> None:
+        self.node.get_logger().warning(f"{self.primary}'s stream checked: dropped the {len(gone)} capsules the old "
+                                       f"leader recorded after capsule {after}")
 
     def _on_record(self, msg) -> None:
         self.epoch = max(self.epoch, msg.epoch)

@@ -14,6 +14,7 @@ Pins are the primary's: a record's pinned flag is not copied, so the replica's s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -57,6 +58,8 @@ class StreamReplica:
         self._applied = self._refused = self._gaps = self._skipped = 0
         self._applied_at = 0.0
         self._last_error = ""
+        self._cut_after: int | None = None  # new_source: the old leader's capsules after this id go
+        self.on_cut: Callable[[int, list[int]], None] = lambda after, gone: None  # told of the ids dropped
 
     def stats(self) -> ReplicaStats:
         last = self.last
@@ -64,21 +67,25 @@ class StreamReplica:
                             last.id if last else 0, last.step if last else 0, last.stamp_ns if last else 0,
                             self._applied_at, self._last_error)
 
-    def new_source(self, inherited_through: int) -> list[int]:
+    def new_source(self, inherited_through: int) -> None:
         """Another node leads now (a standby took over): its stream numbers records from its own start, and
         its timeline continues the old one from capsule ``inherited_through``. The old leader's capsules after
         that one were never the new leader's (it may have stepped other observations under the same ids), so
-        they go; what-if capsules (local ids) stay. Waits for the new stream's keyframe. Returns the ids
-        dropped."""
-        s = self.session
+        they go, but only once a record of the new stream passed every check (a claim alone, which anyone
+        on the domain can send, drops nothing); what-if capsules (local ids) stay. Waits for a keyframe."""
+        self._cut_after = inherited_through
+        self.last, self.last_seq, self.waiting = None, 0, True
+
+    def _cut(self) -> None:
+        s, after = self.session, self._cut_after
         with s.lock:
-            gone = [c.id for c in s.store.list() if inherited_through < c.id < LOCAL_IDS_FROM]
+            gone = [c.id for c in s.store.list() if after < c.id < LOCAL_IDS_FROM]
             for cid in gone:
                 s.store.drop(cid)
             if s._live_id in gone:  # noqa: SLF001 - row 0 still holds that state, but no capsule names it
                 s._live_id = 0  # noqa: SLF001
-        self.last, self.last_seq, self.waiting = None, 0, True
-        return gone
+        self._cut_after = None
+        self.on_cut(after, gone)
 
     def lead(self) -> None:
         """This session leads the robot from here (a standby took over): its new capsules continue the
@@ -102,6 +109,8 @@ class StreamReplica:
             self._last_error = str(e)
             self.waiting = True
             raise
+        if self._cut_after is not None and rec.kind != DELTA:  # the new leader's first record that counts
+            self._cut()
         if self.waiting and rec.kind == DELTA or rec.kind == LIVE and rec.id not in self.session.store:
             self._skipped += 1
             self.waiting = True
