@@ -12,7 +12,7 @@ from persist_fixtures import cfg
 from conftest import CPU_BACKENDS, observation_trace
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.persist.format import DELTA, LIVE, RESET, RESYNC
-from flashrt_ros.runtime.persist.replica import LOCAL_IDS_FROM, RecordRefused, StreamReplica
+from flashrt_ros.runtime.persist.replica import LOCAL_IDS_FROM, RecordRefused, StreamReplica, epoch_ids
 
 OBS = observation_trace(400)
 
@@ -219,13 +219,15 @@ def test_a_reset_on_the_primary_resets_the_replica_and_the_next_capsule_stands_a
     assert_same_capsules(r, s)
 
 
-def _taken_over(s, records, through_id: int, held: np.ndarray):
-    """A standby that heard the stream up to capsule ``through_id``, then took over (as node.py's roles do):
-    restores that capsule, numbers after the primary's ids, steps the observations it held, then streams."""
+def _taken_over(s, records, through_id: int, held: np.ndarray, epoch: int = 2, what_if: bool = False):
+    """A standby that heard the stream up to capsule ``through_id``, then took over at ``epoch`` (as node.py's
+    roles do): restores that capsule, numbers in its epoch's ids, steps the observations it held, streams."""
     sb, standby = replica_of(s)
     feed(standby, [rec for rec in records if rec.capsule_id <= through_id])
+    if what_if:  # a what-if served while it stood by: its id is every replica's what-if id
+        sb.replan(through_id, np.stack([OBS[200:202]]))
     sb.rollback(standby.last.id)
-    standby.lead()
+    standby.lead(epoch)
     for o in held:
         sb.step(o)
     new_records = []
@@ -236,22 +238,25 @@ def _taken_over(s, records, through_id: int, held: np.ndarray):
     return sb, new_records
 
 
+E2 = epoch_ids(2)[0]
+
+
 def test_a_replica_that_follows_a_new_leader_drops_what_the_old_one_recorded_after_the_takeover_point():
     """The standby heard the primary up to capsule 30 and stepped other observations after it (the primary's
-    31-40 were lost on the way), so ids 31.. mean other states on the new leader. A replica that held the old
-    31-40 must not restore those for the new leader's records of the same ids."""
+    31-40 were lost on the way). Its capsules take its epoch's ids, and a replica that held the old 31-40 drops
+    them: they are not in the new leader's timeline."""
     s, stream, records, r, replica = stepped(40)
     assert all(feed(replica, records))
     sb, new_records = _taken_over(s, records, 30, OBS[100:105])
-    # the primary's numbering continued; a whole window first (a new stream), then deltas
-    assert [(rec.kind, rec.capsule_id) for rec in new_records] == [(RESYNC, 36), (DELTA, 37)]
+    # ids of epoch 2, after the 5 held steps; a whole window first (a new stream), then deltas
+    assert [(rec.kind, rec.capsule_id) for rec in new_records] == [(RESYNC, E2 + 5), (DELTA, E2 + 6)]
     cuts = []
     replica.on_cut = lambda after, gone: cuts.append((after, gone))
-    replica.new_source(30)
+    replica.new_source(30, 2)
     assert all(feed(replica, new_records))
     assert cuts == [(30, list(range(31, 41)))]
     assert_same_capsules(r, sb)
-    assert r.state_host().tobytes() == sb.state_host().tobytes() and r.live_capsule_id == sb.live_capsule_id == 37
+    assert r.state_host().tobytes() == sb.state_host().tobytes() and r.live_capsule_id == sb.live_capsule_id == E2 + 6
 
 
 def test_a_claim_or_a_bad_record_from_the_new_leader_drops_nothing():
@@ -262,17 +267,50 @@ def test_a_claim_or_a_bad_record_from_the_new_leader_drops_nothing():
     mine = r.replan(20, np.stack([OBS[200:204]])).branch_capsule_ids  # a what-if of the replica's own
     before = {i.id: r.capsule_host(i.id).tobytes() for i in r.list_capsules()}
     sb, new_records = _taken_over(s, records, 30, OBS[100:105])
-    replica.new_source(30)
+    replica.new_source(30, 2)
     with pytest.raises(RecordRefused):
         replica.apply(1, r.fingerprint, _flip(new_records[0].blob, 100))
-    with pytest.raises(RecordRefused):  # a delta of an id the old leader used: refused, never a cut
-        feed(replica, new_records[1:])
+    assert feed(replica, new_records[1:]) == [False]  # a delta before the keyframe: skipped
     assert {i.id: r.capsule_host(i.id).tobytes() for i in r.list_capsules()} == before
     assert replica.stats().waiting_for_keyframe
     assert feed(replica, new_records[:1]) == [True]
     held = {i.id for i in r.list_capsules()}
-    assert set(mine) <= held and {i for i in held if i < LOCAL_IDS_FROM} == set(range(1, 31)) | {36}
-    assert all(r.capsule_host(cid).tobytes() == before[cid] for cid in [*range(1, 31), *mine] if cid in before)
+    assert set(mine) <= held and {i for i in held if i < LOCAL_IDS_FROM} == set(range(1, 31)) | {E2 + 5}
+    assert all(r.capsule_host(cid).tobytes() == before[cid] for cid in [*range(1, 31), *mine])
+
+
+def test_a_second_takeover_drops_the_first_new_leaders_capsules_and_a_rejoin_keeps_the_current_ones():
+    s, stream, records, r, replica = stepped(40)
+    feed(replica, records)
+    sb1, first = _taken_over(s, records, 28, OBS[100:103], epoch=2)
+    replica.new_source(28, 2)
+    assert all(feed(replica, first))
+    sb2, second = _taken_over(s, records, 30, OBS[110:112], epoch=3)
+    replica.new_source(30, 3)
+    assert all(feed(replica, second))
+    held = {i.id for i in r.list_capsules()}
+    e3 = epoch_ids(3)[0]
+    # 29 and 30 went with the first switch (the first new leader continued from 28), its own with the second
+    assert held == set(range(1, 29)) | {e3 + 2, e3 + 3}
+    assert_same_capsules(r, sb2)
+    # a replica reactivated later hears the same claim again: the leader's own capsules stay
+    replica.new_source(30, 3)
+    assert all(feed(replica, second[:1]))
+    assert {i.id for i in r.list_capsules()} == held
+
+
+def test_a_new_leader_drops_its_what_ifs_and_a_replica_refuses_any_record_of_a_what_if_id():
+    s, stream, records, r, replica = stepped(40)
+    feed(replica, records)
+    mine = r.replan(20, np.stack([OBS[200:204]])).branch_capsule_ids
+    sb, new_records = _taken_over(s, records, 30, OBS[100:102], what_if=True)
+    assert all(i.id < LOCAL_IDS_FROM for i in sb.list_capsules())
+    forged = _forged_id(new_records[0].blob, mine[0])  # a leader's record naming an id the replica holds as its own
+    before = r.capsule_host(mine[0]).tobytes()
+    replica.new_source(30, 2)
+    with pytest.raises(RecordRefused, match="below"):
+        replica.apply(1, r.fingerprint, forged)
+    assert r.capsule_host(mine[0]).tobytes() == before
 
 
 def test_the_stream_is_off_the_step_thread_and_drops_nothing_at_a_slow_subscriber():

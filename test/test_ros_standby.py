@@ -130,12 +130,14 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
     try:
         replica, ws = _replica(ros_domain, tmp_path, planner, "/ws")
         procs.append(replica)
-        # a claim from outside with a name no node can have: logged and ignored by all (nobody deposed or followed)
+        # claims from outside, a name no node can have or an epoch past the ids' range: logged and ignored by all
         from flashrt_interfaces.msg import Leader
         from flashrt_ros.ros.leader import leader_qos
         forger = planner.node.create_publisher(Leader, "/robot1/flashrt_leader", leader_qos())
         forger.publish(Leader(epoch=99, node="/robot1/no such node!", capsule_id=0))
         planner.run(OBS[:30])
+        planner.spin(1.1)  # the error log is throttled to one a second
+        forger.publish(Leader(epoch=2**63, node="/robot1/flashrt_x", capsule_id=0))  # would overflow epoch + 1
         for client, proc in ((remote, standby), (ws, replica)):
             _wait_held(planner, client, planner.steps[-1].capsule_id, primary, proc)
         os.kill(primary.proc.pid, signal.SIGKILL)
@@ -156,8 +158,10 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
         assert out.succeeded and "committed on /robot1_standby/flashrt" in out.result.message, out.result.message
     finally:
         logs = _stop_all(procs, planner)
-    for log in logs[:3]:  # the primary and the standby ignore it too: nobody is deposed by it
-        assert "leader claim ignored: node name '/robot1/no such node!'" in log, log[-3000:]
+    for i, log in enumerate(logs[:3]):  # the primary and the standby ignore them too: nobody is deposed by them
+        assert "leader claim of '/robot1/no such node!' ignored" in log, log[-3000:]
+        if i:  # (the primary was killed right after the second)
+            assert f"leader claim of '/robot1/flashrt_x' ignored: epoch {2**63} outside" in log, log[-3000:]
     assert "following its capsule stream instead of /robot1/flashrt's" in logs[2], logs[2][-3000:]
     assert "following its capsule stream instead of /robot1/flashrt's" in logs[3], logs[3][-3000:]
     for log in logs[1:]:

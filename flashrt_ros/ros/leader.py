@@ -1,5 +1,6 @@
 """Who leads the robot (issue 18, point 3): the node that steps its observations and publishes its actions
-announces itself on ``<robot namespace>/flashrt_leader`` (flashrt_interfaces/Leader: epoch, node, step),
+announces itself on ``<robot namespace>/flashrt_leader`` (flashrt_interfaces/Leader: epoch, node, step, and
+the capsule it continued from),
 reliable and transient local, so a node that starts later learns the leader at once and the message goes
 away with the node that published it.
 
@@ -16,6 +17,8 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rclpy.validate_full_topic_name import validate_full_topic_name
 
 from flashrt_interfaces.msg import Leader
+
+from ..runtime.persist.replica import MAX_EPOCH
 
 LEADER_TOPIC = "flashrt_leader"
 
@@ -41,11 +44,13 @@ def well_formed(node, claim: Leader) -> bool:
     (throttled) and ignored when not. Nothing here tells a forged claim of a well-formed name: DDS security
     (SROS2) decides who may publish on the topic."""
     try:
+        if not 1 <= claim.epoch <= MAX_EPOCH:
+            raise ValueError(f"epoch {claim.epoch} outside 1..{MAX_EPOCH}")
         if not claim.node.startswith("/"):
-            raise ValueError("not a fully qualified name")
+            raise ValueError(f"node name {claim.node!r}: not a fully qualified name")
         validate_full_topic_name(f"{claim.node}/capsule_stream")
     except Exception as e:  # noqa: BLE001 - rclpy's InvalidTopicNameException and ours
-        node.get_logger().error(f"leader claim ignored: node name {claim.node!r}: {e}", throttle_duration_sec=1.0)
+        node.get_logger().error(f"leader claim of {claim.node!r} ignored: {e}", throttle_duration_sec=1.0)
         return False
     return True
 
@@ -86,14 +91,21 @@ class LeaderWatch:
     to arrive, is the leader."""
 
     def __init__(self, node, topic: str, following: str, on_new_leader: Callable[[Leader], None]):
-        self.node, self.following, self.on_new_leader = node, following, on_new_leader
+        self.node, self.topic, self.following, self.on_new_leader = node, topic, following, on_new_leader
         self.best: Leader | None = None
         self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
 
+    def _claimants(self) -> set[str]:
+        """The nodes with a writer on the leader topic now (the graph: a node gone takes its writer)."""
+        return {f"{i.node_namespace.rstrip('/')}/{i.node_name}"
+                for i in self.node.get_publishers_info_by_topic(self.topic)}
+
     def _on_leader(self, msg: Leader) -> None:
-        if not well_formed(self.node, msg):
+        if not well_formed(self.node, msg) or msg.node == self.node.get_fully_qualified_name():
             return
         best = self.best
+        if best is not None and best.node != msg.node and best.node not in self._claimants():
+            best = None  # its node is gone (a restarted primary claims epoch 1 again after the standby died)
         if best is not None and not outranks(msg, best.epoch, best.stamp.sec * 10**9 + best.stamp.nanosec):
             return
         self.best = msg

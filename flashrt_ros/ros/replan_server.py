@@ -321,30 +321,30 @@ def forward_commit(link, node, capsule_id: int, obs, branch: int, res, deadline_
     """A replica's committing replan: branch ``branch`` of its what-if ``res`` (the steps it got) re-run by the
     primary from the same capsule, committed there. The result carries this replica's actions of every branch,
     the primary's new live capsule, and whether the primary's bytes matched this replica's."""
-    done = res.steps_done
+    done, primary = res.steps_done, link.primary  # the leader now: a failover may switch the link meanwhile
     base = Replan.Result(actions=res.actions.ravel().tolist(), steps_done=done,
                          branch_capsule_ids=res.branch_capsule_ids, elapsed_ms=res.elapsed_ms,
                          deadline_met=res.deadline_met)
     if done == 0:
-        base.success, base.message = False, f"{res.message}; no step ran, nothing to commit on {link.primary}"
+        base.success, base.message = False, f"{res.message}; no step ran, nothing to commit on {primary}"
         return base
     try:
         out = link.forward_commit(capsule_id, obs[branch, :done], deadline_ms, timeout_s=5.0 + deadline_ms / 1e3)
     except Exception as e:  # noqa: BLE001 - no answer from the primary: the commit did not happen here
         base.success, base.message = False, f"{res.message}; commit of branch {branch} not confirmed by " \
-                                            f"{link.primary}: {e}"
+                                            f"{primary}: {e}"
         return base
     if not out.succeeded:
-        base.success, base.message = False, (f"{res.message}; {link.primary} did not commit branch {branch}: "
+        base.success, base.message = False, (f"{res.message}; {primary} did not commit branch {branch}: "
                                              f"{out.reason or out.result.message}")
         return base
     theirs = np.asarray(out.result.actions, np.float32).tobytes()
     mine = res.actions[branch, :out.result.steps_done].astype(np.float32).tobytes()
     same = "byte-identical to this replica's" if theirs == mine else "DIFFERENT from this replica's (see the log)"
     if theirs != mine:
-        node.get_logger().error(f"{link.primary} re-ran branch {branch} from capsule {capsule_id} with other bytes "
+        node.get_logger().error(f"{primary} re-ran branch {branch} from capsule {capsule_id} with other bytes "
                                 "than this replica: the two do not run the same backend or machine type")
     base.success, base.live_capsule_id = True, out.result.live_capsule_id
-    base.message = (f"{res.message}; branch {branch} committed on {link.primary} as capsule "
+    base.message = (f"{res.message}; branch {branch} committed on {primary} as capsule "
                     f"{out.result.live_capsule_id} ({out.result.steps_done} steps, {same})")
     return base

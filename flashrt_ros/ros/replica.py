@@ -18,7 +18,7 @@ from std_srvs.srv import Trigger
 
 from flashrt_interfaces.msg import CapsuleRecord
 
-from ..runtime.persist.replica import RecordRefused, StreamReplica
+from ..runtime.persist.replica import LOCAL_IDS_FROM, RecordRefused, StreamReplica
 from .capsule_stream import stream_qos
 from .leader import LEADER_TOPIC, LeaderWatch
 
@@ -42,6 +42,7 @@ class ReplicaLink:
         self._asked_at = -1e9
         self._lags: list[float] = []  # ms, since the last diagnostics
         self._qos, self._event_callbacks = qos or stream_qos(), event_callbacks
+        self._retired = None  # the previous leader's client, after a switch
         self._connect(primary)
         # while it waits for a keyframe: ask again on a timer, not only when a record comes (the resync service
         # may not be discovered yet when the first records are skipped, right after activation)
@@ -54,30 +55,41 @@ class ReplicaLink:
         """The stream, the resync service and (for forwarded commits) the services and action of ``primary``."""
         from .client import FlashRTClient
 
-        self.primary = primary
-        self.primary_client = FlashRTClient(self.node, primary.rsplit("/", 1)[0])
-        self.client = self.node.create_client(Trigger, f"{primary}/capsule_stream/resync")
-        self.sub = self.node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record,
-                                                 self._qos, event_callbacks=self._event_callbacks)
+        made = []
+        try:
+            made.append(FlashRTClient(self.node, primary.rsplit("/", 1)[0]))
+            made.append(self.node.create_client(Trigger, f"{primary}/capsule_stream/resync"))
+            made.append(self.node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record,
+                                                      self._qos, event_callbacks=self._event_callbacks))
+        except BaseException:
+            self._destroy(made)
+            raise
+        self.primary, (self.primary_client, self.client, self.sub) = primary, made
 
-    def _disconnect(self) -> None:
-        self.node.destroy_subscription(self.sub)
-        self.node.destroy_client(self.client)
-        self.primary_client.destroy()
+    def _destroy(self, entities) -> None:
+        for e in entities:
+            if hasattr(e, "replan_client"):  # a FlashRTClient
+                e.destroy()
+            elif hasattr(e, "srv_name"):
+                self.node.destroy_client(e)
+            else:
+                self.node.destroy_subscription(e)
 
     def _follow(self, claim) -> None:
         """Another node claimed the robot (executor thread): rebuild from its stream, keeping the timeline it
         inherited (up to claim.capsule_id); what the old leader recorded after that goes once the new stream's
         first record passed its checks."""
-        was = self.primary
-        self._disconnect()
+        was, old = self.primary, (self.primary_client, self.client, self.sub)
         try:
             self._connect(claim.node)
         except Exception as e:  # noqa: BLE001 - a claim is outside input: stay with the stream we had
             self.node.get_logger().error(f"leader claim of {claim.node!r} not followed: {type(e).__name__}: {e}")
-            self._connect(was)
             return
-        self.replica.new_source(claim.capsule_id)
+        self._destroy(old[1:])
+        if self._retired is not None:
+            self._retired.destroy()
+        self._retired = old[0]  # a forwarded commit may still wait on it (the replan worker)
+        self.replica.new_source(claim.capsule_id, claim.epoch)
         self._asked_at = -1e9
         self.node.get_logger().warning(
             f"{claim.node} leads the robot since epoch {claim.epoch} (it continued from capsule {claim.capsule_id}): "
@@ -125,14 +137,18 @@ class ReplicaLink:
         """A committing replan's branch, sent to the primary as a one-branch replan from the same capsule
         that commits it: the primary re-runs it (byte-identical by batch invariance) and no state travels
         back. Worker thread; the node's executor delivers the answer. Returns the primary's ReplanOutcome."""
-        return self.primary_client.replan(observations[None], capsule_id=capsule_id, commit_branch=0,
-                                          deadline_ms=deadline_ms, timeout_s=timeout_s)
+        if capsule_id >= LOCAL_IDS_FROM:
+            raise ValueError(f"capsule {capsule_id} is a what-if of this replica: the primary does not hold it; "
+                             "commit from one of the primary's capsules")
+        client = self.primary_client  # one leader for the whole call, whatever a switch does meanwhile
+        return client.replan(observations[None], capsule_id=capsule_id, commit_branch=0, deadline_ms=deadline_ms,
+                             timeout_s=timeout_s)
 
     def destroy(self) -> None:
         self.node.destroy_timer(self._asker)
         if self.watch is not None:
             self.watch.destroy()
-        self._disconnect()
+        self._destroy([self.sub, self.client, self.primary_client, *([self._retired] if self._retired else [])])
 
 
 def role_diagnostics(role: str, stream, link: ReplicaLink | None, leader=None, deposed: str = "") -> tuple[dict, str]:

@@ -60,7 +60,7 @@ class NodeRoles:
         self._replica = None
         t0 = time.perf_counter()
         session.rollback(last.id)  # row 0 exactly that capsule, whatever a refused record left in it
-        link.replica.lead()  # its capsules continue the primary's ids
+        link.replica.lead(epoch)  # its capsules take its epoch's ids
         rollback_ms = (time.perf_counter() - t0) * 1e3
         self._own["role"] = "primary"  # serves every service from here
         self._leader.claim(epoch, last.step, last.id)

@@ -25,6 +25,15 @@ from .resume import append_row, load_row, meta_reader
 from .tap import layout_of
 
 LOCAL_IDS_FROM = 1 << 61  # ids of the replica's own capsules; the primary's stay below (format.MAX_ID is 1 << 62)
+# A leader of epoch e >= 2 (a standby that took over) numbers its capsules from e << EPOCH_ID_SHIFT: never an id
+# an earlier leader gave out, heard or not (2^40 ids: 348 years at 100 Hz). The first primary (epoch 1) from 1.
+EPOCH_ID_SHIFT = 40
+MAX_EPOCH = (LOCAL_IDS_FROM >> EPOCH_ID_SHIFT) - 1
+
+
+def epoch_ids(epoch: int) -> tuple[int, int]:
+    """[first, end): the capsule ids a leader of ``epoch`` hands out."""
+    return (1 if epoch <= 1 else epoch << EPOCH_ID_SHIFT), (epoch + 1) << EPOCH_ID_SHIFT
 
 
 class RecordRefused(ValueError):
@@ -58,7 +67,8 @@ class StreamReplica:
         self._applied = self._refused = self._gaps = self._skipped = 0
         self._applied_at = 0.0
         self._last_error = ""
-        self._cut_after: int | None = None  # new_source: the old leader's capsules after this id go
+        self._cut_after: int | None = None  # new_source: the old leaders' capsules after this id go,
+        self._cut_keep = (0, 0)  # but not the new leader's own ids [first, end)
         self.on_cut: Callable[[int, list[int]], None] = lambda after, gone: None  # told of the ids dropped
 
     def stats(self) -> ReplicaStats:
@@ -67,19 +77,21 @@ class StreamReplica:
                             last.id if last else 0, last.step if last else 0, last.stamp_ns if last else 0,
                             self._applied_at, self._last_error)
 
-    def new_source(self, inherited_through: int) -> None:
-        """Another node leads now (a standby took over): its stream numbers records from its own start, and
-        its timeline continues the old one from capsule ``inherited_through``. The old leader's capsules after
-        that one were never the new leader's (it may have stepped other observations under the same ids), so
-        they go, but only once a record of the new stream passed every check (a claim alone, which anyone
-        on the domain can send, drops nothing); what-if capsules (local ids) stay. Waits for a keyframe."""
-        self._cut_after = inherited_through
+    def new_source(self, inherited_through: int, epoch: int) -> None:
+        """Another node leads now, at ``epoch`` (a standby took over): its stream numbers records from its own
+        start, and its timeline continues the old one from capsule ``inherited_through``. The old leaders'
+        capsules after that one are not in its timeline, so they go (its own, the ids of its epoch, stay:
+        a replica reactivated after the takeover); but only once a record of the new stream passed every
+        check (a claim alone, which anyone on the domain can send, drops nothing). What-if capsules (local
+        ids) stay. Waits for a keyframe."""
+        self._cut_after, self._cut_keep = inherited_through, epoch_ids(epoch)
         self.last, self.last_seq, self.waiting = None, 0, True
 
     def _cut(self) -> None:
-        s, after = self.session, self._cut_after
+        s, after, (keep_from, keep_end) = self.session, self._cut_after, self._cut_keep
         with s.lock:
-            gone = [c.id for c in s.store.list() if after < c.id < LOCAL_IDS_FROM]
+            gone = [c.id for c in s.store.list()
+                    if after < c.id < LOCAL_IDS_FROM and not keep_from <= c.id < keep_end]
             for cid in gone:
                 s.store.drop(cid)
             if s._live_id in gone:  # noqa: SLF001 - row 0 still holds that state, but no capsule names it
@@ -87,13 +99,18 @@ class StreamReplica:
         self._cut_after = None
         self.on_cut(after, gone)
 
-    def lead(self) -> None:
-        """This session leads the robot from here (a standby took over): its new capsules continue the
-        primary's ids, so that replicas accept its stream, and never take a what-if's id."""
+    def lead(self, epoch: int) -> None:
+        """This session leads the robot from here at ``epoch`` (a standby took over): its new capsules take
+        the ids of that epoch, which replicas accept and no earlier leader gave out, and its own what-ifs go
+        (their ids are every replica's what-if ids)."""
+        if not 2 <= epoch <= MAX_EPOCH:
+            raise ValueError(f"epoch {epoch}: a leader after a takeover has an epoch in 2..{MAX_EPOCH}")
         s = self.session
         with s.lock:
-            primary_ids = [c.id for c in s.store.list() if c.id < LOCAL_IDS_FROM]
-            s.store.number_after(max(primary_ids, default=0), LOCAL_IDS_FROM)
+            for cid in [c.id for c in s.store.list() if c.id >= LOCAL_IDS_FROM]:
+                s.store.drop(cid)
+            newest = max((c.id for c in s.store.list()), default=0)
+            s.store.number_after(max(newest, epoch_ids(epoch)[0] - 1), LOCAL_IDS_FROM)
 
     def apply(self, seq: int, fingerprint: str, blob: bytes) -> bool:
         """Apply one stream record. True: applied; False: skipped (waiting for a RESYNC: ask for one).
@@ -141,8 +158,10 @@ class StreamReplica:
                                 f"follow capsule {last.id if last else 0} at step {last.step if last else 0}")
         if rec.kind == DELTA and rec.id in s.store:
             raise RecordRefused(f"a delta of capsule {rec.id}, which the replica holds already")
+        if rec.id >= LOCAL_IDS_FROM:  # held or not: those ids are this replica's own what-ifs
+            raise RecordRefused(f"capsule id {rec.id}: a leader's ids stay below {LOCAL_IDS_FROM}")
         fresh = rec.kind in (DELTA, RESYNC) and rec.id not in s.store
-        if fresh and (rec.id >= LOCAL_IDS_FROM or last is not None and rec.id <= last.id):
+        if fresh and last is not None and rec.id <= last.id:
             raise RecordRefused(f"capsule id {rec.id} after {last.id if last else 0}: the primary's ids increase "
                                 f"and stay below {LOCAL_IDS_FROM}")
         return rec
@@ -196,4 +215,5 @@ class StreamReplica:
         self.waiting = False
 
 
-__all__ = ["LOCAL_IDS_FROM", "RecordRefused", "ReplicaStats", "StreamReplica"]
+__all__ = ["EPOCH_ID_SHIFT", "LOCAL_IDS_FROM", "MAX_EPOCH", "RecordRefused", "ReplicaStats", "StreamReplica",
+           "epoch_ids"]
