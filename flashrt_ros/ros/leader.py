@@ -11,6 +11,8 @@ and then resumed therefore goes quiet instead of publishing beside the standby t
 """
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -62,6 +64,7 @@ class LeaderGuard:
         self.epoch = 0  # 0: not claimed
         self.newest_seen = 0  # the newest epoch any node claimed
         self._stamp_ns = 0
+        self._claimer: threading.Thread | None = None
         self.pub = node.create_publisher(Leader, topic, leader_qos())
         self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
 
@@ -69,7 +72,25 @@ class LeaderGuard:
         now = self.node.get_clock().now()
         self.epoch, self._stamp_ns = epoch, now.nanoseconds
         self.newest_seen = max(self.newest_seen, epoch)
-        self.pub.publish(Leader(stamp=now.to_msg(), epoch=epoch, node=self.name, step=step, capsule_id=capsule_id))
+        msg = Leader(stamp=now.to_msg(), epoch=epoch, node=self.name, step=step, capsule_id=capsule_id)
+        # From a thread of its own: after a kill -9 the dead primary's reader of this topic is still matched, and
+        # a send to its shared-memory port can wait out Fast DDS's health check (1 s) inside publish; the
+        # takeover's held steps and first actions must not wait behind it (the claim's order vs them is free:
+        # a deposed node learns of the claim whenever it lands).
+        self._claimer = threading.Thread(target=self._publish, args=(msg,), name="flashrt_leader_claim", daemon=True)
+        self._claimer.start()
+
+    def _publish(self, msg: Leader) -> None:
+        t0 = time.monotonic()
+        try:
+            self.pub.publish(msg)
+        except Exception as e:  # noqa: BLE001 - the node deactivated meanwhile: nobody to tell
+            self.node.get_logger().warning(f"leader claim (epoch {msg.epoch}) not published: {e}")
+            return
+        waited_ms = (time.monotonic() - t0) * 1e3
+        if waited_ms > 100:
+            self.node.get_logger().warning(f"leader claim (epoch {msg.epoch}) took {waited_ms:.0f} ms to publish "
+                                           "(a dead reader's shared-memory port)")
 
     def _on_leader(self, msg: Leader) -> None:
         if not well_formed(self.node, msg):
@@ -80,6 +101,8 @@ class LeaderGuard:
             self.on_deposed(msg)
 
     def destroy(self) -> None:
+        if self._claimer is not None:
+            self._claimer.join(timeout=2.0)  # a claim still waiting on a dead port: longer than its health check
         self.node.destroy_subscription(self.sub)
         self.node.destroy_publisher(self.pub)
 
