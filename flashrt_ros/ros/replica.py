@@ -62,18 +62,17 @@ class ReplicaLink:
             made.append(self.node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record,
                                                       self._qos, event_callbacks=self._event_callbacks))
         except BaseException:
-            self._destroy(made)
+            self._release(*made)
             raise
         self.primary, (self.primary_client, self.client, self.sub) = primary, made
 
-    def _destroy(self, entities) -> None:
-        for e in entities:
-            if hasattr(e, "replan_client"):  # a FlashRTClient
-                e.destroy()
-            elif hasattr(e, "srv_name"):
-                self.node.destroy_client(e)
-            else:
-                self.node.destroy_subscription(e)
+    def _release(self, primary_client=None, resync=None, sub=None) -> None:
+        if sub is not None:
+            self.node.destroy_subscription(sub)
+        if resync is not None:
+            self.node.destroy_client(resync)
+        if primary_client is not None:
+            primary_client.destroy()
 
     def _follow(self, claim) -> None:
         """Another node claimed the robot (executor thread): rebuild from its stream, keeping the timeline it
@@ -85,7 +84,7 @@ class ReplicaLink:
         except Exception as e:  # noqa: BLE001 - a claim is outside input: stay with the stream we had
             self.node.get_logger().error(f"leader claim of {claim.node!r} not followed: {type(e).__name__}: {e}")
             return
-        self._destroy(old[1:])
+        self._release(resync=old[1], sub=old[2])
         if self._retired is not None:
             self._retired.destroy()
         self._retired = old[0]  # a forwarded commit may still wait on it (the replan worker)
@@ -148,7 +147,9 @@ class ReplicaLink:
         self.node.destroy_timer(self._asker)
         if self.watch is not None:
             self.watch.destroy()
-        self._destroy([self.sub, self.client, self.primary_client, *([self._retired] if self._retired else [])])
+        self._release(self.primary_client, self.client, self.sub)
+        if self._retired is not None:
+            self._retired.destroy()
 
 
 def role_diagnostics(role: str, stream, link: ReplicaLink | None, leader=None, deposed: str = "") -> tuple[dict, str]:
