@@ -136,7 +136,10 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
         forger = planner.node.create_publisher(Leader, "/robot1/flashrt_leader", leader_qos())
         forger.publish(Leader(epoch=99, node="/robot1/no such node!", capsule_id=0))
         planner.run(OBS[:30])
-        planner.spin(1.1)  # the error log is throttled to one a second
+        # delivered once each node matched the forger (discovery may take a while); the error log is throttled
+        # to one a second, so the second claim goes out a second after the first was logged everywhere
+        assert planner.spin_until(lambda: all("no such node" in p.output() for p in (primary, standby, replica)), 20.0)
+        planner.spin(1.1)
         forger.publish(Leader(epoch=2**63, node="/robot1/flashrt_x", capsule_id=0))  # would overflow epoch + 1
         for client, proc in ((remote, standby), (ws, replica)):
             _wait_held(planner, client, planner.steps[-1].capsule_id, primary, proc)
