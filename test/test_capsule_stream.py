@@ -47,7 +47,7 @@ def stepped(n: int, **kw):
 
 
 def feed(replica: StreamReplica, records) -> list[bool]:
-    return [replica.apply(rec.seq, replica.session.fingerprint, rec.blob) for rec in records]
+    return [replica.apply(rec.seq, replica.session.fingerprint, rec.blob, rec.timeline) for rec in records]
 
 
 def assert_same_capsules(r: Session, s: Session) -> None:
@@ -173,12 +173,12 @@ def _forged_id(blob: bytes, cid: int) -> bytes:
 
 
 @pytest.mark.parametrize("attack", ["flipped_byte", "truncated", "trailing", "non_finite", "huge", "wrong_fp",
-                                    "out_of_chain", "local_id"])
+                                    "out_of_chain", "local_id", "no_timeline"])
 def test_a_bad_record_is_refused_and_leaves_the_replica_byte_identical(attack):
     s, stream, records, r, replica = stepped(25)
     feed(replica, records[:20])
     good = records[20]
-    fp, seq, blob = r.fingerprint, good.seq, good.blob
+    fp, seq, blob, timeline = r.fingerprint, good.seq, good.blob, good.timeline
     if attack == "flipped_byte":
         blob = _flip(blob, len(blob) // 2)
     elif attack == "truncated":
@@ -195,9 +195,11 @@ def test_a_bad_record_is_refused_and_leaves_the_replica_byte_identical(attack):
         blob, seq = records[22].blob, good.seq  # step 23 where step 21 is due
     elif attack == "local_id":
         blob = _forged_id(blob, LOCAL_IDS_FROM + 5)
+    elif attack == "no_timeline":
+        timeline = 0
     state, capsules = r.state_host().tobytes(), [(i.id, i.step) for i in r.list_capsules()]
     with pytest.raises(RecordRefused):
-        replica.apply(seq, fp, blob)
+        replica.apply(seq, fp, blob, timeline)
     assert r.state_host().tobytes() == state
     assert [(i.id, i.step) for i in r.list_capsules()] == capsules
     assert replica.stats().refused == 1 and replica.stats().waiting_for_keyframe
@@ -269,7 +271,7 @@ def test_a_claim_or_a_bad_record_from_the_new_leader_drops_nothing():
     sb, new_records = _taken_over(s, records, 30, OBS[100:105])
     replica.new_source(30, 2)
     with pytest.raises(RecordRefused):
-        replica.apply(1, r.fingerprint, _flip(new_records[0].blob, 100))
+        replica.apply(1, r.fingerprint, _flip(new_records[0].blob, 100), new_records[0].timeline)
     assert feed(replica, new_records[1:]) == [False]  # a delta before the keyframe: skipped
     assert {i.id: r.capsule_host(i.id).tobytes() for i in r.list_capsules()} == before
     assert replica.stats().waiting_for_keyframe
@@ -309,7 +311,7 @@ def test_a_new_leader_drops_its_what_ifs_and_a_replica_refuses_any_record_of_a_w
     before = r.capsule_host(mine[0]).tobytes()
     replica.new_source(30, 2)
     with pytest.raises(RecordRefused, match="below"):
-        replica.apply(1, r.fingerprint, forged)
+        replica.apply(1, r.fingerprint, forged, new_records[0].timeline)
     assert r.capsule_host(mine[0]).tobytes() == before
 
 

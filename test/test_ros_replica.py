@@ -138,3 +138,44 @@ def test_a_replica_started_after_the_primary_stepped_catches_up_by_resync_not_th
     finally:
         planner.close()
         assert primary.stop() == 0 and (replica is None or replica.stop() == 0)
+
+
+def test_a_primary_restarted_without_persist_dir_is_a_new_run_for_its_replica(ros_domain, tmp_path):
+    """The restarted primary numbers its capsules from 1 again: the replica drops the old run's capsules at the
+    new run's keyframe instead of serving the old capsule 5 as the new one."""
+    from ros_harness import NodeProcess, Planner
+
+    from flashrt_ros.ros.client import FlashRTClient
+    args = dict(namespace="/robot1", stream_keyframe_s=3600.0, capsule_dir=str(tmp_path / "pc"))
+    primary = NodeProcess(ros_domain, tmp_path / "primary.log", **args)
+    planner = Planner(namespace="/robot1")
+    replica = None
+    try:
+        planner.wait_ready()
+        replica = NodeProcess(ros_domain, tmp_path / "replica.log", namespace="/ws", role="replica",
+                              primary="/robot1", capsule_dir=str(tmp_path / "rc"))
+        remote = FlashRTClient(planner.node, "/ws")
+        remote.wait_until_ready(30.0)
+        planner.run(OBS[:30])
+        _wait(lambda: planner.steps[-1].capsule_id in _capsules(remote), 20.0, planner, "the replica never caught up")
+        assert primary.stop() == 0
+        primary = NodeProcess(ros_domain, tmp_path / "primary2.log", **args)
+        planner.wait_ready()
+        # the robot goes on stepping (the records sent before the replica matched the new publisher are lost)
+        for o in OBS[100:190]:
+            planner.run(o[None])
+            planner.spin(0.05)
+            if "streams another run" in replica.output():
+                break
+        _wait(lambda: "streams another run" in replica.output(), 10.0, planner, "the replica never saw the new run")
+        live = planner.steps[-1].capsule_id
+        assert live < 100, "the restarted primary should number from 1 again"
+        _wait(lambda: live in _capsules(remote), 20.0, planner, "the replica never followed the new run")
+        assert set(_capsules(remote)) <= set(_capsules(planner.client))
+        a = remote.export_capsule("r.safetensors", live)
+        b = planner.client.export_capsule("p.safetensors", live)
+        assert a.success and b.success, (a.message, b.message)
+        assert export_content(tmp_path / "rc" / "r.safetensors") == export_content(tmp_path / "pc" / "p.safetensors")
+    finally:
+        planner.close()
+        assert primary.stop() == 0 and (replica is None or replica.stop() == 0)

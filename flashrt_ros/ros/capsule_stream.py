@@ -34,8 +34,9 @@ def stream_qos(lease_ms: float = 0.0) -> QoSProfile:
 
 
 def record_message(rec, fingerprint: str, epoch: int) -> CapsuleRecord:
-    msg = CapsuleRecord(stamp=ns_to_stamp(rec.stamp_ns, Time), seq=rec.seq, epoch=epoch, kind=rec.kind,
-                        capsule_id=rec.capsule_id, parent_id=rec.parent_id, step=rec.step, fingerprint=fingerprint)
+    msg = CapsuleRecord(stamp=ns_to_stamp(rec.stamp_ns, Time), seq=rec.seq, epoch=epoch, timeline=rec.timeline,
+                        kind=rec.kind, capsule_id=rec.capsule_id, parent_id=rec.parent_id, step=rec.step,
+                        fingerprint=fingerprint)
     msg.record = rec.blob  # uint8[]: an array.array, filled from the bytes in one copy
     return msg
 

@@ -37,6 +37,7 @@ class ReplicaLink:
         self.node, self.primary = node, primary
         self.replica = StreamReplica(session)
         self.replica.on_cut = self._on_cut
+        self.replica.on_new_run = self._on_new_run
         self.epoch = 0  # the newest epoch the primary's records carried
         self._lock = threading.Lock()  # the replica's counters: executor (records) vs diagnostics
         self._asked_at = -1e9
@@ -98,10 +99,15 @@ class ReplicaLink:
         self.node.get_logger().warning(f"{self.primary}'s stream checked: dropped the {len(gone)} capsules the old "
                                        f"leader recorded after capsule {after}")
 
+    def _on_new_run(self, old: int, new: int, gone: list[int]) -> None:
+        self.node.get_logger().warning(f"{self.primary} streams another run (timeline {new:#x}, was {old:#x}: it "
+                                       f"restarted without persist_dir, or another node took its name): dropped "
+                                       f"the {len(gone)} capsules held and started over from its keyframe")
+
     def _on_record(self, msg) -> None:
         self.epoch = max(self.epoch, msg.epoch)
         try:
-            applied = self.replica.apply(msg.seq, msg.fingerprint, msg.record.tobytes())
+            applied = self.replica.apply(msg.seq, msg.fingerprint, msg.record.tobytes(), msg.timeline)
         except RecordRefused as e:
             self.node.get_logger().error(f"capsule record {msg.seq} from {self.primary} refused: {e}",
                                          throttle_duration_sec=1.0)

@@ -16,6 +16,7 @@ step), they raise instead of deadlocking against the replan, which waits for ``l
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -88,6 +89,9 @@ class Session:
         self.store.on_release = self.history.forget  # an evicted capsule's observations go with it, O(1)
         self.persistence = None  # a persistence.Persistence once enable_persistence ran
         self.stream = None  # a stream.CapsuleStream once enable_stream ran
+        # which run these capsule ids belong to: a restart without persist_dir numbers from 1 again, and a
+        # capsule stream replica must not take that run's capsule 35 for the one it holds (persist/replica.py)
+        self.timeline = secrets.randbits(64) or 1
         self.state_bounds = StateBounds.of_policy(cfg, weights, self.arena.state_specs())  # for outside states
         self.record_bounds = RecordBounds(self.state_bounds, self.arena)
         self.capsule_hmac_key: bytes | None = None  # set: exports carry an HMAC, imports must (capsule_file.py)
@@ -443,6 +447,13 @@ class Session:
             raise
         self.persistence = persistence
         return report
+
+    def adopt_timeline(self, timeline: int) -> None:
+        """A replica's store now follows the capsule stream of ``timeline`` (kept for a resume, if persisting).
+        Raises OSError when the persist_dir refuses it."""
+        self.timeline = timeline
+        if self.persistence is not None:
+            self.persistence.keep_timeline(timeline)
 
     def disable_persistence(self) -> None:
         """Write what is queued, fsync, and stop the writer."""

@@ -7,7 +7,6 @@ id that a client may have seen before the crash.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import threading
 import time
@@ -20,10 +19,14 @@ from .format import (
     IDS_NAME,
     MAX_ID_LIMIT,
     RESYNC,
+    TIMELINE_NAME,
     LogCorrupt,
     encode_id_limit,
+    encode_timeline,
     iter_segment_paths,
     read_id_limit,
+    read_timeline,
+    write_durably,
 )
 from .resume import ResumeReport, meta_reader, read_log, rebuild
 from .tap import RecordTap, layout_of
@@ -48,6 +51,16 @@ class Persistence(RecordTap):
         except BaseException:
             self.log.close()
             raise
+        try:  # resume adopted the kept timeline (resume_timeline); a fresh start keeps its own from here
+            self.keep_timeline(session.timeline)
+        except OSError as e:
+            self.close()
+            raise OSError(f"persist_dir {self.log.dir}: cannot record the timeline {TIMELINE_NAME} "
+                          f"({e.strerror or e})") from None
+
+    def keep_timeline(self, timeline: int) -> None:
+        """The session's timeline, kept for a resume (a replica adopts its leader's). Raises OSError."""
+        write_durably(self.log.dir, TIMELINE_NAME, encode_timeline(timeline))
 
     def check_pin_room(self, capsule_id: int) -> None:
         """Under the session lock, before a pin changes anything: PinNotPersistable when its file would not
@@ -112,20 +125,7 @@ class IdReservation:
     def _write(self, limit: int) -> None:
         if limit > MAX_ID_LIMIT:
             raise OSError(f"capsule ids would pass {MAX_ID_LIMIT}: start with a new persist_dir")
-        path = self.dir / IDS_NAME
-        tmp = path.with_name(f".{IDS_NAME}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, encode_id_limit(limit))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_durably(self.dir, IDS_NAME, encode_id_limit(limit))
 
     def _reserve(self, limit: int) -> None:
         try:
@@ -191,7 +191,23 @@ def read_for_resume(session, directory: Path):
 
 
 def resume(session, directory: Path) -> ResumeReport:
-    return rebuild(session, read_for_resume(session, directory))
+    contents = read_for_resume(session, directory)
+    resume_timeline(session, directory)  # before the rebuild: its records go out in the kept timeline
+    return rebuild(session, contents)
+
+
+def resume_timeline(session, directory: Path) -> None:
+    """A resumed session continues the timeline its log was written in (capsule stream subscribers keep what
+    they hold). None kept (a log of an older version) or a damaged file: the session's new one, and every
+    subscriber re-syncs from scratch, which loses nothing of this node's."""
+    try:
+        kept = read_timeline(directory)
+    except LogCorrupt as e:
+        log.warning(f"persist_dir {directory}: {e.why}; the resumed log starts a new timeline (capsule stream "
+                    "replicas drop what they held and re-sync)")
+        return
+    if kept:
+        session.timeline = kept
 
 
 def start_fresh(session, directory: Path) -> Path | None:
@@ -246,4 +262,4 @@ def check_log_records(session, records) -> None:
 
 
 __all__ = ["DirLock", "PersistDirInUse", "Persistence", "PersistSettings", "PersistStats", "ResumeReport",
-           "layout_of", "move_aside", "read_for_resume", "resume", "start_fresh"]
+           "layout_of", "move_aside", "read_for_resume", "resume", "resume_timeline", "start_fresh"]

@@ -26,6 +26,7 @@ decides whether that is a torn tail (cut) or corruption (refuse).
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from collections.abc import Callable, Iterator
@@ -248,31 +249,70 @@ def is_torn_header(blob, layout: LogLayout) -> bool:
 
 IDS_NAME = "ids.frl"  # the id reservation: no capsule id at or past its limit was ever handed out
 IDS_MAGIC = b"FRTIDS01"
-IDS = struct.Struct("<8sQI")  # magic, limit, crc32 over magic + limit
+TIMELINE_NAME = "timeline.frl"  # the timeline's identity: a resumed node streams under the one it had
+TIMELINE_MAGIC = b"FRTTLN01"
+IDS = struct.Struct("<8sQI")  # magic, value, crc32 over magic + value (the id limit or the timeline)
 MAX_ID_LIMIT = MAX_ID // 2  # a larger reservation is forged: blocks past it would leave the id range
+MAX_TIMELINE = (1 << 64) - 1  # a CapsuleRecord's uint64; 0 is no timeline
 
 
-def encode_id_limit(limit: int) -> bytes:
-    head = IDS_MAGIC + struct.pack("<Q", limit)
+def _encode_u64(magic: bytes, value: int) -> bytes:
+    head = magic + struct.pack("<Q", value)
     return head + struct.pack("<I", zlib.crc32(head))
 
 
-def read_id_limit(directory: Path) -> int:
-    """The reserved id limit kept in ``directory`` (0: none). Raises LogCorrupt for a damaged or forged
-    file (it is replaced atomically: a kill never leaves half of one)."""
-    path = Path(directory) / IDS_NAME
+def _read_u64(path: Path, magic: bytes, what: str, top: int) -> int:
+    """The value a small file of ``magic`` holds (0: no file). LogCorrupt for a damaged or forged one (they
+    are replaced atomically: a kill never leaves half of one) or a value outside 1..top."""
     try:
         blob = path.read_bytes()
     except FileNotFoundError:
         return 0
     if len(blob) != IDS.size:
-        raise LogCorrupt(path, 0, f"{len(blob)} bytes: an id reservation holds {IDS.size}")
-    magic, limit, crc = IDS.unpack(blob)
-    if magic != IDS_MAGIC or zlib.crc32(blob[:-4]) != crc:
-        raise LogCorrupt(path, 0, "not a flashrt id reservation (bad magic or checksum)")
-    if not 0 < limit <= MAX_ID_LIMIT:
-        raise LogCorrupt(path, 0, f"id reservation {limit} is out of range")
-    return limit
+        raise LogCorrupt(path, 0, f"{len(blob)} bytes: {what} holds {IDS.size}")
+    got, value, crc = IDS.unpack(blob)
+    if got != magic or zlib.crc32(blob[:-4]) != crc:
+        raise LogCorrupt(path, 0, f"not {what} (bad magic or checksum)")
+    if not 0 < value <= top:
+        raise LogCorrupt(path, 0, f"{what}: {value} is out of range")
+    return value
+
+
+def encode_id_limit(limit: int) -> bytes:
+    return _encode_u64(IDS_MAGIC, limit)
+
+
+def read_id_limit(directory: Path) -> int:
+    """The reserved id limit kept in ``directory`` (0: none). Raises LogCorrupt for a damaged or forged file."""
+    return _read_u64(Path(directory) / IDS_NAME, IDS_MAGIC, "a flashrt id reservation", MAX_ID_LIMIT)
+
+
+def encode_timeline(timeline: int) -> bytes:
+    return _encode_u64(TIMELINE_MAGIC, timeline)
+
+
+def read_timeline(directory: Path) -> int:
+    """The timeline the log in ``directory`` belongs to (0: none kept). Raises LogCorrupt for a damaged file."""
+    return _read_u64(Path(directory) / TIMELINE_NAME, TIMELINE_MAGIC, "a flashrt timeline file", MAX_TIMELINE)
+
+
+def write_durably(directory: Path, name: str, blob: bytes) -> None:
+    """``directory/name`` replaced by ``blob`` atomically and fsynced (file and directory): after a crash it
+    holds the old bytes or the new ones, never half of either. Raises OSError."""
+    path = Path(directory) / name
+    tmp = path.with_name(f".{name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, blob)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def pin_name(capsule_id: int) -> str:

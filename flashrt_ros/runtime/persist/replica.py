@@ -8,7 +8,13 @@ changes nothing; the chain is then broken, so the replica skips DELTAs until the
 or one it asked for). So does a gap in the sequence numbers.
 
 The replica's own capsules (what-if replan branches) take ids from LOCAL_IDS_FROM on, so they never collide
-with the primary's ids, which count up from 1. Row 0 is the stream's cursor: only apply() changes it.
+with the primary's ids, which count up from 1.
+
+Every record names its timeline (Session.timeline: random per run, kept by persist_dir across a resume, handed
+on to a standby that takes over). Ids are unique within one timeline only: a primary restarted without
+persist_dir numbers from 1 again. A record of another timeline than the one held is a new run: the replica
+skips until its keyframe, and once that passes every check drops everything it held (what-ifs too: they
+branched from the old run) and starts over from it. Row 0 is the stream's cursor: only apply() changes it.
 Pins are the primary's: a record's pinned flag is not copied, so the replica's store evicts oldest first.
 """
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import CapsuleError
-from .format import DELTA, LIVE, RESET, RESYNC, LogCorrupt, Record, decode_record
+from .format import DELTA, LIVE, MAX_TIMELINE, RESET, RESYNC, LogCorrupt, Record, decode_record
 from .resume import append_row, load_row, meta_reader
 from .tap import layout_of
 
@@ -62,6 +68,7 @@ class StreamReplica:
         self.meta_of = meta_reader(session.arena)
         session.store.continue_ids_after(LOCAL_IDS_FROM - 1)
         self.last: Record | None = None
+        self.timeline = 0  # the timeline of the capsules held from the stream (0: none yet)
         self.last_seq = 0
         self.waiting = True  # for a RESYNC: nothing applied yet, or the chain broke
         self._applied = self._refused = self._gaps = self._skipped = 0
@@ -70,6 +77,7 @@ class StreamReplica:
         self._cut_after: int | None = None  # new_source: the old leaders' capsules after this id go,
         self._cut_keep = (0, 0)  # but not the new leader's own ids [first, end)
         self.on_cut: Callable[[int, list[int]], None] = lambda after, gone: None  # told of the ids dropped
+        self.on_new_run: Callable[[int, int, list[int]], None] = lambda old, new, gone: None  # likewise
 
     def stats(self) -> ReplicaStats:
         last = self.last
@@ -112,33 +120,63 @@ class StreamReplica:
             newest = max((c.id for c in s.store.list()), default=0)
             s.store.number_after(max(newest, epoch_ids(epoch)[0] - 1), LOCAL_IDS_FROM)
 
-    def apply(self, seq: int, fingerprint: str, blob: bytes) -> bool:
-        """Apply one stream record. True: applied; False: skipped (waiting for a RESYNC: ask for one).
-        Raises RecordRefused (nothing changed, waiting for a RESYNC from here)."""
+    def apply(self, seq: int, fingerprint: str, blob: bytes, timeline: int) -> bool:
+        """Apply one stream record of ``timeline``. True: applied; False: skipped (waiting for a RESYNC: ask for
+        one). Raises RecordRefused (nothing changed, waiting for a RESYNC from here)."""
         if self.last_seq and seq != self.last_seq + 1:
             self._gaps += 1
             self.waiting = True
         self.last_seq = seq
+        new_run = bool(self.timeline) and timeline != self.timeline
+        if new_run:  # nothing held is of that run: only its keyframe can start it
+            self.waiting = True
         try:
-            rec = self._check(fingerprint, blob)
+            rec = self._check(fingerprint, blob, timeline, new_run)
         except RecordRefused as e:
             self._refused += 1
             self._last_error = str(e)
             self.waiting = True
             raise
-        if self._cut_after is not None and rec.kind != DELTA:  # the new leader's first record that counts
+        if new_run and rec.kind == RESYNC:
+            self._drop_all(timeline)
+        elif self._cut_after is not None and rec.kind != DELTA:  # the new leader's first record that counts
             self._cut()
-        if self.waiting and rec.kind == DELTA or rec.kind == LIVE and rec.id not in self.session.store:
+        if new_run and rec.kind != RESYNC or self.waiting and rec.kind == DELTA \
+                or rec.kind == LIVE and rec.id not in self.session.store:
             self._skipped += 1
             self.waiting = True
             return False
         self._apply(rec)
+        if timeline != self.timeline:
+            self.timeline = timeline
+            self._adopt(timeline)
         self._applied += 1
         self._applied_at = time.time()
         return True
 
-    def _check(self, fingerprint: str, blob: bytes) -> Record:
+    def _adopt(self, timeline: int) -> None:
+        try:
+            self.session.adopt_timeline(timeline)
+        except OSError as e:  # the store holds the run already; only a later resume of this node is affected
+            self._last_error = f"timeline {timeline:#x} not kept in persist_dir: {e}"
+
+    def _drop_all(self, timeline: int) -> None:
+        """A keyframe of another run passed every check: nothing held belongs to it."""
         s = self.session
+        with s.lock:
+            gone = [c.id for c in s.store.list()]
+            for cid in gone:
+                s.store.drop(cid)
+            s._live_id = 0  # noqa: SLF001 - row 0 still holds the old run's state, but no capsule names it
+        self.last, self._cut_after = None, None
+        self.on_new_run(self.timeline, timeline, gone)
+
+    def _check(self, fingerprint: str, blob: bytes, timeline: int, new_run: bool) -> Record:
+        """``new_run``: the record is of another timeline than the capsules held, so neither the chain nor the
+        ids held say anything about it."""
+        s = self.session
+        if not 0 < timeline <= MAX_TIMELINE:
+            raise RecordRefused(f"timeline {timeline}: a record names its run's timeline, 1..{MAX_TIMELINE}")
         if fingerprint != s.fingerprint:
             raise RecordRefused(f"record of fingerprint {fingerprint[:12]}, this replica runs {s.fingerprint[:12]} "
                                 "(another config, weights or plan): give the replica the primary's parameters")
@@ -151,16 +189,16 @@ class StreamReplica:
                 s.record_bounds.check(rec.small, rec.kv, rec.kind == RESYNC)
             except ValueError as e:
                 raise RecordRefused(f"capsule {rec.id}: {e}") from None
-        last = self.last
+        last, held = (None, ()) if new_run else (self.last, s.store)
         if rec.kind == DELTA and not self.waiting and (
                 last is None or rec.parent_id != last.id or rec.step - len(rec.kv) != last.step):
             raise RecordRefused(f"a delta of capsule {rec.parent_id} at step {rec.step - len(rec.kv)} does not "
                                 f"follow capsule {last.id if last else 0} at step {last.step if last else 0}")
-        if rec.kind == DELTA and rec.id in s.store:
+        if rec.kind == DELTA and rec.id in held:
             raise RecordRefused(f"a delta of capsule {rec.id}, which the replica holds already")
         if rec.id >= LOCAL_IDS_FROM:  # held or not: those ids are this replica's own what-ifs
             raise RecordRefused(f"capsule id {rec.id}: a leader's ids stay below {LOCAL_IDS_FROM}")
-        fresh = rec.kind in (DELTA, RESYNC) and rec.id not in s.store
+        fresh = rec.kind in (DELTA, RESYNC) and rec.id not in held
         if fresh and last is not None and rec.id <= last.id:
             raise RecordRefused(f"capsule id {rec.id} after {last.id if last else 0}: the primary's ids increase "
                                 f"and stay below {LOCAL_IDS_FROM}")

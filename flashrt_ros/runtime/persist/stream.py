@@ -39,6 +39,7 @@ class StreamRecord:
     step: int
     stamp_ns: int
     blob: bytes  # format.encode_record's bytes: checksummed header, info, small state, KV
+    timeline: int  # Session.timeline: whose capsule ids these are (a replica re-syncs when it changes)
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,10 @@ class StreamStats:
 
 class StreamQueue(RecordQueue):
     def __init__(self, layout, publish: Callable[[StreamRecord], None], keyframe_s: float, queue_mb: float,
-                 quiet=None, clock: Callable[[object], float] | None = None):
-        """``clock(info)``: the time of a capsule record in seconds, for keyframes; default time.monotonic()
-        when it is published (a replay passes the record's own stamp: keyframes by bag time)."""
+                 timeline: Callable[[], int], quiet=None, clock: Callable[[object], float] | None = None):
+        """``timeline()``: the session's timeline as a record goes out. ``clock(info)``: the time of a capsule
+        record in seconds, for keyframes; default time.monotonic() when it is published (a replay passes the
+        record's own stamp: keyframes by bag time)."""
         if not 0 < keyframe_s < math.inf:
             raise ValueError(f"stream_keyframe_s: must be > 0 and finite, got {keyframe_s!r}")
         whole_window = 4 * layout.entry_floats * layout.kv_window + layout.row_nbytes
@@ -65,7 +67,7 @@ class StreamQueue(RecordQueue):
             raise ValueError(f"stream_queue_mb: {queue_mb:g} cannot hold two whole-window records of "
                              f"{whole_window / MB:.2f} MiB (kv_window {layout.kv_window})")
         super().__init__(layout, int(queue_mb * MB))
-        self.publish, self.keyframe_s, self.quiet = publish, keyframe_s, quiet
+        self.publish, self.keyframe_s, self.quiet, self.timeline = publish, keyframe_s, quiet, timeline
         self.clock = clock or (lambda info: time.monotonic())
         # stream-thread state
         self._seq = 0
@@ -120,7 +122,8 @@ class StreamQueue(RecordQueue):
     def _send(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int) -> None:
         blob = encode_record(kind, info, small, kv, n)
         self._seq += 1  # taken even when publish fails: a subscriber then sees the gap
-        self.publish(StreamRecord(self._seq, kind, info.id, info.parent_id, info.step, info.stamp_ns, blob))
+        self.publish(StreamRecord(self._seq, kind, info.id, info.parent_id, info.step, info.stamp_ns, blob,
+                                  self.timeline()))
         if kind in MARKERS:
             return
         if kind == RESYNC:
@@ -142,8 +145,8 @@ class CapsuleStream(RecordTap):
 
     def __init__(self, session, publish: Callable[[StreamRecord], None], keyframe_s: float = 10.0,
                  queue_mb: float = 16.0, clock: Callable[[object], float] | None = None):
-        super().__init__(session, StreamQueue(layout_of(session), publish, keyframe_s, queue_mb, quiet=session.lock,
-                                              clock=clock))
+        super().__init__(session, StreamQueue(layout_of(session), publish, keyframe_s, queue_mb,
+                                              lambda: session.timeline, quiet=session.lock, clock=clock))
         self.fingerprint = session.fingerprint
         self._resent_at = -math.inf
 

@@ -271,7 +271,7 @@ class OutputBag:
     def write_capsule_record(self, rec, fingerprint: str, epoch: int = 1) -> None:
         """A runtime StreamRecord (persist/stream.py), at its step's stamp."""
         msg = self._record(stamp=self._time(sec=rec.stamp_ns // 1_000_000_000, nanosec=rec.stamp_ns % 1_000_000_000),
-                           seq=rec.seq, epoch=epoch, kind=rec.kind, capsule_id=rec.capsule_id,
+                           seq=rec.seq, epoch=epoch, timeline=rec.timeline, kind=rec.kind, capsule_id=rec.capsule_id,
                            parent_id=rec.parent_id, step=rec.step, fingerprint=fingerprint,
                            record=np.frombuffer(rec.blob, np.uint8))
         self.write_capsule_record_cdr(rec.stamp_ns, self.ts.serialize_cdr(msg, CAPSULE_RECORD))

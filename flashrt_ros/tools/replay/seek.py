@@ -66,7 +66,7 @@ def restore(session, stream_bag, ts, until_ns: int, bag_start_ns: int, keyframe_
     applied = 0
     for msg in records:
         try:
-            applied += replica.apply(int(msg.seq), msg.fingerprint, bytes(msg.record))
+            applied += replica.apply(int(msg.seq), msg.fingerprint, bytes(msg.record), int(msg.timeline))
         except RecordRefused as e:
             raise BagError(f"{stream_bag}: capsule record {msg.seq} (step {msg.step}) refused: {e}") from None
         if replica.waiting:
