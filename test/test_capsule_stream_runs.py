@@ -3,14 +3,17 @@ persist_dir must not take the new run's capsule 30 for the old one it holds. A r
 timeline, so its replicas keep what they hold; a standby that takes over streams under the one it followed."""
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 from persist_fixtures import settings
 from test_capsule_stream import OBS, _flip, assert_same_capsules, feed, replica_of, stepped, streaming
 
 from flashrt_ros.runtime import Session
-from flashrt_ros.runtime.persist.format import DELTA, RESYNC, TIMELINE_NAME, read_timeline
-from flashrt_ros.runtime.persist.replica import RecordRefused
+from flashrt_ros.runtime.persist.format import DELTA, LIVE, RESYNC, TIMELINE_NAME, read_timeline
+from flashrt_ros.runtime.persist.replica import RecordRefused, StreamReplica
 
 
 def _held(r: Session) -> dict[int, bytes]:
@@ -122,3 +125,70 @@ def test_a_standby_that_takes_over_streams_under_the_timeline_it_followed():
     sb.step(OBS[50])
     assert stream2.flush()
     assert [rec.timeline for rec in out] == [s.timeline]
+
+
+def _restarted(n: int = 30):
+    """A primary started again without persist_dir: ids from 1, other observations, its records flushed."""
+    s2, stream2, records2 = streaming()
+    for o in OBS[100:100 + n]:
+        s2.step(o)
+    assert stream2.flush()
+    return s2, stream2, records2
+
+
+def test_a_replica_reactivated_on_a_store_it_holds_still_drops_the_old_run_at_a_new_ones_keyframe():
+    s, stream, records, r, replica = stepped(40)
+    feed(replica, records)
+    again = StreamReplica(r)  # the node deactivated and activated: a new link on the same session and store
+    s2, _, records2 = _restarted()
+    assert records2[0].kind == RESYNC and records2[0].capsule_id == 1
+    assert all(feed(again, records2))
+    assert_same_capsules(r, s2)
+    assert set(_held(r)) == set(range(1, 31))
+
+
+def test_a_new_run_waits_for_a_running_replan_so_none_of_its_what_ifs_outlives_the_switch():
+    s, stream, records, r, replica = stepped(40)
+    feed(replica, records)
+    s2, _, records2 = _restarted()
+    started, out = threading.Event(), {}
+
+    def slow(done: int) -> None:
+        started.set()
+        time.sleep(0.05)
+
+    t = threading.Thread(target=lambda: out.setdefault("res", r.replan(20, np.stack([OBS[200:206]] * 2),
+                                                                        on_step=slow)))
+    t.start()
+    assert started.wait(10.0)
+    assert all(feed(replica, records2[:1]))  # the keyframe waits for the replan, then drops its what-ifs too
+    t.join(10.0)
+    assert out["res"].steps_done == 6 and set(out["res"].branch_capsule_ids)
+    assert set(_held(r)) == {1}
+
+
+def test_records_keep_the_timeline_they_were_queued_in():
+    gate = threading.Event()
+    s = Session(streaming()[0].cfg)
+    out = []
+    stream = s.enable_stream(lambda rec: (gate.wait(10.0), out.append(rec)), keyframe_s=10.0)
+    first = s.timeline
+    for o in OBS[:3]:
+        s.step(o)
+    s.adopt_timeline(first ^ 1)  # as a resume does once the steps before it are queued
+    s.step(OBS[3])
+    gate.set()
+    assert stream.flush()
+    assert [rec.timeline for rec in out] == [first] * 3 + [first ^ 1]
+
+
+def test_a_marker_of_another_run_after_a_leader_claim_cuts_nothing():
+    s, stream, records, r, replica = stepped(40)
+    feed(replica, records)
+    before = _held(r)
+    replica.new_source(30, 2)  # a claim: the cut waits for the new leader's first checked record
+    s2, stream2, records2 = _restarted(10)
+    s2.rollback(5)
+    assert stream2.flush() and records2[-1].kind == LIVE
+    assert feed(replica, records2[-1:]) == [False]
+    assert _held(r) == before

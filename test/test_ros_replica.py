@@ -171,7 +171,12 @@ def test_a_primary_restarted_without_persist_dir_is_a_new_run_for_its_replica(ro
         live = planner.steps[-1].capsule_id
         assert live < 100, "the restarted primary should number from 1 again"
         _wait(lambda: live in _capsules(remote), 20.0, planner, "the replica never followed the new run")
-        assert set(_capsules(remote)) <= set(_capsules(planner.client))
+        # every capsule the replica lists is the new run's: same id, same step and stamp as the primary's
+        mine, theirs = _capsules(remote), _capsules(planner.client)
+        assert set(mine) <= set(theirs)
+        for cid, c in mine.items():
+            assert (c.step, c.stamp.sec, c.stamp.nanosec) == (theirs[cid].step, theirs[cid].stamp.sec,
+                                                             theirs[cid].stamp.nanosec), cid
         a = remote.export_capsule("r.safetensors", live)
         b = planner.client.export_capsule("p.safetensors", live)
         assert a.success and b.success, (a.message, b.message)

@@ -117,10 +117,11 @@ def test_a_log_of_another_fingerprint_fails_configure_unless_the_user_asks_to_st
     for o in observation_trace(20):
         other.step(o)
     other.disable_persistence()
-    from flashrt_ros.runtime.persist.format import IDS_NAME, read_id_limit
+    from flashrt_ros.runtime.persist.format import IDS_NAME, TIMELINE_NAME, read_id_limit
 
     old_files = sorted(p.name for p in persist.iterdir())
-    old_log = [name for name in old_files if name != IDS_NAME]  # the id reservation stays: ids never repeat
+    # the id reservation stays (ids never repeat); the timeline file is rewritten for the fresh run
+    old_log = [name for name in old_files if name not in (IDS_NAME, TIMELINE_NAME)]
     reserved = read_id_limit(persist)
     refused = NodeProcess(ros_domain, tmp_path / "refused.log", persist_dir=str(persist), resume=True)
     refused.proc.wait(60)

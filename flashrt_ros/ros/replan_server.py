@@ -296,6 +296,7 @@ class ReplanServer:
         forward = self.node.commit_forwarder() if commit_branch is not None else None
         if forward is not None:  # a replica: a what-if here, then the primary re-runs and commits the branch
             capsule_id, forwarded, commit_branch = capsule_id or session.live_capsule_id, commit_branch, None
+            run = forward.replica.timeline  # the primary's run that capsule belongs to (checked again at the forward)
         try:
             res = session.replan(capsule_id, obs, commit_branch=commit_branch, deadline_ms=deadline_ms,
                                  cancel=stop, on_step=between_steps)
@@ -303,7 +304,7 @@ class ReplanServer:
             return Replan.Result(success=False, rejected=True, message=f"rejected: {e}",
                                  live_capsule_id=session.live_capsule_id)
         if forward is not None and not res.cancelled:
-            return forward_commit(forward, self.node, capsule_id, obs, forwarded, res, deadline_ms)
+            return forward_commit(forward, self.node, capsule_id, run, obs, forwarded, res, deadline_ms)
         message = res.message
         if res.cancelled and why_stopped[0]:
             message = f"stopped: {why_stopped[0]}; {res.message}"
@@ -317,7 +318,7 @@ class ReplanServer:
                              live_capsule_id=res.live_capsule_id)
 
 
-def forward_commit(link, node, capsule_id: int, obs, branch: int, res, deadline_ms: float) -> Replan.Result:
+def forward_commit(link, node, capsule_id: int, run: int, obs, branch: int, res, deadline_ms: float) -> Replan.Result:
     """A replica's committing replan: branch ``branch`` of its what-if ``res`` (the steps it got) re-run by the
     primary from the same capsule, committed there. The result carries this replica's actions of every branch,
     the primary's new live capsule, and whether the primary's bytes matched this replica's."""
@@ -329,7 +330,7 @@ def forward_commit(link, node, capsule_id: int, obs, branch: int, res, deadline_
         base.success, base.message = False, f"{res.message}; no step ran, nothing to commit on {primary}"
         return base
     try:
-        out = link.forward_commit(capsule_id, obs[branch, :done], deadline_ms, timeout_s=5.0 + deadline_ms / 1e3)
+        out = link.forward_commit(capsule_id, run, obs[branch, :done], deadline_ms, timeout_s=5.0 + deadline_ms / 1e3)
     except Exception as e:  # noqa: BLE001 - no answer from the primary: the commit did not happen here
         base.success, base.message = False, f"{res.message}; commit of branch {branch} not confirmed by " \
                                             f"{primary}: {e}"

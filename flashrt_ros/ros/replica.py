@@ -102,7 +102,7 @@ class ReplicaLink:
     def _on_new_run(self, old: int, new: int, gone: list[int]) -> None:
         self.node.get_logger().warning(f"{self.primary} streams another run (timeline {new:#x}, was {old:#x}: it "
                                        f"restarted without persist_dir, or another node took its name): dropped "
-                                       f"the {len(gone)} capsules held and started over from its keyframe")
+                                       f"the {len(gone)} capsules held; starting over from its keyframe")
 
     def _on_record(self, msg) -> None:
         self.epoch = max(self.epoch, msg.epoch)
@@ -138,13 +138,17 @@ class ReplicaLink:
     def stats(self):
         return self.replica.stats()
 
-    def forward_commit(self, capsule_id: int, observations, deadline_ms: float, timeout_s: float):
+    def forward_commit(self, capsule_id: int, run: int, observations, deadline_ms: float, timeout_s: float):
         """A committing replan's branch, sent to the primary as a one-branch replan from the same capsule
         that commits it: the primary re-runs it (byte-identical by batch invariance) and no state travels
-        back. Worker thread; the node's executor delivers the answer. Returns the primary's ReplanOutcome."""
+        back. ``run``: the timeline the what-if ran in. Worker thread; the node's executor delivers the answer.
+        Returns the primary's ReplanOutcome."""
         if capsule_id >= LOCAL_IDS_FROM:
             raise ValueError(f"capsule {capsule_id} is a what-if of this replica: the primary does not hold it; "
                              "commit from one of the primary's capsules")
+        if run != self.replica.timeline:
+            raise ValueError(f"{self.primary} started another run since this replan began (it restarted without "
+                             f"persist_dir): its capsule {capsule_id} is not the one the what-if ran from")
         client = self.primary_client  # one leader for the whole call, whatever a switch does meanwhile
         return client.replan(observations[None], capsule_id=capsule_id, commit_branch=0, deadline_ms=deadline_ms,
                              timeout_s=timeout_s)

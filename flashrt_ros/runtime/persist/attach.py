@@ -192,8 +192,13 @@ def read_for_resume(session, directory: Path):
 
 def resume(session, directory: Path) -> ResumeReport:
     contents = read_for_resume(session, directory)
-    resume_timeline(session, directory)  # before the rebuild: its records go out in the kept timeline
-    return rebuild(session, contents)
+    was = session.timeline
+    resume_timeline(session, directory)  # before the rebuild: the records it queues are of the kept timeline
+    try:
+        return rebuild(session, contents)
+    except BaseException:
+        session.timeline = was  # a refused log leaves the session as it was
+        raise
 
 
 def resume_timeline(session, directory: Path) -> None:

@@ -3,13 +3,15 @@ stream.py): a queue bounded in bytes that never blocks, which record may follow 
 mirror of the last record's window that lets a consumer turn a DELTA into a RESYNC on its own thread.
 
 RecordTap (tap.py) calls has_room / wants_resync / submit / drop / mark_live / mark_reset under the session
-lock; a consumer's thread takes the queued tuples ``(queued_at, kind, info, small, kv, n_entries, nbytes)``.
+lock; a consumer's thread takes the queued tuples ``(queued_at, kind, info, small, kv, n_entries, nbytes,
+timeline)``: the session's timeline when the record was queued (a resume may change it before it goes out).
 """
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -19,8 +21,8 @@ from .format import EMPTY_KV, EMPTY_SMALL, LIVE, RESET, RESYNC, LogLayout
 
 
 class RecordQueue:
-    def __init__(self, layout: LogLayout, queue_bytes: int):
-        self.layout = layout
+    def __init__(self, layout: LogLayout, queue_bytes: int, timeline: Callable[[], int] = lambda: 0):
+        self.layout, self.timeline = layout, timeline
         self._queue: queue.Queue = queue.Queue()
         self._queue_bytes = 0
         self._queue_cap = int(queue_bytes)
@@ -59,20 +61,20 @@ class RecordQueue:
         nbytes = small.nbytes + kv.nbytes
         with self._lock:
             self._queue_bytes += nbytes
-        self._queue.put((time.monotonic(), kind, info, small, kv, n_entries, nbytes))
+        self._queue.put((time.monotonic(), kind, info, small, kv, n_entries, nbytes, self.timeline()))
         self.last_id, self.last_step, self.need_resync = info.id, info.step, False
 
     def mark_live(self, info) -> None:
         """Capsule ``info`` (already recorded) is live now (a rollback): a small marker. The next record
         still resynchronises (its parent is not the last record), so the DELTA chain is untouched."""
         marker = replace(info, parent_id=0, pinned=False, label="")  # the id and the step say it all
-        self._queue.put((time.monotonic(), LIVE, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
+        self._queue.put((time.monotonic(), LIVE, marker, EMPTY_SMALL, EMPTY_KV, 0, 0, self.timeline()))
 
     def mark_reset(self, stamp_ns: int = 0) -> None:
         """The live row was reset to zeros (capsules kept): a marker. The next record stands alone (its
         parent is 0)."""
         marker = CapsuleInfo(0, 0, 0, stamp_ns, "", False, 0, "")  # names no capsule
-        self._queue.put((time.monotonic(), RESET, marker, EMPTY_SMALL, EMPTY_KV, 0, 0))
+        self._queue.put((time.monotonic(), RESET, marker, EMPTY_SMALL, EMPTY_KV, 0, 0, self.timeline()))
 
     # ---- any thread -----------------------------------------------------------------------
     def flush(self, timeout_s: float = 30.0) -> bool:

@@ -68,7 +68,9 @@ class StreamReplica:
         self.meta_of = meta_reader(session.arena)
         session.store.continue_ids_after(LOCAL_IDS_FROM - 1)
         self.last: Record | None = None
-        self.timeline = 0  # the timeline of the capsules held from the stream (0: none yet)
+        # the timeline of the capsules held (0: none yet); a replica reactivated on a session that holds some
+        # keeps theirs, so another run's keyframe still replaces them
+        self.timeline = session.timeline if session.store.list() else 0
         self.last_seq = 0
         self.waiting = True  # for a RESYNC: nothing applied yet, or the chain broke
         self._applied = self._refused = self._gaps = self._skipped = 0
@@ -139,7 +141,7 @@ class StreamReplica:
             raise
         if new_run and rec.kind == RESYNC:
             self._drop_all(timeline)
-        elif self._cut_after is not None and rec.kind != DELTA:  # the new leader's first record that counts
+        elif not new_run and self._cut_after is not None and rec.kind != DELTA:  # the new leader's first that counts
             self._cut()
         if new_run and rec.kind != RESYNC or self.waiting and rec.kind == DELTA \
                 or rec.kind == LIVE and rec.id not in self.session.store:
@@ -161,15 +163,17 @@ class StreamReplica:
             self._last_error = f"timeline {timeline:#x} not kept in persist_dir: {e}"
 
     def _drop_all(self, timeline: int) -> None:
-        """A keyframe of another run passed every check: nothing held belongs to it."""
-        s = self.session
-        with s.lock:
+        """A keyframe of another run passed every check: nothing held belongs to it. Waits for a running
+        replan, so none of its what-ifs (branched from the old run) lands after the drop."""
+        s, old = self.session, self.timeline
+        with s._beside_no_replan():  # noqa: SLF001
             gone = [c.id for c in s.store.list()]
             for cid in gone:
                 s.store.drop(cid)
             s._live_id = 0  # noqa: SLF001 - row 0 still holds the old run's state, but no capsule names it
-        self.last, self._cut_after = None, None
-        self.on_new_run(self.timeline, timeline, gone)
+        self.last, self._cut_after, self.timeline = None, None, timeline
+        self._adopt(timeline)  # from here the new run's, even if its keyframe fails to apply
+        self.on_new_run(old, timeline, gone)
 
     def _check(self, fingerprint: str, blob: bytes, timeline: int, new_run: bool) -> Record:
         """``new_run``: the record is of another timeline than the capsules held, so neither the chain nor the

@@ -57,7 +57,7 @@ class StreamStats:
 class StreamQueue(RecordQueue):
     def __init__(self, layout, publish: Callable[[StreamRecord], None], keyframe_s: float, queue_mb: float,
                  timeline: Callable[[], int], quiet=None, clock: Callable[[object], float] | None = None):
-        """``timeline()``: the session's timeline as a record goes out. ``clock(info)``: the time of a capsule
+        """``timeline()``: the session's timeline, read as a record is queued. ``clock(info)``: the time of a capsule
         record in seconds, for keyframes; default time.monotonic() when it is published (a replay passes the
         record's own stamp: keyframes by bag time)."""
         if not 0 < keyframe_s < math.inf:
@@ -66,8 +66,8 @@ class StreamQueue(RecordQueue):
         if queue_mb * MB < 2 * whole_window:
             raise ValueError(f"stream_queue_mb: {queue_mb:g} cannot hold two whole-window records of "
                              f"{whole_window / MB:.2f} MiB (kv_window {layout.kv_window})")
-        super().__init__(layout, int(queue_mb * MB))
-        self.publish, self.keyframe_s, self.quiet, self.timeline = publish, keyframe_s, quiet, timeline
+        super().__init__(layout, int(queue_mb * MB), timeline)
+        self.publish, self.keyframe_s, self.quiet = publish, keyframe_s, quiet
         self.clock = clock or (lambda info: time.monotonic())
         # stream-thread state
         self._seq = 0
@@ -104,26 +104,25 @@ class StreamQueue(RecordQueue):
                 self.quiet.release()
             self._taken = item
             try:
-                self._publish(*item[1:6])
+                self._publish(*item[1:6], item[7])
             except Exception as e:  # noqa: BLE001 - the stream must outlive any one record
                 self._failed(e)
             finally:
                 self._taken = None
                 self._dequeued(item)
 
-    def _publish(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int) -> None:
+    def _publish(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int, timeline: int) -> None:
         if kind not in MARKERS:
             self._apply_to_mirror(kind, info.step, kv, n)
             due = self._resync_next or self.clock(info) - self._last_keyframe >= self.keyframe_s
             if kind == DELTA and due:
                 kind, kv, n = RESYNC, self._mirror, min(info.step, self.layout.kv_window)
-        self._send(kind, info, small, kv, n)
+        self._send(kind, info, small, kv, n, timeline)
 
-    def _send(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int) -> None:
+    def _send(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int, timeline: int) -> None:
         blob = encode_record(kind, info, small, kv, n)
         self._seq += 1  # taken even when publish fails: a subscriber then sees the gap
-        self.publish(StreamRecord(self._seq, kind, info.id, info.parent_id, info.step, info.stamp_ns, blob,
-                                  self.timeline()))
+        self.publish(StreamRecord(self._seq, kind, info.id, info.parent_id, info.step, info.stamp_ns, blob, timeline))
         if kind in MARKERS:
             return
         if kind == RESYNC:
