@@ -16,6 +16,7 @@ class Mutation:
 
 
 RT = "flashrt_ros/runtime/"
+ROS = "flashrt_ros/ros/"
 
 MUTATIONS = [
     Mutation("twin_allocates_per_step", RT + "model/kernels.py",
@@ -943,4 +944,13 @@ MUTATIONS = [
              "        elif not new_run and self._cut_after is not None", "        elif self._cut_after is not None",
              ["test/test_capsule_stream_runs.py::test_a_marker_of_another_run_after_a_leader_claim_cuts_nothing"],
              "a marker of another run would drop what the old leaders recorded after a claim"),
+    Mutation("standby_keeps_watching_the_dead_primary", ROS + "standby.py",
+             "SubscriptionEventCallbacks(liveliness=self._on_liveliness), follow_leader=True)",
+             "SubscriptionEventCallbacks(liveliness=self._on_liveliness), follow_leader=False)",
+             ["test/test_ros_standby.py::test_a_second_standby_follows_the_first_that_took_over_and_takes_over_when_it_dies"],
+             "a second standby would never hold the new leader's capsules, nor take over when it dies"),
+    Mutation("standby_takeover_delay_ignored", ROS + "standby.py",
+             "        need += self.delay_s\n", "",
+             ["test/test_ros_standby.py::test_a_second_standby_follows_the_first_that_took_over_and_takes_over_when_it_dies"],
+             "two standbys would take over together and the later claim would be deposed"),
 ]

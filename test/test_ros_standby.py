@@ -171,6 +171,46 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
         assert "Traceback" not in log, log[-3000:]
 
 
+def test_a_second_standby_follows_the_first_that_took_over_and_takes_over_when_it_dies(ros_domain, tmp_path):
+    """Two standbys of /robot1, the second told to wait 1.5 s longer: the first takes over the killed primary, the
+    second follows it (its stream and its liveliness) instead of taking over beside it, and takes over when the
+    first is killed too. Every step the robot saw across both kills equals an uncrashed node's."""
+    from flashrt_ros.ros.client import FlashRTClient
+    primary, standby, planner, remote = _start(ros_domain, tmp_path)
+    procs = [primary, standby]
+    try:
+        second = NodeProcess(ros_domain, tmp_path / "second.log", namespace="/robot1_second", role="standby",
+                             primary="/robot1", capsule_dir=str(tmp_path / "second_caps"),
+                             standby_takeover_delay_ms=1500.0)
+        procs.append(second)
+        remote2 = FlashRTClient(planner.node, "/robot1_second")
+        remote2.wait_until_ready(30.0)
+        planner.wait_ready(subscribers=3)
+        planner.run(OBS[:40])
+        for client, proc in ((remote, standby), (remote2, second)):
+            _wait_held(planner, client, planner.steps[-1].capsule_id, primary, proc)
+        os.kill(primary.proc.pid, signal.SIGKILL)
+        _at_100_hz(planner, OBS[40:80])
+        assert planner.spin_until(lambda: max(m.step for m in planner.steps) >= 80), standby.output()[-3000:]
+        _wait_held(planner, remote2, planner.steps[-1].capsule_id, standby, second)  # the new leader's capsule
+        os.kill(standby.proc.pid, signal.SIGKILL)
+        _at_100_hz(planner, OBS[80:120])
+        assert planner.spin_until(lambda: max(m.step for m in planner.steps) >= 120), second.output()[-3000:]
+        got = _steps_by_number(planner.steps)
+    finally:
+        logs = _stop_all(procs, planner)
+    assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
+    assert "/robot1_standby/flashrt leads the robot since epoch 2" in logs[2], logs[2][-3000:]
+    assert "took over from /robot1_standby/flashrt (epoch 3)" in logs[2], logs[2][-3000:]
+    assert "took over from /robot1/flashrt" not in logs[2], logs[2][-3000:]
+    assert "Traceback" not in logs[2], logs[2][-3000:]
+    ref = reference_session()
+    want = [ref.step(o).action.astype(np.float32).tobytes() for o in OBS[:120]]
+    assert sorted(got) == list(range(1, 121)), f"steps left unstepped: {sorted(set(range(1, 121)) - set(got))}"
+    for step, actions in got.items():
+        assert all(a == want[step - 1] for a in actions), f"step {step} differs from the uncrashed reference"
+
+
 def test_a_frozen_primary_resumed_after_a_takeover_is_deposed_and_steps_no_more(ros_domain, tmp_path):
     primary, standby, planner, remote = _start(ros_domain, tmp_path)
     try:

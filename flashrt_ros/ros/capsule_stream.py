@@ -8,6 +8,8 @@ sees a gap in ``seq`` and asks for a resync rather than holding up the robot.
 """
 from __future__ import annotations
 
+import time
+
 from builtin_interfaces.msg import Time
 from rclpy.duration import Duration
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, LivelinessPolicy, QoSProfile, ReliabilityPolicy
@@ -20,6 +22,7 @@ from .convert import ns_to_stamp
 STREAM_TOPIC = "~/capsule_stream"
 RESYNC_SERVICE = "~/capsule_stream/resync"
 STREAM_DEPTH = 200  # 2 s at 100 Hz
+SLOW_PUBLISH_MS = 100.0  # a record publish past this is logged (a 4 MiB keyframe takes ~9 ms here)
 
 
 def stream_qos(lease_ms: float = 0.0) -> QoSProfile:
@@ -41,6 +44,16 @@ def record_message(rec, fingerprint: str, epoch: int) -> CapsuleRecord:
     return msg
 
 
+def slow_publish_line(seq: int, waited_ms: float) -> str:
+    """A WARN line for a record whose publish took over SLOW_PUBLISH_MS ('' otherwise): what makes a standby take
+    over from a living primary shows here first."""
+    if waited_ms <= SLOW_PUBLISH_MS:
+        return ""
+    return (f"capsule record {seq} took {waited_ms:.0f} ms to publish (a starved process, or Fast DDS waiting inside "
+            "the send, as when it checks a newly seen reader's shared-memory port); the node's other publishes and "
+            "its liveliness can wait as long, so a standby with a shorter liveliness_lease_ms may take over")
+
+
 class StreamPublisher:
     """The stream of one configured session, from activate to deactivate."""
 
@@ -56,7 +69,12 @@ class StreamPublisher:
             raise
 
     def _publish(self, rec) -> None:  # the stream thread
-        self.pub.publish(record_message(rec, self.fingerprint, self.epoch))
+        msg = record_message(rec, self.fingerprint, self.epoch)
+        t0 = time.monotonic()
+        self.pub.publish(msg)
+        line = slow_publish_line(rec.seq, (time.monotonic() - t0) * 1e3)
+        if line:
+            self.node.get_logger().warning(line, throttle_duration_sec=1.0)
 
     def _on_resync(self, request, response):
         try:

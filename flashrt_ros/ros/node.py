@@ -218,7 +218,8 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             self._renew_policy_step_writer()  # a standby's too: matched by subscribers before it takes over
             if self._own["role"] == "standby":
                 return self._activate_replica(StandbyLink(self, self.session, self._own["primary"],
-                                                          self._own["liveliness_lease_ms"], self._take_over))
+                                                          self._own["liveliness_lease_ms"], self._take_over,
+                                                          self._own["standby_takeover_delay_ms"]))
             self._lead(epoch=1)
         except Exception as e:  # noqa: BLE001 - logged, then rclpy's error processing (on_error)
             return self._transition_failed("activate", e)

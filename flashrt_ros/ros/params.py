@@ -84,6 +84,7 @@ NODE_RANGES = {
     "gc_freeze_period_s": (0.0, 3600.0),
     "stream_keyframe_s": (0.1, 3600.0),
     "liveliness_lease_ms": (10.0, 60_000.0),
+    "standby_takeover_delay_ms": (0.0, 600_000.0),
 }
 
 
@@ -205,6 +206,11 @@ NODE_PARAMS = {
                             "the primary had no observation to step). "
                             "Give both the same value (a standby asking for less than the primary offers "
                             "receives nothing)", _ranged, False),
+    "standby_takeover_delay_ms": (0.0, "role standby: how much longer than the lease rule above this standby waits "
+                                  "before taking over. With two standbys of one robot give the second 1500 or more: "
+                                  "the first takes over and claims the robot, and the second follows the new leader "
+                                  "(and takes over when that one stops) instead of taking over beside it (two that "
+                                  "judge together both take over, and the later claim is deposed)", _ranged, False),
     "capsule_stream": (True, "publish every capsule record on ~/capsule_stream (reliable, off the step's thread) "
                        "for replicas and bags, and serve ~/capsule_stream/resync", _bool, False),
     "gc_freeze_period_s": (5.0, "every this many seconds, Python's garbage collector collects what is new and "

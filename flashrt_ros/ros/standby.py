@@ -43,8 +43,9 @@ IDLE_LEASES = 5.0
 
 
 class StandbyLink(ReplicaLink):
-    def __init__(self, node, session, primary: str, lease_ms: float, on_primary_lost):
+    def __init__(self, node, session, primary: str, lease_ms: float, on_primary_lost, takeover_delay_ms: float = 0.0):
         self.lease_s = lease_ms / 1e3
+        self.delay_s = takeover_delay_ms / 1e3  # on top of the rule: a second standby lets the first take over
         self.on_primary_lost = on_primary_lost
         self.buffer: collections.deque = collections.deque(maxlen=BUFFER_MAX)  # (stamp_ns, arrived_at, message)
         self.overflowed = 0  # observations pushed out of a full buffer (a stalled stream)
@@ -53,8 +54,10 @@ class StandbyLink(ReplicaLink):
         self._record_at = self._lapsed_at = time.monotonic()
         self.lost_at = 0.0  # monotonic time the primary was judged lost (0: not yet)
         self.stall = StallClock(time.monotonic())
+        # follows whoever leads the robot, as a replica does: after another standby took over, its stream and
+        # its liveliness are the ones watched
         super().__init__(node, session, primary, stream_qos(lease_ms),
-                         SubscriptionEventCallbacks(liveliness=self._on_liveliness))
+                         SubscriptionEventCallbacks(liveliness=self._on_liveliness), follow_leader=True)
         self._ticker = node.create_timer(STALL_TICK_S, lambda: self.stall.tick(time.monotonic()))
 
     def _on_record(self, msg) -> None:
@@ -106,6 +109,7 @@ class StandbyLink(ReplicaLink):
         stalled_s = self.stall.stalled_s(since, now)
         waited_s = now - since - stalled_s
         need += self.stall.stalled_s(self._lapsed_at - IDLE_LEASES * self.lease_s, now)
+        need += self.delay_s
         if waited_s < need:  # look again when it would be enough (sooner if an observation comes)
             self._recheck_in(need - waited_s)
             return
@@ -113,6 +117,17 @@ class StandbyLink(ReplicaLink):
         still = f" (and {stalled_s * 1e3:.0f} ms this node stood still)" if stalled_s else ""
         self.node.get_logger().warning(f"{self.primary}: liveliness " + why.format(waited_s * 1e3) + still)
         self.on_primary_lost(self)
+
+    def _follow(self, claim) -> None:
+        """Another node leads the robot now: watch its stream and liveliness from scratch (a lapse of the old
+        leader's is no reason to take over from the new one)."""
+        was = self.primary
+        super()._follow(claim)
+        if self.primary != was:
+            self._cancel_recheck()
+            self._alive_seen = self._lapsed = False
+            self.lost_at = 0.0
+            self._record_at = self._lapsed_at = time.monotonic()
 
     def _recheck_in(self, delay_s: float) -> None:
         self._cancel_recheck()  # one at a time (a timer repeats: a second one would leak)
