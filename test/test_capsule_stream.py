@@ -301,6 +301,27 @@ def test_a_second_takeover_drops_the_first_new_leaders_capsules_and_a_rejoin_kee
     assert {i.id for i in r.list_capsules()} == held
 
 
+def test_a_standby_whose_new_leader_died_before_its_keyframe_continues_from_the_claim_byte_exactly():
+    """A second standby followed the first that took over from capsule 30, and that one died before any record
+    of it arrived: the second continues from capsule 30 (what the first continued from), drops the old
+    primary's 31-40 when it leads, and stepping what the first stepped gives the first's bytes."""
+    s, stream, records, r, second = stepped(40)
+    feed(second, records)
+    sb, new_records = _taken_over(s, records, 30, OBS[100:105])
+    assert second.newest().id == 40
+    second.new_source(30, 2)  # the claim; none of new_records arrives
+    start = second.newest()
+    assert (start.id, start.step, start.stamp_ns) == (30, s.capsule_info(30).step, s.capsule_info(30).stamp_ns)
+    r.rollback(start.id)
+    second.lead(3)
+    assert {i.id for i in r.list_capsules()} == set(range(1, 31))
+    for o in [*OBS[100:105], *OBS[300:302]]:
+        r.step(o)
+    assert r.state_host().tobytes() == sb.state_host().tobytes()
+    second.new_source(99, 4)  # a claim naming a capsule it does not hold: nothing to continue from
+    assert second.newest() is None
+
+
 def test_a_new_leader_drops_its_what_ifs_and_a_replica_refuses_any_record_of_a_what_if_id():
     s, stream, records, r, replica = stepped(40)
     feed(replica, records)

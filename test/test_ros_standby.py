@@ -171,17 +171,27 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
         assert "Traceback" not in log, log[-3000:]
 
 
-def test_a_second_standby_follows_the_first_that_took_over_and_takes_over_when_it_dies(ros_domain, tmp_path):
-    """Two standbys of /robot1, the second told to wait 1.5 s longer: the first takes over the killed primary, the
+def _log_time(log: str, text: str) -> float:
+    """The ROS log stamp (seconds) of the first line holding ``text``."""
+    line = next(ln for ln in log.splitlines() if text in ln)
+    return float(line.split("] [", 1)[1].split("]", 1)[0])
+
+
+@pytest.mark.parametrize("second_kill", ["after_the_new_leader_streamed", "right_after_the_follow"])
+def test_a_second_standby_follows_the_first_that_took_over_and_takes_over_when_it_dies(ros_domain, tmp_path,
+                                                                                       second_kill):
+    """Two standbys of /robot1, the second told to wait 2 s longer: the first takes over the killed primary, the
     second follows it (its stream and its liveliness) instead of taking over beside it, and takes over when the
-    first is killed too. Every step the robot saw across both kills equals an uncrashed node's."""
+    first is killed too: after the first streamed, or the moment the second follows it (maybe before its
+    liveliness or its keyframe arrived: its silence then counts from the claim, and the second continues from
+    the capsule the claim names). Every step the robot saw across both kills equals an uncrashed node's."""
     from flashrt_ros.ros.client import FlashRTClient
     primary, standby, planner, remote = _start(ros_domain, tmp_path)
-    procs = [primary, standby]
+    procs, killed_at = [primary, standby], []
     try:
         second = NodeProcess(ros_domain, tmp_path / "second.log", namespace="/robot1_second", role="standby",
                              primary="/robot1", capsule_dir=str(tmp_path / "second_caps"),
-                             standby_takeover_delay_ms=1500.0)
+                             standby_takeover_delay_ms=2000.0)
         procs.append(second)
         remote2 = FlashRTClient(planner.node, "/robot1_second")
         remote2.wait_until_ready(30.0)
@@ -190,23 +200,35 @@ def test_a_second_standby_follows_the_first_that_took_over_and_takes_over_when_i
         for client, proc in ((remote, standby), (remote2, second)):
             _wait_held(planner, client, planner.steps[-1].capsule_id, primary, proc)
         os.kill(primary.proc.pid, signal.SIGKILL)
-        _at_100_hz(planner, OBS[40:80])
-        assert planner.spin_until(lambda: max(m.step for m in planner.steps) >= 80), standby.output()[-3000:]
-        _wait_held(planner, remote2, planner.steps[-1].capsule_id, standby, second)  # the new leader's capsule
-        os.kill(standby.proc.pid, signal.SIGKILL)
-        _at_100_hz(planner, OBS[80:120])
-        assert planner.spin_until(lambda: max(m.step for m in planner.steps) >= 120), second.output()[-3000:]
+
+        def kill_the_first():
+            killed_at.append(time.time())
+            os.kill(standby.proc.pid, signal.SIGKILL)
+        if second_kill == "right_after_the_follow":
+            _at_100_hz(planner, OBS[40:160], lambda i: None if killed_at or "leads the robot since epoch 2"
+                       not in second.output() else kill_the_first())
+            assert killed_at, second.output()[-3000:]
+        else:
+            _at_100_hz(planner, OBS[40:80])
+            assert planner.spin_until(lambda: max(m.step for m in planner.steps) >= 80), standby.output()[-3000:]
+            _wait_held(planner, remote2, planner.steps[-1].capsule_id, standby, second)  # the new leader's capsule
+            kill_the_first()
+            _at_100_hz(planner, OBS[80:160])
+        assert planner.spin_until(lambda: max(m.step for m in planner.steps) >= 160, 15.0), second.output()[-3000:]
         got = _steps_by_number(planner.steps)
     finally:
         logs = _stop_all(procs, planner)
-    assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
+    if second_kill == "after_the_new_leader_streamed":  # (the other kill may land before the first logs it)
+        assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
+    assert "deposed" not in logs[1], logs[1][-3000:]  # the second never took over beside a living first
     assert "/robot1_standby/flashrt leads the robot since epoch 2" in logs[2], logs[2][-3000:]
     assert "took over from /robot1_standby/flashrt (epoch 3)" in logs[2], logs[2][-3000:]
     assert "took over from /robot1/flashrt" not in logs[2], logs[2][-3000:]
+    assert _log_time(logs[2], "took over from /robot1_standby") - killed_at[0] > 2.0, logs[2][-3000:]  # its delay
     assert "Traceback" not in logs[2], logs[2][-3000:]
     ref = reference_session()
-    want = [ref.step(o).action.astype(np.float32).tobytes() for o in OBS[:120]]
-    assert sorted(got) == list(range(1, 121)), f"steps left unstepped: {sorted(set(range(1, 121)) - set(got))}"
+    want = [ref.step(o).action.astype(np.float32).tobytes() for o in OBS[:160]]
+    assert sorted(got) == list(range(1, 161)), f"steps left unstepped: {sorted(set(range(1, 161)) - set(got))}"
     for step, actions in got.items():
         assert all(a == want[step - 1] for a in actions), f"step {step} differs from the uncrashed reference"
 

@@ -84,7 +84,7 @@ NODE_RANGES = {
     "gc_freeze_period_s": (0.0, 3600.0),
     "stream_keyframe_s": (0.1, 3600.0),
     "liveliness_lease_ms": (10.0, 60_000.0),
-    "standby_takeover_delay_ms": (0.0, 600_000.0),
+    "standby_takeover_delay_ms": (0.0, 10_000.0),  # a standby holds 2000 observations: 20 s at 100 Hz
 }
 
 
@@ -204,13 +204,16 @@ NODE_PARAMS = {
     "liveliness_lease_ms": (100.0, "the capsule stream's liveliness lease, in ms: a primary offers it, a standby "
                             "asks for it and takes over about 1.5 leases after the primary's process stops (5 when "
                             "the primary had no observation to step). "
-                            "Give both the same value (a standby asking for less than the primary offers "
-                            "receives nothing)", _ranged, False),
-    "standby_takeover_delay_ms": (0.0, "role standby: how much longer than the lease rule above this standby waits "
-                                  "before taking over. With two standbys of one robot give the second 1500 or more: "
-                                  "the first takes over and claims the robot, and the second follows the new leader "
-                                  "(and takes over when that one stops) instead of taking over beside it (two that "
-                                  "judge together both take over, and the later claim is deposed)", _ranged, False),
+                            "Give every node that may lead the robot (the primary, each standby) the same value (a "
+                            "standby asking for less than a leader offers receives nothing from it)", _ranged, False),
+    "standby_takeover_delay_ms": (0.0, "role standby: how much longer than liveliness_lease_ms's rule this standby "
+                                  "waits before taking over (0..10000). Give every standby of one robot after the "
+                                  "first its own delay, 1500 apart or more (Fast DDS's 1 s shared-memory health check "
+                                  "+ 0.5 s: the first's claim can wait that long after a kill -9): the first takes "
+                                  "over and claims the robot, the others follow the new leader (and take over when "
+                                  "it stops) instead of taking over beside it (two that judge together both take "
+                                  "over, and the later claim is deposed). A takeover then steps the delay's held "
+                                  "observations in one burst", _ranged, False),
     "capsule_stream": (True, "publish every capsule record on ~/capsule_stream (reliable, off the step's thread) "
                        "for replicas and bags, and serve ~/capsule_stream/resync", _bool, False),
     "gc_freeze_period_s": (5.0, "every this many seconds, Python's garbage collector collects what is new and "

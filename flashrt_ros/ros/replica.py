@@ -75,16 +75,16 @@ class ReplicaLink:
         if primary_client is not None:
             primary_client.destroy()
 
-    def _follow(self, claim) -> None:
+    def _follow(self, claim) -> bool:
         """Another node claimed the robot (executor thread): rebuild from its stream, keeping the timeline it
         inherited (up to claim.capsule_id); what the old leader recorded after that goes once the new stream's
-        first record passed its checks."""
+        first record passed its checks. False: not followed (logged), the old stream kept."""
         was, old = self.primary, (self.primary_client, self.client, self.sub)
         try:
             self._connect(claim.node)
         except Exception as e:  # noqa: BLE001 - a claim is outside input: stay with the stream we had
             self.node.get_logger().error(f"leader claim of {claim.node!r} not followed: {type(e).__name__}: {e}")
-            return
+            return False
         self._release(resync=old[1], sub=old[2])
         if self._retired is not None:
             self._retired.destroy()
@@ -94,6 +94,7 @@ class ReplicaLink:
         self.node.get_logger().warning(
             f"{claim.node} leads the robot since epoch {claim.epoch} (it continued from capsule {claim.capsule_id}): "
             f"following its capsule stream instead of {was}'s")
+        return True
 
     def _on_cut(self, after: int, gone: list[int]) -> None:
         self.node.get_logger().warning(f"{self.primary}'s stream checked: dropped the {len(gone)} capsules the old "

@@ -51,10 +51,11 @@ class NodeRoles:
     def _take_over(self, link: StandbyLink) -> None:
         """The primary's process is gone (liveliness, executor thread): continue from the newest record."""
         session, pending = self.session, link.pending()
-        last, epoch = link.replica.last, max(link.epoch, self._leader.newest_seen) + 1
+        last, epoch = link.replica.newest(), max(link.epoch, self._leader.newest_seen) + 1
         if last is None:  # nothing to continue from: stepping from zeros would be another robot's policy
-            self.get_logger().error(f"{link.primary} stopped before this standby held any capsule of it: not taking "
-                                    "over (start the standby before the primary steps, or restart the primary)")
+            self.get_logger().error(f"{link.primary} stopped before this standby held any capsule of its timeline: "
+                                    "not taking over (start the standby before the primary steps, or restart the "
+                                    "primary)")
             return
         link.destroy()
         self._replica = None

@@ -11,6 +11,11 @@ publishes from then on. Its policy_step numbering continues the primary's, so a 
 by step. Byte-identity with a primary that never crashed holds for a timeline that only stepped after the
 newest record (a rollback or a commit the stream had not delivered is not known to the standby), and needs
 stamped observations (header.stamp set by the sensor, unique and increasing).
+
+It follows whoever leads the robot (LeaderWatch, as a replica does): after another standby took over, the new
+leader's stream and liveliness are the ones watched, its silence counting as a lapse until it is seen alive,
+and a takeover before its first keyframe continues from the capsule its claim names (StreamReplica.newest).
+``standby_takeover_delay_ms`` lets a second standby leave the takeover to the first.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ class StandbyLink(ReplicaLink):
         self.buffer: collections.deque = collections.deque(maxlen=BUFFER_MAX)  # (stamp_ns, arrived_at, message)
         self.overflowed = 0  # observations pushed out of a full buffer (a stalled stream)
         self._alive_seen = self._lapsed = False
+        self._unconfirmed = False  # following a new leader not yet seen alive: its silence counts as a lapse
         self._recheck = None  # a one-shot timer: the lapse looked at again
         self._record_at = self._lapsed_at = time.monotonic()
         self.lost_at = 0.0  # monotonic time the primary was judged lost (0: not yet)
@@ -78,17 +84,18 @@ class StandbyLink(ReplicaLink):
             self._check_lapse()
 
     def pending(self) -> list:
-        """The observations after the newest record, oldest first."""
-        last = self.replica.last
+        """The observations after what a takeover continues from (replica.newest()), oldest first."""
+        last = self.replica.newest()
         after = last.stamp_ns if last is not None else -1
         return [msg for stamp, _, msg in self.buffer if stamp > after]
 
     def _on_liveliness(self, info) -> None:
         if info.alive_count > 0:
-            if self._lapsed or self.lost_at:  # lost_at: a loss the node did not act on (nothing held): watch again
+            # lost_at: a loss the node did not act on (nothing held): watch again
+            if (self._lapsed and not self._unconfirmed) or self.lost_at:
                 self.node.get_logger().info(f"{self.primary}: alive again; standing by")
                 self.lost_at = 0.0
-            self._alive_seen, self._lapsed = True, False
+            self._alive_seen, self._lapsed, self._unconfirmed = True, False, False
             return
         if self._alive_seen:
             if not self._lapsed:
@@ -115,19 +122,22 @@ class StandbyLink(ReplicaLink):
             return
         self.lost_at = now
         still = f" (and {stalled_s * 1e3:.0f} ms this node stood still)" if stalled_s else ""
-        self.node.get_logger().warning(f"{self.primary}: liveliness " + why.format(waited_s * 1e3) + still)
+        seen = "not seen alive since it claimed the robot: " if self._unconfirmed else ""
+        self.node.get_logger().warning(f"{self.primary}: {seen}liveliness " + why.format(waited_s * 1e3) + still)
         self.on_primary_lost(self)
 
-    def _follow(self, claim) -> None:
-        """Another node leads the robot now: watch its stream and liveliness from scratch (a lapse of the old
-        leader's is no reason to take over from the new one)."""
-        was = self.primary
-        super()._follow(claim)
-        if self.primary != was:
-            self._cancel_recheck()
-            self._alive_seen = self._lapsed = False
-            self.lost_at = 0.0
-            self._record_at = self._lapsed_at = time.monotonic()
+    def _follow(self, claim) -> bool:
+        """Another node leads the robot now: watch its stream and liveliness from scratch. Until it is seen
+        alive, its silence counts as a lapse from the claim on (it may die before its liveliness ever reached
+        this node, and then no event would come)."""
+        if not super()._follow(claim):
+            return False
+        self._cancel_recheck()
+        self._alive_seen = self._lapsed = self._unconfirmed = True
+        self.lost_at = 0.0
+        self._record_at = self._lapsed_at = time.monotonic()
+        self._check_lapse()
+        return True
 
     def _recheck_in(self, delay_s: float) -> None:
         self._cancel_recheck()  # one at a time (a timer repeats: a second one would leak)

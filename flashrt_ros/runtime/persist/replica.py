@@ -68,6 +68,7 @@ class StreamReplica:
         self.meta_of = meta_reader(session.arena)
         session.store.continue_ids_after(LOCAL_IDS_FROM - 1)
         self.last: Record | None = None
+        self.inherited = 0  # new_source: the capsule the followed leader continued from
         # the timeline of the capsules held (0: none yet); a replica reactivated on a session that holds some
         # keeps theirs, so another run's keyframe still replaces them
         self.timeline = session.timeline if session.store.list() else 0
@@ -95,19 +96,29 @@ class StreamReplica:
         check (a claim alone, which anyone on the domain can send, drops nothing). What-if capsules (local
         ids) stay. Waits for a keyframe."""
         self._cut_after, self._cut_keep = inherited_through, epoch_ids(epoch)
+        self.inherited = inherited_through
         self.last, self.last_seq, self.waiting = None, 0, True
 
-    def _cut(self) -> None:
-        s, after, (keep_from, keep_end) = self.session, self._cut_after, self._cut_keep
+    def newest(self):
+        """What a standby's takeover continues from (a Record or CapsuleInfo: id, step, stamp_ns), or None: the
+        newest record applied; after new_source and before the new stream's first record applied, the capsule
+        the new leader continued from, if held (it stepped on from there)."""
+        if self.last is not None:
+            return self.last
+        s = self.session
         with s.lock:
-            gone = [c.id for c in s.store.list()
-                    if after < c.id < LOCAL_IDS_FROM and not keep_from <= c.id < keep_end]
-            for cid in gone:
-                s.store.drop(cid)
-            if s._live_id in gone:  # noqa: SLF001 - row 0 still holds that state, but no capsule names it
-                s._live_id = 0  # noqa: SLF001
+            return s.store.get(self.inherited) if self.inherited and self.inherited in s.store else None
+
+    def _cut(self) -> list[int]:
+        """new_source's drop (the caller holds the session's lock); the ids dropped."""
+        s, after, (keep_from, keep_end) = self.session, self._cut_after, self._cut_keep
+        gone = [c.id for c in s.store.list() if after < c.id < LOCAL_IDS_FROM and not keep_from <= c.id < keep_end]
+        for cid in gone:
+            s.store.drop(cid)
+        if s._live_id in gone:  # noqa: SLF001 - row 0 still holds that state, but no capsule names it
+            s._live_id = 0  # noqa: SLF001
         self._cut_after = None
-        self.on_cut(after, gone)
+        return gone
 
     def lead(self, epoch: int) -> None:
         """This session leads the robot from here at ``epoch`` (a standby took over): its new capsules take
@@ -119,6 +130,8 @@ class StreamReplica:
         with s.lock:
             for cid in [c.id for c in s.store.list() if c.id >= LOCAL_IDS_FROM]:
                 s.store.drop(cid)
+            if self._cut_after is not None:  # it took over from the capsule a leader it followed continued from,
+                self._cut()  # before that leader's first record: what older leaders recorded after it goes now
             newest = max((c.id for c in s.store.list()), default=0)
             s.store.number_after(max(newest, epoch_ids(epoch)[0] - 1), LOCAL_IDS_FROM)
 
@@ -142,7 +155,10 @@ class StreamReplica:
         if new_run and rec.kind == RESYNC:
             self._drop_all(timeline)
         elif not new_run and self._cut_after is not None and rec.kind != DELTA:  # the new leader's first that counts
-            self._cut()
+            after = self._cut_after
+            with self.session.lock:
+                gone = self._cut()
+            self.on_cut(after, gone)
         if new_run and rec.kind != RESYNC or self.waiting and rec.kind == DELTA \
                 or rec.kind == LIVE and rec.id not in self.session.store:
             self._skipped += 1
