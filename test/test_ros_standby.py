@@ -61,6 +61,17 @@ def _steps_by_number(steps) -> dict[int, list[bytes]]:
     return out
 
 
+def _every_step_as_uncrashed(got: dict[int, list[bytes]], n: int):
+    """Steps 1..n each seen (duplicates allowed) and byte-identical to a node that never crashed, fed the same
+    observations; returns that reference, stepped n times."""
+    ref = reference_session()
+    want = [ref.step(o).action.astype(np.float32).tobytes() for o in OBS[:n]]
+    assert sorted(got) == list(range(1, n + 1)), f"steps left unstepped: {sorted(set(range(1, n + 1)) - set(got))}"
+    for step, actions in got.items():
+        assert all(a == want[step - 1] for a in actions), f"step {step} differs from the uncrashed reference"
+    return ref
+
+
 def _stop_all(procs, planner) -> list[str]:
     planner.close()
     logs = []
@@ -103,11 +114,7 @@ def test_a_standby_takes_over_a_killed_primary_and_continues_byte_exactly(ros_do
     assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
     assert "deposed: /robot1_standby/flashrt leads the robot since epoch 2" in logs[2], logs[2][-3000:]
     assert "Traceback" not in logs[1], logs[1][-3000:]
-    ref = reference_session()
-    want = [ref.step(o).action.astype(np.float32).tobytes() for o in OBS[:120]]
-    assert sorted(got) == list(range(1, 121)), f"steps left unstepped: {sorted(set(range(1, 121)) - set(got))}"
-    for step, actions in got.items():
-        assert all(a == want[step - 1] for a in actions), f"step {step} differs from the uncrashed reference"
+    ref = _every_step_as_uncrashed(got, 120)
     ref.rollback(steps_back=5)
     assert after_rollback.tobytes() == np.stack([ref.step(o).action for o in OBS[120:125]]).astype(np.float32).tobytes()
 
@@ -226,11 +233,7 @@ def test_a_second_standby_follows_the_first_that_took_over_and_takes_over_when_i
     assert "took over from /robot1/flashrt" not in logs[2], logs[2][-3000:]
     assert _log_time(logs[2], "took over from /robot1_standby") - killed_at[0] > 2.0, logs[2][-3000:]  # its delay
     assert "Traceback" not in logs[2], logs[2][-3000:]
-    ref = reference_session()
-    want = [ref.step(o).action.astype(np.float32).tobytes() for o in OBS[:160]]
-    assert sorted(got) == list(range(1, 161)), f"steps left unstepped: {sorted(set(range(1, 161)) - set(got))}"
-    for step, actions in got.items():
-        assert all(a == want[step - 1] for a in actions), f"step {step} differs from the uncrashed reference"
+    _every_step_as_uncrashed(got, 160)
 
 
 def test_a_frozen_primary_resumed_after_a_takeover_is_deposed_and_steps_no_more(ros_domain, tmp_path):
