@@ -14,17 +14,22 @@ WANT = json.loads(GOLDEN.read_text())
 # dev venv (constraints.txt); other builds' prefill hashes, also computed on c220c38, are listed by numpy version,
 # or by numpy version and OpenBLAS kernel family where that family rounds differently (numpy 1.26.4's 'Zen',
 # found on an AMD EPYC: its small GEMMs differ from the Intel machine the plain entry was computed on).
+# OpenBLAS's AVX-512 families ('SkylakeX', 'Cooperlake') round the step's GEMVs differently from the AVX2 ones
+# the plain entries come from, so every output differs there: their whole runs, computed on c220c38 with numpy
+# 1.26.4 and 2.4.6 (identical on both), are listed by family.
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
 def test_fixed_run_is_byte_identical_to_the_checked_in_hashes(name):
     changes, steps = RUNS[name]
     got = golden_run(changes, steps)
-    want = dict(WANT[name])
+    core = blas_core()
+    want = dict(WANT["runs_by_blas_core"].get(core, WANT)[name])
     builds = WANT["prefill_state_by_numpy"]
-    other_build = builds.get(f"{np.__version__} {blas_core()}", builds.get(np.__version__))
-    if other_build is not None:
+    other_build = builds.get(f"{np.__version__} {core}", builds.get(np.__version__))
+    if other_build is not None and core not in WANT["runs_by_blas_core"]:
         want["prefill_state"] = other_build[name]
     assert set(got) == set(want)
     changed = sorted(k for k in got if got[k] != want[k])
-    assert not changed, f"{name}: these outputs changed bytes: {changed}"
+    assert not changed, (f"{name}: these outputs changed bytes on numpy {np.__version__}, OpenBLAS core "
+                         f"'{core}': {changed} (a build not yet listed: see test/golden_run.py)")
