@@ -34,9 +34,9 @@ def leader_qos(depth: int = 1) -> QoSProfile:
 
 READER_DEPTH = 16
 # Gaps between a claim's re-sends (~3 s in all): a reliable sample lost on the way is repaired only at its
-# writer's next periodic heartbeat (Fast DDS: every 3 s), and the claim is the writer's only sample, so a lost
-# one reached a second standby 2-2.7 s late, after its takeover delay (CI, 2026-12-04). The same claim again
-# (same stamp) changes nothing for a node that has it.
+# writer's next periodic heartbeat (Fast DDS: every 3 s), and the claim is the writer's only sample (one
+# reached a second standby 2.7 s late, after its takeover delay, in CI on 2026-12-04: likely such a loss). The
+# same claim again (same stamp) changes nothing for a node that has it.
 CLAIM_RESEND_S = (0.1, 0.2, 0.4, 0.8, 1.6)
 
 
