@@ -3,9 +3,11 @@
 Computed on c220c38 (before the one-model redesign, issue 16) and checked in as default_config.json;
 any change to an action, a capsule, an exported file or a prefill shows up as a changed hash.
 Regenerate only for an intended change of behaviour:  .venv/bin/python test/golden_run.py --write
-Another numpy build or OpenBLAS kernel family (test_golden.py names it when it fails): run this file in a
-worktree of c220c38 with that venv (OPENBLAS_CORETYPE=<family> picks one the CPU supports) and add what it prints
-under prefill_state_by_numpy or runs_by_blas_core.
+--write fills the entry of this machine's OpenBLAS kernel family: runs_by_blas_core's where that family is
+listed there (the AVX-512 ones), else the plain entries (AVX2); after an intended change, run it under both
+(OPENBLAS_CORETYPE=Haswell and =SkylakeX on an AVX-512 CPU). Another numpy build or kernel family while the
+behaviour stands (test_golden.py names it when it fails): run this file in a worktree of c220c38 with that venv
+and add what it prints under prefill_state_by_numpy or runs_by_blas_core.
 """
 from __future__ import annotations
 
@@ -124,9 +126,12 @@ def compute() -> dict[str, dict[str, str]]:
 if __name__ == "__main__":
     got = compute()
     if "--write" in sys.argv:  # other builds' hashes (test_golden.py) are kept as they were
-        kept = json.loads(GOLDEN.read_text())
-        got.update({k: kept.get(k, {}) for k in ("prefill_state_by_numpy", "runs_by_blas_core")})
-        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {GOLDEN}")
+        kept, core = json.loads(GOLDEN.read_text()), blas_core()
+        if core in kept.get("runs_by_blas_core", {}):
+            kept["runs_by_blas_core"][core] = got
+        else:
+            kept.update(got)
+        GOLDEN.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {GOLDEN} ({core or 'unknown'} kernels)")
     else:
         print(json.dumps(got, indent=1, sort_keys=True))

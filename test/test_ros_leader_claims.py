@@ -60,6 +60,7 @@ def graph(ros_domain):
 
 def test_a_claim_is_sent_again_until_a_lost_one_would_have_been_repaired(graph):
     from flashrt_ros.ros.leader import CLAIM_RESEND_S
+    assert len(CLAIM_RESEND_S) >= 3 and sum(CLAIM_RESEND_S) >= 3.0  # past Fast DDS's heartbeat period (3 s)
     t0 = time.monotonic()
     graph.guard.claim(3, step=40, capsule_id=40)
     sends = 1 + len(CLAIM_RESEND_S)
@@ -77,14 +78,16 @@ def test_a_claim_is_sent_again_until_a_lost_one_would_have_been_repaired(graph):
 def test_a_deposed_leader_stops_sending_its_claim(graph):
     from flashrt_interfaces.msg import Leader
     from flashrt_ros.ros.leader import CLAIM_RESEND_S, leader_qos
-    graph.guard.claim(2, step=10, capsule_id=10)
-    assert graph.spin_until(lambda: len(graph.claims(2)) >= 2, 10.0)  # the claim and its first re-send
     rival = graph.listener.create_publisher(Leader, TOPIC, leader_qos())
+    assert graph.spin_until(lambda: rival.get_subscription_count() >= 2, 20.0)  # matched before the claim
+    graph.guard.claim(2, step=10, capsule_id=10)
+    assert graph.spin_until(lambda: graph.claims(2), 10.0)
     rival.publish(Leader(stamp=graph.listener.get_clock().now().to_msg(), epoch=3, node="/robot9_standby/flashrt",
                          step=12, capsule_id=12))
     assert graph.spin_until(lambda: graph.deposed_by, 10.0)
-    sent_when_deposed = len(graph.claims(2))
+    sent_when_deposed = graph.guard.claims_sent
     graph.spin_until(lambda: False, sum(CLAIM_RESEND_S) + 0.5)
-    assert len(graph.claims(2)) <= sent_when_deposed + 1  # at most the one already on its way
-    assert len(graph.claims(2)) < 1 + len(CLAIM_RESEND_S)
+    assert graph.guard.claims_sent <= sent_when_deposed + 1  # at most the one between its check and its send
+    assert graph.guard.claims_sent < 1 + len(CLAIM_RESEND_S)
+    assert len(graph.claims(2)) == graph.guard.claims_sent  # each one sent was heard
     assert graph.guard.epoch == 0 and graph.deposed_by[0].epoch == 3

@@ -71,6 +71,7 @@ class LeaderGuard:
         self._stamp_ns = 0
         self._claimer: threading.Thread | None = None
         self._closing = threading.Event()
+        self.claims_sent = 0  # publishes of this node's claims (the first and its re-sends)
         self.pub = node.create_publisher(Leader, topic, leader_qos())
         self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
 
@@ -109,6 +110,7 @@ class LeaderGuard:
         if waited_ms > 100:
             self.node.get_logger().warning(f"leader claim (epoch {msg.epoch}) took {waited_ms:.0f} ms to publish "
                                            "(a dead reader's shared-memory port)")
+        self.claims_sent += 1
         return True
 
     def _on_leader(self, msg: Leader) -> None:
