@@ -18,11 +18,11 @@ from std_srvs.srv import Trigger
 from flashrt_interfaces.msg import CapsuleRecord
 
 from .convert import ns_to_stamp
+from .slow_publish import slow_publish_line
 
 STREAM_TOPIC = "~/capsule_stream"
 RESYNC_SERVICE = "~/capsule_stream/resync"
 STREAM_DEPTH = 200  # 2 s at 100 Hz
-SLOW_PUBLISH_MS = 100.0  # a record publish past this is logged (a 4 MiB keyframe takes ~9 ms here)
 
 
 def stream_qos(lease_ms: float = 0.0) -> QoSProfile:
@@ -42,16 +42,6 @@ def record_message(rec, fingerprint: str, epoch: int) -> CapsuleRecord:
                         fingerprint=fingerprint)
     msg.record = rec.blob  # uint8[]: an array.array, filled from the bytes in one copy
     return msg
-
-
-def slow_publish_line(seq: int, waited_ms: float) -> str:
-    """A WARN line for a record whose publish took over SLOW_PUBLISH_MS ('' otherwise): what makes a standby take
-    over from a living primary shows here first."""
-    if waited_ms <= SLOW_PUBLISH_MS:
-        return ""
-    return (f"capsule record {seq} took {waited_ms:.0f} ms to publish (a starved process, or Fast DDS waiting inside "
-            "the send, as when it checks a newly seen reader's shared-memory port); the node's other publishes and "
-            "its liveliness can wait as long, so a standby with a shorter liveliness_lease_ms may take over")
 
 
 class StreamPublisher:

@@ -21,6 +21,7 @@ from rclpy.validate_full_topic_name import validate_full_topic_name
 from flashrt_interfaces.msg import Leader
 
 from ..runtime.persist.replica import MAX_EPOCH
+from .slow_publish import SLOW_PUBLISH_MS
 
 LEADER_TOPIC = "flashrt_leader"
 
@@ -107,7 +108,7 @@ class LeaderGuard:
             self.node.get_logger().warning(f"leader claim (epoch {msg.epoch}) not published: {e}")
             return False
         waited_ms = (time.monotonic() - t0) * 1e3
-        if waited_ms > 100:
+        if waited_ms > SLOW_PUBLISH_MS:
             self.node.get_logger().warning(f"leader claim (epoch {msg.epoch}) took {waited_ms:.0f} ms to publish "
                                            "(a dead reader's shared-memory port)")
         self.claims_sent += 1
