@@ -968,13 +968,4 @@ MUTATIONS = [
              "                pass  # before that leader's first record",
              ["test/test_capsule_stream.py::test_a_standby_whose_new_leader_died_before_its_keyframe_continues_from_the_claim_byte_exactly"],
              "a standby taking over from a claim would serve the old primary's capsules past it as its own timeline"),
-    Mutation("leader_claim_sent_once", ROS + "leader.py",
-             "        for gap in CLAIM_RESEND_S:\n", "        for gap in ():\n",
-             ["test/test_ros_leader_claims.py::test_a_claim_is_sent_again_until_a_lost_one_would_have_been_repaired"],
-             "a claim lost on the way would reach the other nodes only at Fast DDS's next heartbeat, 3 s later"),
-    Mutation("deposed_leader_keeps_sending_its_claim", ROS + "leader.py",
-             "self._closing.wait(gap) or (self.epoch, self._stamp_ns) != (msg.epoch, stamp_ns):",
-             "self._closing.wait(gap):",
-             ["test/test_ros_leader_claims.py::test_a_deposed_leader_stops_sending_its_claim"],
-             "a deposed node would go on announcing itself as the leader"),
 ]

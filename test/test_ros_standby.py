@@ -178,6 +178,9 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
         assert "Traceback" not in log, log[-3000:]
 
 
+DISCOVERY_SETTLE_S = 3.5  # longer than the slowest discovery of a just-activated standby seen here (3.2 s)
+
+
 def _log_time(log: str, text: str) -> float:
     """The ROS log stamp (seconds) of the first line holding ``text``."""
     line = next(ln for ln in log.splitlines() if text in ln)
@@ -206,6 +209,9 @@ def test_a_second_standby_follows_the_first_that_took_over_and_takes_over_when_i
         planner.run(OBS[:40])
         for client, proc in ((remote, standby), (remote2, second)):
             _wait_held(planner, client, planner.steps[-1].capsule_id, primary, proc)
+        # Discovery first (README): the second's leader reader must match the first's writer before the kill;
+        # for a node activated just before, that took up to 3.2 s here under load, and the claim came too late.
+        planner.spin(DISCOVERY_SETTLE_S)
         os.kill(primary.proc.pid, signal.SIGKILL)
 
         def kill_the_first():

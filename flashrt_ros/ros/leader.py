@@ -34,11 +34,6 @@ def leader_qos(depth: int = 1) -> QoSProfile:
 
 
 READER_DEPTH = 16
-# Gaps between a claim's re-sends (~3 s in all): a reliable sample lost on the way is repaired only at its
-# writer's next periodic heartbeat (Fast DDS: every 3 s), and the claim is the writer's only sample (one
-# reached a second standby 2.7 s late, after its takeover delay, in CI on 2026-12-04: likely such a loss). The
-# same claim again (same stamp) changes nothing for a node that has it.
-CLAIM_RESEND_S = (0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 def outranks(theirs: Leader, epoch: int, stamp_ns: int) -> bool:
@@ -71,8 +66,6 @@ class LeaderGuard:
         self.newest_seen = 0  # the newest epoch any node claimed
         self._stamp_ns = 0
         self._claimer: threading.Thread | None = None
-        self._closing = threading.Event()
-        self.claims_sent = 0  # publishes of this node's claims (the first and its re-sends)
         self.pub = node.create_publisher(Leader, topic, leader_qos())
         self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
 
@@ -85,34 +78,20 @@ class LeaderGuard:
         # a send to its shared-memory port can wait out Fast DDS's health check (1 s) inside publish; the
         # takeover's held steps and first actions must not wait behind it (the claim's order vs them is free:
         # a deposed node learns of the claim whenever it lands).
-        self._claimer = threading.Thread(target=self._send_claim, args=(msg, now.nanoseconds),
-                                         name="flashrt_leader_claim", daemon=True)
+        self._claimer = threading.Thread(target=self._publish, args=(msg,), name="flashrt_leader_claim", daemon=True)
         self._claimer.start()
 
-    def _send_claim(self, msg: Leader, stamp_ns: int) -> None:
-        """Publish the claim, then again after each CLAIM_RESEND_S gap while it stands (not deposed, not
-        replaced by a newer claim of this node, the node not closing)."""
-        if not self._publish(msg):
-            return
-        for gap in CLAIM_RESEND_S:
-            if self._closing.wait(gap) or (self.epoch, self._stamp_ns) != (msg.epoch, stamp_ns):
-                return
-            if not self._publish(msg):
-                return
-
-    def _publish(self, msg: Leader) -> bool:
+    def _publish(self, msg: Leader) -> None:
         t0 = time.monotonic()
         try:
             self.pub.publish(msg)
         except Exception as e:  # noqa: BLE001 - the node deactivated meanwhile: nobody to tell
             self.node.get_logger().warning(f"leader claim (epoch {msg.epoch}) not published: {e}")
-            return False
+            return
         waited_ms = (time.monotonic() - t0) * 1e3
         if waited_ms > SLOW_PUBLISH_MS:
             self.node.get_logger().warning(f"leader claim (epoch {msg.epoch}) took {waited_ms:.0f} ms to publish "
                                            "(a dead reader's shared-memory port)")
-        self.claims_sent += 1
-        return True
 
     def _on_leader(self, msg: Leader) -> None:
         if not well_formed(self.node, msg):
@@ -123,7 +102,6 @@ class LeaderGuard:
             self.on_deposed(msg)
 
     def destroy(self) -> None:
-        self._closing.set()
         if self._claimer is not None:
             self._claimer.join(timeout=2.0)  # a claim still waiting on a dead port: longer than its health check
         self.node.destroy_subscription(self.sub)
