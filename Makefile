@@ -149,13 +149,10 @@ REPRODUCE_ARGS ?=
 reproduce: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(WITH_ROS_LOG) $(PY) scripts/reproduce.py $(REPRODUCE_ARGS)
 
-# On a GPU machine; works without .venv (the device image has cupy, numpy, pytest, safetensors).
+# On a GPU machine; works without .venv (the device image has cupy, numpy, numba, pytest, safetensors).
 GPU_PY ?= $(if $(wildcard $(VENV)/bin/python),$(PY),python3)
 gpu-check:
-	@mkdir -p out
-	PYTHONPATH=$(CURDIR) $(GPU_PY) -m pytest -q -m gpu test/test_gpu.py
-	PYTHONPATH=$(CURDIR) $(GPU_PY) -m flashrt_ros.tools.bench gpu --json out/bench_gpu.json
-	PYTHONPATH=$(CURDIR) $(GPU_PY) -m flashrt_ros.tools.bench runtime --backend cuda --json out/bench_runtime_cuda.json
+	GPU_PY=$(GPU_PY) scripts/gpu_check.sh
 
 clean:
 	rm -rf build out .pytest_cache

@@ -134,17 +134,22 @@ def test_gpu_bench_measurements_run_on_the_cpu_backend_at_toy_sizes():
     assert set(s["step_capsule_overhead"]) == {"kv_window_128"}
 
 
-def test_gpu_bench_without_a_device_exits_with_one_clear_line(tmp_path):
+@pytest.mark.parametrize("argv, first_words", [
+    (["gpu"], "flashrt-bench gpu: no usable CUDA device: cupy is not importable"),
+    (["runtime", "--quick", "--backend", "cuda"],
+     "flashrt-bench runtime: backend 'cuda' requested but unavailable: cupy is not importable"),
+])
+def test_gpu_benches_without_a_device_exit_with_one_clear_line(tmp_path, argv, first_words):
     """On every machine, a GPU one too: a process where CuPy cannot be imported."""
     import os
 
     from ros_harness import env_without_module
     env = env_without_module(dict(os.environ, PYTHONPATH=str(ROOT)), tmp_path / "shim", "cupy")
-    res = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.bench", "gpu"], cwd=ROOT, env=env,
+    res = subprocess.run([sys.executable, "-m", "flashrt_ros.tools.bench", *argv], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stdout[-1000:] + res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("flashrt-bench gpu: no usable CUDA device: cupy is not importable")
+    assert len(lines) == 1 and lines[0].startswith(first_words), res.stderr[-2000:]
 
 
 @pytest.mark.gpu

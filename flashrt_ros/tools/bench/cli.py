@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ...runtime.engine.backend import BackendUnavailable
 from ..common import add_backend_argument, write_json
 from ..machine import load_average, with_machine
 
@@ -93,6 +94,9 @@ def main(argv=None) -> int:
         write_json(result, args.json)
     except KeyboardInterrupt:
         return 130
+    except BackendUnavailable as e:  # a --backend this machine lacks: one line, not a traceback
+        print(f"flashrt-bench {args.which}: {e}", file=sys.stderr)
+        return 1
     if getattr(args, "plot", None):
         draw_bench(args.which, result, args.plot)
     return 0
