@@ -23,18 +23,24 @@ def gpu():
     return Session(PolicyConfig(capsule_capacity=64, action_noise_std=0.02), "cuda")
 
 
-def test_graph_replay_equals_eager_launches_bit_for_bit(gpu):
+def test_graph_replay_equals_eager_launches_bit_for_bit():
+    """Its own session: eager launches go through `step` (page bookkeeping and all). Launching the live
+    step's kernels without it wrote KV through stale page tables and broke every later test sharing the
+    session (H200, 2026-12-04)."""
+    s = Session(PolicyConfig(capsule_capacity=64, action_noise_std=0.02), "cuda")
     obs = observation_trace(80)
-    actions(gpu, obs[:40])
-    cid = gpu.pin(gpu.live_capsule_id).id
-    graph = actions(gpu, obs[40:80])
-    gpu.rollback(cid)
-    eager = []
-    for o in obs[40:80]:
-        gpu.backend.from_host(gpu.arena["obs"][0], o)
-        gpu._live.replay_eager()
-        eager.append(gpu.backend.to_host(gpu.arena["action"][0]))
-    assert np.stack(eager).tobytes() == graph.tobytes()
+    actions(s, obs[:40])
+    cid = s.pin(s.live_capsule_id).id
+    graph = actions(s, obs[40:80])
+    graph_state = s.state_host()
+    s.rollback(cid)
+    s._live.replay = s._live.replay_eager  # the same launches, one by one instead of the captured graph
+    try:
+        eager = actions(s, obs[40:80])
+    finally:
+        del s._live.replay
+    assert eager.tobytes() == graph.tobytes()
+    assert s.state_host().tobytes() == graph_state.tobytes()
 
 
 def test_cuda_restore_is_byte_exact_after_dirty_branches(gpu):

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...runtime import PolicyConfig, Session
-from ...runtime.model.kernels import KV_PAGE
+from ...runtime.model.kernels import KV_PAGE, window_pages
+from ...runtime.state.sizing import StoreSizes
 from ..common import progress, synthetic_trace
 from .measure import (
     capsule_bytes_per_step,
@@ -114,14 +115,27 @@ def graph_vs_eager(s: Session, plan: GpuPlan) -> dict:
             "graph_speedup_vs": "eager per-op launches of the same live step, same device"}
 
 
+def copy_fork_budget_mb(cfg: PolicyConfig, plan: GpuPlan) -> float:
+    """The configured budget, doubled until the copy_fork arm fits: it copies the whole window into each
+    branch's private pages (4 x 16384 needs ~520 pages; the default 512 MB holds 471 there)."""
+    W, budget = cfg.kv_window, cfg.capsule_budget_mb
+    branches = max((b for b, _, w in plan.replan_cases if w == W), default=0)
+    need = (branches + 2) * (window_pages(W) + 2) + 2 * cfg.max_branches  # branches' copies, live window, base
+    while StoreSizes.plan(cfg.replace(capsule_budget_mb=budget)).log_pages < need:
+        budget *= 2
+    return budget
+
+
 def point(cfg: PolicyConfig, backend, plan: GpuPlan) -> dict:
+    cfg = cfg.replace(capsule_budget_mb=copy_fork_budget_mb(cfg, plan))
     W = cfg.kv_window
     s = Session(cfg, backend)
     fill = -(-(W + 64) // KV_PAGE) * KV_PAGE  # a full, wrapped window, ending on a page boundary
     obs = synthetic_trace(fill + plan.bytes_steps + 2 * plan.overhead_pairs + 64, cfg.obs_dim, seed=W)
     progress(f"kv_window {W}: {fill} steps to fill the window")
     lat = [s.step(o).latency_ms for o in obs[:fill]]
-    out = {"kv_window": W, "kv_len": live_kv_len(s), "step_latency_ms": stats_ms(lat[len(lat) // 2:])}
+    out = {"kv_window": W, "budget_mb": cfg.capsule_budget_mb, "kv_len": live_kv_len(s),
+           "step_latency_ms": stats_ms(lat[len(lat) // 2:])}
     out["capsule_bytes_per_step"] = capsule_bytes_per_step(s, obs[fill:fill + plan.bytes_steps])
     rest = obs[fill + plan.bytes_steps:]
     progress(f"kv_window {W}: snapshot copy vs raw copy, snapshot/restore")
