@@ -52,7 +52,11 @@ def bench_commands(duration_s: float) -> dict[str, list[str]]:
             "persist": py + ["flashrt_ros.tools.bench", "persist"],
             "stream": py + ["flashrt_ros.tools.bench", "stream"],
             "demo": py + ["flashrt_ros.tools.demo", "--duration", f"{duration_s:g}"],
-            "gpu": py + ["flashrt_ros.tools.bench", "gpu"]}
+            "gpu": py + ["flashrt_ros.tools.bench", "gpu"],
+            "runtime_cuda": py + ["flashrt_ros.tools.bench", "runtime", "--backend", "cuda"]}
+
+
+GPU_BENCHES = ("gpu", "runtime_cuda")  # skipped, not failed, without a CUDA device
 
 
 def compare(spec: dict, table: str, fresh: dict | None, skipped: str | None = None) -> dict:
@@ -145,9 +149,9 @@ def main(argv=None) -> int:
     fresh, why, load = {}, {}, {}
     for i, b in enumerate(benches, 1):
         progress(f"bench {i}/{len(benches)}: {b}")
-        if b == "gpu" and (reason := gpu_unavailable()):
+        if b in GPU_BENCHES and (reason := gpu_unavailable()):
             fresh[b], why[b] = None, f"no usable CUDA device ({reason})"
-            progress(f"gpu: skipped: {why[b]}")
+            progress(f"{b}: skipped: {why[b]}")
             continue
         load[b] = round(os.getloadavg()[0], 2)
         fresh[b], why[b] = run_bench(b, cmds[b], out)
@@ -158,7 +162,7 @@ def main(argv=None) -> int:
         result["load_avg_1min_at_start"], result["cpu_count"] = load.get(b), os.cpu_count()
         result["machine"] = (fresh[b] or {}).get("machine")
         result["readme_machine"] = spec["tables"][t].get("machine", "not recorded")
-        failed |= fresh[b] is None and b != "gpu"
+        failed |= fresh[b] is None and b not in GPU_BENCHES
         (out / f"reproduce_{t}.json").write_text(json.dumps(result, indent=2) + "\n")
         print(format_table(result), flush=True)
         if not result["skipped"]:
