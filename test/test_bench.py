@@ -152,6 +152,26 @@ def test_gpu_benches_without_a_device_exit_with_one_clear_line(tmp_path, argv, f
     assert len(lines) == 1 and lines[0].startswith(first_words), res.stderr[-2000:]
 
 
+def test_the_gpu_check_script_without_a_device_runs_every_part_and_fails_naming_why(tmp_path):
+    """scripts/gpu_check.sh (make gpu-check) where CuPy cannot be imported: the tests skip, each bench
+    says why in one line, every part leaves its log, and the check exits non-zero."""
+    import os
+
+    from ros_harness import env_without_module
+    env = env_without_module(dict(os.environ, OUT=str(tmp_path / "out"), GPU_PY=sys.executable),
+                             tmp_path / "shim", "cupy")
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode != 0, res.stdout[-3000:]
+    assert "== gpu_tests: exit 0" in res.stdout and "== bench_gpu: exit 1" in res.stdout, res.stdout[-3000:]
+    assert "== bench_runtime_cuda: exit 1" in res.stdout, res.stdout[-3000:]
+    logs = {p.name: p.read_text() for p in (tmp_path / "out").glob("*.log")}
+    assert set(logs) == {"env.log", "gpu_tests.log", "bench_gpu.log", "bench_runtime_cuda.log"}
+    assert " skipped" in logs["gpu_tests.log"] and " passed" not in logs["gpu_tests.log"]
+    assert "no usable CUDA device" in logs["bench_gpu.log"]
+    assert "backend 'cuda' requested but unavailable" in logs["bench_runtime_cuda.log"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(cuda_probe() is not None, reason=f"no CUDA device: {cuda_probe()}")
 def test_quick_runtime_bench_runs_on_cuda_with_an_exact_restore(tmp_path):
