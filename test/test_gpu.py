@@ -18,16 +18,19 @@ def actions(s, obs):
     return np.stack([s.step(o).action for o in obs])
 
 
+GPU_CFG = PolicyConfig(capsule_capacity=64, action_noise_std=0.02)  # the default model, a small store
+
+
 @pytest.fixture(scope="module")
 def gpu():
-    return Session(PolicyConfig(capsule_capacity=64, action_noise_std=0.02), "cuda")
+    return Session(GPU_CFG, "cuda")
 
 
 def test_graph_replay_equals_eager_launches_bit_for_bit():
     """Its own session: eager launches go through `step` (page bookkeeping and all). Launching the live
     step's kernels without it wrote KV through stale page tables and broke every later test sharing the
     session (H200, 2026-12-04)."""
-    s = Session(PolicyConfig(capsule_capacity=64, action_noise_std=0.02), "cuda")
+    s = Session(GPU_CFG, "cuda")
     obs = observation_trace(80)
     actions(s, obs[:40])
     cid = s.pin(s.live_capsule_id).id
