@@ -968,4 +968,10 @@ MUTATIONS = [
              "                pass  # before that leader's first record",
              ["test/test_capsule_stream.py::test_a_standby_whose_new_leader_died_before_its_keyframe_continues_from_the_claim_byte_exactly"],
              "a standby taking over from a claim would serve the old primary's capsules past it as its own timeline"),
+    Mutation("standby_holds_observations_its_records_covered", ROS + "held_observations.py",
+             "        if recorded_ns is not None and stamp_ns <= recorded_ns:\n            return False",
+             "        if False:\n            return False",
+             ["test/test_held_observations.py"],
+             "an observation arriving after its own step's record would start the 'record due' clock early, and a "
+             "delayed standby of an idle primary would take over at once beside the first"),
 ]

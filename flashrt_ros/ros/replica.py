@@ -194,7 +194,7 @@ def role_diagnostics(role: str, stream, link: ReplicaLink | None, leader=None, d
     if st.last_error:
         values["replica_last_error"] = st.last_error
     if hasattr(link, "buffer"):  # a standby
-        values.update(standby_held_observations=len(link.pending()), standby_buffer_overflowed=link.overflowed)
+        values.update(standby_held_observations=len(link.pending()), standby_buffer_overflowed=link.buffer.overflowed)
     warn = ""
     if st.waiting_for_keyframe:
         warn = (f"replica: waiting for a keyframe from {link.primary}" if st.applied

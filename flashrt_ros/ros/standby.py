@@ -19,11 +19,11 @@ and a takeover before its first keyframe continues from the capsule its claim na
 """
 from __future__ import annotations
 
-import collections
 import time
 
 from .capsule_stream import stream_qos
 from .convert import stamp_to_ns
+from .held_observations import HeldObservations
 from .replica import ReplicaLink
 from .stall_clock import STALL_TICK_S, StallClock
 
@@ -32,7 +32,6 @@ try:  # rclpy >= Iron
 except ImportError:  # Humble
     from rclpy.qos_event import SubscriptionEventCallbacks
 
-BUFFER_MAX = 2000  # observations held (20 s at 100 Hz): far more than a lease's worth
 # A lapse alone is not death: a primary stalled for about one lease (a loaded machine) lapses too. The
 # standby takes over once the primary, with an observation to step, has also published no record for this many
 # leases (a killed primary's records stop at once, so failover takes about this many leases).
@@ -52,8 +51,7 @@ class StandbyLink(ReplicaLink):
         self.lease_s = lease_ms / 1e3
         self.delay_s = takeover_delay_ms / 1e3  # on top of the rule: a second standby lets the first take over
         self.on_primary_lost = on_primary_lost
-        self.buffer: collections.deque = collections.deque(maxlen=BUFFER_MAX)  # (stamp_ns, arrived_at, message)
-        self.overflowed = 0  # observations pushed out of a full buffer (a stalled stream)
+        self.buffer = HeldObservations()
         self._alive_seen = self._lapsed = False
         self._unconfirmed = False  # following a new leader not yet seen alive: its silence counts as a lapse
         self._recheck = None  # a one-shot timer: the lapse looked at again
@@ -70,16 +68,16 @@ class StandbyLink(ReplicaLink):
         self._record_at = time.monotonic()
         super()._on_record(msg)
         last = self.replica.last
-        while self.buffer and last is not None and self.buffer[0][0] <= last.stamp_ns:
-            self.buffer.popleft()  # stepped by the primary before its newest record reached us
+        if last is not None:
+            self.buffer.recorded(last.stamp_ns)  # stepped by the primary before its newest record reached us
 
     def hold(self, msg) -> None:
         """An observation while the primary leads (executor thread)."""
         header = getattr(msg, "header", None)
         stamp = stamp_to_ns(header.stamp) if header is not None else 0
-        if len(self.buffer) == self.buffer.maxlen:
-            self.overflowed += 1
-        self.buffer.append((stamp, time.monotonic(), msg))
+        last = self.replica.last
+        if not self.buffer.hold(stamp, time.monotonic(), msg, last.stamp_ns if last is not None else None):
+            return
         if self._lapsed and len(self.buffer) == 1:  # work for a lapsed primary: its record is due from now on
             self._check_lapse()
 
@@ -87,7 +85,7 @@ class StandbyLink(ReplicaLink):
         """The observations after what a takeover continues from (replica.newest()), oldest first."""
         last = self.replica.newest()
         after = last.stamp_ns if last is not None else -1
-        return [msg for stamp, _, msg in self.buffer if stamp > after]
+        return self.buffer.after(after)
 
     def _on_liveliness(self, info) -> None:
         if info.alive_count > 0:
@@ -108,7 +106,7 @@ class StandbyLink(ReplicaLink):
             return
         now = time.monotonic()
         if self.buffer:  # the oldest observation the primary has not recorded: its record is due since then
-            since, need = max(self._record_at, self.buffer[0][1]), QUIET_LEASES * self.lease_s
+            since, need = max(self._record_at, self.buffer.oldest_arrival()), QUIET_LEASES * self.lease_s
             why = "lapsed and no record for {:.0f} ms with an observation to step"
         else:
             since, need = self._lapsed_at, IDLE_LEASES * self.lease_s
