@@ -974,4 +974,14 @@ MUTATIONS = [
              ["test/test_held_observations.py"],
              "an observation arriving after its own step's record would start the 'record due' clock early, and a "
              "delayed standby of an idle primary would take over at once beside the first"),
+    Mutation("branch_partial_pages_copied_short", RT + "state/kv_log.py",
+             "            self.logs[:, new_at, :n] = self.logs[:, old_at, :n]",
+             "            self.logs[:, new_at, :n - 1] = self.logs[:, old_at, :n - 1]",
+             ["test/test_replan.py::test_replan_branches_equal_rollback_and_live_stepping_bytewise"],
+             "branches copying their shared partial page together would lose its last entry"),
+    Mutation("branch_tables_written_for_the_first_row_only", RT + "state/kv_log.py",
+             "        self._write_device(row, count)\n",
+             "        self._write_device(row, 1)\n",
+             ["test/test_replan.py::test_after_a_replan_every_branch_row_reads_only_the_sink_page"],
+             "rows padded into a CUDA graph batch would write KV into pages that capsules hold"),
 ]

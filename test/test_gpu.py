@@ -59,6 +59,16 @@ def test_cuda_restore_is_byte_exact_after_dirty_branches(gpu):
     assert actions(gpu, obs[50:114]).tobytes() == first.tobytes()
 
 
+def test_cuda_branch_rows_read_only_the_sink_page_after_a_replan(gpu):
+    """The graph replays all max_branches rows: after a 3-branch replan (the branches' tables written as one
+    block, their partial pages copied in one gather), every branch row must point at the sink page again."""
+    obs = observation_trace(80, seed=9)
+    actions(gpu, obs[:70])
+    gpu.replan(gpu.live_capsule_id, np.stack([obs[70:76] + 0.1 * b for b in range(3)]).astype(np.float32))
+    tables = gpu.backend.to_host(gpu.kv.device_tables)
+    assert (tables[1:1 + gpu.cfg.max_branches] == gpu.kv.sink).all()
+
+
 @pytest.mark.parametrize("branches", [1, 3, 8])
 def test_cuda_replan_branches_equal_live_stepping_bytewise(gpu, branches):
     obs = observation_trace(120, seed=branches)

@@ -57,6 +57,20 @@ def test_a_replan_crossing_pages_and_wrapping_the_window_equals_live_stepping_by
         assert s.state_host().tobytes() == ends[b], f"branch {b}'s end state"
 
 
+@pytest.mark.parametrize("outcome", ["what_if", "commit", "cancelled"])
+def test_after_a_replan_every_branch_row_reads_only_the_sink_page(session, trace, outcome):
+    """Rows past a replan's branches are replayed too where the batch is a fixed graph (CUDA pads to max_branches):
+    their device page tables must send every write to the sink page, never into a page a capsule holds."""
+    run(session, trace[:70])
+    obs = np.stack([trace[70:78] + 0.1 * b for b in range(5)]).astype(np.float32)
+    kw = {"commit_branch": 2} if outcome == "commit" else {"cancel": lambda: True} if outcome == "cancelled" else {}
+    session.replan(session.live_capsule_id, obs, **kw)
+    kv = session.kv
+    rows = session.cfg.max_branches
+    assert (kv.tables[1:1 + rows] == -1).all()
+    assert (np.asarray(session.backend.to_host(kv.device_tables))[1:1 + rows] == kv.sink).all()
+
+
 def test_replan_without_commit_leaves_live_state_byte_identical(session, trace):
     run(session, trace[:30])
     before, live_id, step = session.state_host(), session.live_capsule_id, session.step_count

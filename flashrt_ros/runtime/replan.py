@@ -76,13 +76,14 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
                               + (session.kv.P if copy_fork else 0))
                 session.store.check_room(b * per_branch + 1, f"a replan of {b} x {h}",
                                          keep=[session.store.pages_of(capsule_id)] if capsule_id else [])
-                for r in range(1, 1 + b):  # fork: a small copy per branch, the window shared
-                    if capsule_id:
-                        session.store.restore(capsule_id, r)
-                    else:
+                if capsule_id:  # fork: a small copy per branch, the window shared
+                    session.store.restore(capsule_id, 1, b)
+                else:
+                    for r in range(1, 1 + b):
                         session.backend.copy(session.arena.state[r], session.live_row())
-                        session.kv.set_row(r, session.kv.tables[0])
-                    if copy_fork:
+                    session.kv.set_row(1, session.kv.tables[0], b)
+                if copy_fork:
+                    for r in range(1, 1 + b):
                         session.kv.privatise_window(r, base_step)
                 runner = session._branch_runner(b)
             obs_rows, act_rows = session.arena["obs"][1:1 + b], session.arena["action"][1:1 + b]
@@ -128,8 +129,7 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
                 live_id = session._live_id
         finally:
             with session.lock:
-                for r in range(1, 1 + b):  # branch rows give their pages back
-                    session.kv.clear_row(r)
+                session.kv.clear_row(1, b)  # branch rows give their pages back
         session.backend.sync()
         elapsed = (time.perf_counter() - t0) * 1e3
         met = done == h and elapsed <= limit_ms

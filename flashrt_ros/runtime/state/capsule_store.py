@@ -248,11 +248,13 @@ class CapsuleStore:
             if cid in self._caps:
                 self._what_ifs[cid] = None
 
-    def restore(self, cid: int, row: int) -> CapsuleInfo:
-        """Make ``row`` the capsule's state: one small copy; the window is shared, not copied."""
+    def restore(self, cid: int, row: int, count: int = 1) -> CapsuleInfo:
+        """Make ``row`` (rows row..row+count-1: a replan's branches) the capsule's state: one small copy each;
+        the window is shared, not copied."""
         cap = self._cap(cid)
-        self.backend.copy(self.arena.state[row], self.records[cap.record])
-        self.kv.set_row(row, cap.pages)
+        for r in range(row, row + count):
+            self.backend.copy(self.arena.state[r], self.records[cap.record])
+        self.kv.set_row(row, cap.pages, count)
         if row == 0:
             self._what_ifs.pop(cid, None)  # live now: part of the timeline
         return cap.info

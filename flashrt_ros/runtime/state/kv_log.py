@@ -34,6 +34,10 @@ class KvLog:
         self.backend = backend
         self.k = [arena[f"k_log.{layer}"] for layer in range(n_layers)]  # [n_pages, KV_PAGE, d] each
         self.v = [arena[f"v_log.{layer}"] for layer in range(n_layers)]
+        # every layer's k and v as one [2 n_layers, n_pages, KV_PAGE, d] view where they lie evenly spaced in the
+        # log slab (they do: equal sizes, page-aligned), so copying the partial pages of B rows is one gather and
+        # one scatter, not 2 n_layers B copies (each a launch on a device)
+        self.logs = _stacked(backend, arena, [f"{kv}_log.{layer}" for layer in range(n_layers) for kv in "kv"])
         self.n_pages = n_pages  # allocatable pages; the log holds one more, the sink:
         self.sink = n_pages  # where unused table slots point, so rows padded into a CUDA graph batch write harmlessly
         self.device_tables = arena["kv_pages"]  # [rows, P] int64, read by the kernels
@@ -77,9 +81,10 @@ class KvLog:
         return page
 
     # ---- rows -----------------------------------------------------------------------------
-    def _write_device(self, row: int) -> None:
-        table = self.tables[row]
-        self.backend.from_host(self.device_tables[row], self.device_table(table))
+    def _write_device(self, row: int, count: int = 1) -> None:
+        """Rows row..row+count-1's device tables from the host mirror: one transfer for all of them."""
+        rows = slice(row, row + count)
+        self.backend.from_host(self.device_tables[rows], self.device_table(self.tables[rows]))
 
     def rewrite_device_table(self, row: int) -> None:
         """After the row's small state was overwritten from elsewhere (a resumed record): its kv_pages
@@ -89,16 +94,18 @@ class KvLog:
     def device_table(self, table: np.ndarray) -> np.ndarray:
         return np.where(table >= 0, table, self.sink)
 
-    def set_row(self, row: int, pages: np.ndarray) -> None:
-        """The row now reads the window of ``pages`` (a capsule's table): references move, nothing is copied."""
+    def set_row(self, row: int, pages: np.ndarray, count: int = 1) -> None:
+        """Rows row..row+count-1 now read the window of ``pages`` (a capsule's table): references move,
+        nothing is copied."""
         pages = np.asarray(pages, np.int64)
-        self.incref(pages)
-        self.decref(self.tables[row])
-        self.tables[row] = pages
-        self._write_device(row)
+        for r in range(row, row + count):
+            self.incref(pages)
+            self.decref(self.tables[r])
+            self.tables[r] = pages
+        self._write_device(row, count)
 
-    def clear_row(self, row: int) -> None:
-        self.set_row(row, np.full(self.P, NO_PAGE, np.int64))
+    def clear_row(self, row: int, count: int = 1) -> None:
+        self.set_row(row, np.full(self.P, NO_PAGE, np.int64), count)
 
     def prepare_append(self, row: int, pos: int, extend_shared: bool = True) -> None:
         """Before the step that writes position ``pos`` in ``row``: make its page writable by this row.
@@ -106,20 +113,7 @@ class KvLog:
         ``extend_shared``: the row may append in place to a page others also hold, when it is the newest
         writer of that page. The live row does; replan branches don't (they copy the partial page once),
         so a what-if never pushes the live row into a copy of its own page."""
-        j, slot = (pos // KV_PAGE) % self.P, pos % KV_PAGE
-        page = int(self.tables[row, j])
-        if slot and page >= 0 and self.fill[page] == slot and (extend_shared or self.refs[page] == 1):
-            self.fill[page] = slot + 1  # the newest writer of this page: append in place
-            return
-        new = self.alloc()
-        if slot and page >= 0:  # copy-on-write of the partial page: someone else wrote past slot
-            for log in self.k + self.v:
-                self.backend.copy(log[new, :slot], log[page, :slot])
-        self.fill[new] = slot + 1
-        self.refs[new] += 1
-        self.decref(self.tables[row, j:j + 1])
-        self.tables[row, j] = new
-        self._write_device(row)
+        self._prepare_rows(row, 1, pos, extend_shared)
 
     def prepare_branch_appends(self, first: int, count: int, pos: int) -> None:
         """prepare_append(row, pos, extend_shared=False) for rows first..first+count-1 (a replan's branches,
@@ -130,8 +124,43 @@ class KvLog:
             if ((self.fill[pages] == slot) & (self.refs[pages] == 1)).all():  # each its own page: distinct
                 self.fill[pages] = slot + 1
                 return
+        self._prepare_rows(first, count, pos, extend_shared=False)
+
+    def _prepare_rows(self, first: int, count: int, pos: int, extend_shared: bool) -> None:
+        """prepare_append for each row in order; the partial pages of those that move are copied together, and
+        the device tables written once."""
+        j, slot = (pos // KV_PAGE) % self.P, pos % KV_PAGE
+        moved = []  # (row, new page, old page or NO_PAGE)
         for row in range(first, first + count):
-            self.prepare_append(row, pos, extend_shared=False)
+            page = int(self.tables[row, j])
+            if slot and page >= 0 and self.fill[page] == slot and (extend_shared or self.refs[page] == 1):
+                self.fill[page] = slot + 1  # the newest writer of this page: append in place
+                continue
+            new = self.alloc()  # old pages stay referenced until copied: an eviction here cannot free one
+            self.fill[new] = slot + 1
+            self.refs[new] += 1
+            moved.append((row, new, page))
+        if not moved:
+            return
+        copies = [(new, old) for _, new, old in moved if slot and old >= 0]
+        if copies:  # copy-on-write of the partial pages: someone else wrote past slot
+            self._copy_prefixes(np.array([n for n, _ in copies]), np.array([o for _, o in copies]), slot)
+        for row, new, _ in moved:
+            self.decref(self.tables[row, j:j + 1])
+            self.tables[row, j] = new
+        self._write_device(moved[0][0], moved[-1][0] - moved[0][0] + 1)
+
+    def _copy_prefixes(self, new: np.ndarray, old: np.ndarray, n: int) -> None:
+        """Entries [0, n) of pages ``old`` into pages ``new`` (distinct, fresh), in every layer's k and v."""
+        if len(new) == 1 or self.logs is None:
+            for a, b in zip(new, old):
+                for log in self.k + self.v:
+                    self.backend.copy(log[a, :n], log[b, :n])
+            return
+        xp = self.backend.xp
+        with self.backend.activate():  # on the runtime stream, ordered with the steps around it
+            new_at, old_at = xp.asarray(new, dtype=np.int64), xp.asarray(old, dtype=np.int64)
+            self.logs[:, new_at, :n] = self.logs[:, old_at, :n]
 
     def privatise_window(self, row: int, pos: int) -> int:
         """Copy every page of the row's window into fresh pages (the whole-row-copy fork, kept as the
@@ -225,3 +254,19 @@ class KvLog:
             self.decref(table)
             raise
         return table
+
+
+def _stacked(backend, arena, names: list[str]):
+    """The named equal-shaped log buffers as one [len(names), *shape] view of the log slab, or None where they
+    do not lie evenly spaced in it."""
+    first = arena.placements[names[0]]
+    offsets = [arena.placements[n].offset for n in names]
+    stride = offsets[1] - offsets[0] if len(names) > 1 else first.spec.nbytes
+    spec = first.spec
+    if any(arena.placements[n].spec.shape != spec.shape for n in names) or stride < spec.nbytes or \
+            offsets != [offsets[0] + i * stride for i in range(len(names))]:
+        return None
+    itemsize = np.dtype(spec.dtype).itemsize
+    inner = tuple(int(np.prod(spec.shape[k + 1:], dtype=np.int64)) * itemsize for k in range(len(spec.shape)))
+    return backend.view(arena.log_slab, offsets[0], (len(names),) + tuple(spec.shape), np.dtype(spec.dtype),
+                        (stride,) + inner)
