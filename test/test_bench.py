@@ -88,6 +88,15 @@ def test_replan_shared_and_copy_fork_are_reported_for_the_same_cases_with_the_wi
     assert d["copy_fork_over_shared_vs"].startswith("shared-window replan")
 
 
+def test_each_replan_is_also_measured_after_an_idle_gap_beside_the_back_to_back_one(quick):
+    d = quick[0]
+    assert set(d["replan_after_idle_ms"]) == set(d["replan_ms"])
+    assert d["replan_after_idle_vs"].startswith("the same replan back to back")
+    for case, idle in d["replan_after_idle_ms"].items():
+        assert idle["idle_ms"] == 5.0 and is_pct(idle)
+        assert idle["over_back_to_back_p50"] == pytest.approx(idle["p50"] / d["replan_ms"][case]["p50"], abs=1e-3)
+
+
 def test_the_compiled_backend_also_reports_each_replan_split_over_two_threads_in_the_same_run(quick):
     d = quick[0]
     if d["backend"] != "cpu":

@@ -7,6 +7,8 @@ order, so the noise of a shared machine hits both sides alike; ratios are of med
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ...runtime import PolicyConfig, Session
@@ -150,19 +152,25 @@ def step_capsule_overhead(s: Session, obs: np.ndarray) -> dict:
 
 # ---- replan: shared window vs a copy per branch ------------------------------------------
 def replan_ab(s: Session, branches: int, horizon: int, obs: np.ndarray, reps: int, warmup: int = 2,
-              split_threads: int = 2) -> dict:
+              split_threads: int = 2, idle_s: float = 0.0) -> dict:
     """Replan from a pinned capsule of the live state, interleaving the shared-window fork on one thread, the
-    whole-window copy fork (copy_fork=True) and, on a backend that splits rows over threads, the shared fork
-    on ``split_threads`` threads (replan_threads); branch capsules are dropped between runs."""
+    whole-window copy fork (copy_fork=True), on a backend that splits rows over threads the shared fork on
+    ``split_threads`` threads (replan_threads) and, with ``idle_s``, the shared fork after that long idle (as a
+    planner's replans come: the caches may have lost the weights and the window meanwhile); branch capsules are
+    dropped between runs."""
     base = s.snapshot(label="bench replan base", pin=True)
     plan = np.stack([obs[:horizon] + 0.1 * b for b in range(branches)]).astype(np.float32)
-    arms = {"shared": (False, 1), "copy_fork": (True, 1)}  # (copy_fork, replan_threads)
+    arms = {"shared": (False, 1, 0.0), "copy_fork": (True, 1, 0.0)}  # (copy_fork, replan_threads, idle before)
     if getattr(s.backend, "splits_rows", False):
-        arms["split"] = (False, split_threads)
+        arms["split"] = (False, split_threads, 0.0)
+    if idle_s > 0:
+        arms["after_idle"] = (False, 1, idle_s)
     samples = {name: [] for name in arms}
     threads_before = s.replan_threads
 
-    def once(copy_fork: bool, threads: int) -> float:
+    def once(copy_fork: bool, threads: int, idle: float) -> float:
+        if idle:
+            time.sleep(idle)
         s.replan_threads = threads
         r = s.replan(base.id, plan, copy_fork=copy_fork)
         for cid in r.branch_capsule_ids:
@@ -189,5 +197,9 @@ def replan_ab(s: Session, branches: int, horizon: int, obs: np.ndarray, reps: in
         split = stats_ms(samples["split"])
         out["split"] = {"threads": split_threads, **split, "speedup_p50": ratio(shared["p50"], split["p50"]),
                         "speedup_p99": ratio(shared["p99"], split["p99"])}
+    if "after_idle" in samples:
+        idle = stats_ms(samples["after_idle"])
+        out["after_idle"] = {"idle_ms": round(idle_s * 1e3, 1), **idle,
+                             "over_back_to_back_p50": ratio(idle["p50"], shared["p50"])}
     return out
 
