@@ -969,7 +969,7 @@ MUTATIONS = [
              ["test/test_capsule_stream.py::test_a_standby_whose_new_leader_died_before_its_keyframe_continues_from_the_claim_byte_exactly"],
              "a standby taking over from a claim would serve the old primary's capsules past it as its own timeline"),
     Mutation("standby_holds_observations_its_records_covered", ROS + "held_observations.py",
-             "        if recorded_ns is not None and stamp_ns <= recorded_ns:\n            return False",
+             "        if recorded_ns is not None and 0 < stamp_ns <= recorded_ns:\n            return False",
              "        if False:\n            return False",
              ["test/test_held_observations.py"],
              "an observation arriving after its own step's record would start the 'record due' clock early, and a "
@@ -984,4 +984,14 @@ MUTATIONS = [
              "        self._write_device(row, 1)\n",
              ["test/test_replan.py::test_after_a_replan_every_branch_row_reads_only_the_sink_page"],
              "rows padded into a CUDA graph batch would write KV into pages that capsules hold"),
+    Mutation("branch_copy_pages_kept_after_log_full", RT + "state/kv_log.py",
+             "            for _, new, _ in copies:\n                self.decref(np.array([new], np.int64))\n",
+             "            pass\n",
+             ["test/test_replan.py::test_a_batch_of_copy_on_writes_that_runs_out_of_pages_gives_back_what_it_took"],
+             "pages taken for copies never made would stay referenced by nothing, and check_room would count them free"),
+    Mutation("branch_page_boundary_keeps_its_old_page_until_the_batch_ends", RT + "state/kv_log.py",
+             "                if slot and page >= 0:  # copy-on-write",
+             "                if page >= 0:  # copy-on-write",
+             ["test/test_replan.py::test_a_long_replan_never_holds_more_fresh_pages_than_it_reserved"],
+             "a replan crossing page boundaries would need a page per branch more than check_room reserved"),
 ]

@@ -4,10 +4,18 @@ from flashrt_ros.ros.held_observations import HeldObservations
 
 def test_an_observation_that_arrives_after_its_record_is_not_held():
     held = HeldObservations()
+    assert held.hold(300, 1.0, "newer", recorded_ns=200)
+    assert not held.hold(200, 1.5, "stepped", recorded_ns=200)
+    assert not held.hold(150, 2.0, "older", recorded_ns=200)
+    assert held.after(0) == ["newer"] and held.oldest_arrival() == 1.0  # the late ones start no clock
+
+
+def test_an_unstamped_observation_is_held_whatever_the_record_says():
+    held = HeldObservations()
+    assert held.hold(0, 1.0, "unstamped", recorded_ns=200)  # the primary stamped its step with its own clock
+    assert held.oldest_arrival() == 1.0
     held.recorded(200)
-    assert not held.hold(200, 1.0, "stepped", recorded_ns=200)
-    assert not held.hold(150, 1.0, "older", recorded_ns=200)
-    assert len(held) == 0 and held.oldest_arrival() is None  # no record is overdue from it
+    assert len(held) == 0
 
 
 def test_the_record_due_clock_starts_at_the_oldest_unrecorded_observation():

@@ -4,6 +4,7 @@ import pytest
 
 from conftest import CPU_BACKENDS, observation_trace, small_config
 from flashrt_ros.runtime import Session
+from flashrt_ros.runtime.model.kernels import KV_PAGE
 
 
 def run(session, obs):
@@ -69,6 +70,49 @@ def test_after_a_replan_every_branch_row_reads_only_the_sink_page(session, trace
     rows = session.cfg.max_branches
     assert (kv.tables[1:1 + rows] == -1).all()
     assert (np.asarray(session.backend.to_host(kv.device_tables))[1:1 + rows] == kv.sink).all()
+
+
+def test_a_long_replan_never_holds_more_fresh_pages_than_it_reserved(backend):
+    """Branches crossing page boundaries give each old page of their own back before the next row allocates
+    (as a row at a time did), so the pages in use never grow past what check_room reserved for the replan."""
+    s = Session(small_config(kv_window=48), backend=backend)
+    trace = observation_trace(100 + 160, seed=3)
+    run(s, trace[:100])
+    b, h = 3, 160  # from step 100 across 128, 256 and 384: the 2-slot page ring wraps onto the branches' own pages
+    kv, peak = s.kv, []
+    alloc = kv.alloc
+
+    def counting_alloc():
+        page = alloc()
+        peak.append(kv.pages_used)
+        return page
+    kv.alloc = counting_alloc
+    before = kv.pages_used
+    reserved = b * min(kv.P, (100 % KV_PAGE + h) // KV_PAGE + 1) + 1  # what replan.py asks check_room for
+    s.replan(s.live_capsule_id, np.stack([trace[100:] + 0.1 * r for r in range(b)]).astype(np.float32))
+    assert max(peak) - before <= reserved
+
+
+def test_a_batch_of_copy_on_writes_that_runs_out_of_pages_gives_back_what_it_took(backend):
+    """LogFull in the middle of the branches' copy-on-write: the pages taken for the rows before it are free
+    again, and every reference count equals the tables and capsules that hold the page."""
+    from flashrt_ros.runtime.state.kv_log import LogFull
+    s = Session(small_config(), backend=backend)
+    run(s, observation_trace(70, seed=4))  # mid-page: branches forked here share the live row's partial page
+    kv = s.kv
+    kv.set_row(1, kv.tables[0], 3)
+    kv.evict_one = lambda: False
+    spare = list(kv.free)[1:]
+    for page in spare:  # one free page left for three rows that each need one
+        kv.free.remove(page)
+    with pytest.raises(LogFull):
+        kv.prepare_branch_appends(1, 3, s.step_count)
+    kv.free.extend(spare)
+    held = np.concatenate([kv.tables.ravel()] + [s.store.pages_of(c.id) for c in s.list_capsules()])
+    expected = np.bincount(held[held >= 0], minlength=kv.n_pages)[:kv.n_pages]
+    assert (kv.refs == expected).all()
+    assert (kv.tables[1:4] == kv.tables[0]).all()  # no row moved to a page it could not fill
+    assert len(set(kv.free)) == len(kv.free) == int((kv.refs == 0).sum())
 
 
 def test_replan_without_commit_leaves_live_state_byte_identical(session, trace):

@@ -22,8 +22,9 @@ class HeldObservations:
 
     def hold(self, stamp_ns: int, arrived_at: float, msg, recorded_ns: int | None) -> bool:
         """Hold ``msg`` unless the newest record applied (stamp ``recorded_ns``; None: none since the source
-        changed) already covers it. Returns whether it was held."""
-        if recorded_ns is not None and stamp_ns <= recorded_ns:
+        changed) already covers it. An unstamped observation (0: the primary stamps its step with its own
+        clock) cannot be matched to a record and is held. Returns whether it was held."""
+        if recorded_ns is not None and 0 < stamp_ns <= recorded_ns:
             return False  # its step's record came first
         if len(self._held) == self._held.maxlen:
             self.overflowed += 1

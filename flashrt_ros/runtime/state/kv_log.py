@@ -128,27 +128,43 @@ class KvLog:
 
     def _prepare_rows(self, first: int, count: int, pos: int, extend_shared: bool) -> None:
         """prepare_append for each row in order; the partial pages of those that move are copied together, and
-        the device tables written once."""
+        the device tables written once. A row that needs no copy (a page boundary) gives its old page back at
+        once, as a row at a time did, so the next row may reuse it: a replan needs no more pages than
+        check_room reserved. On a failure (LogFull) the pages taken for copies not made go back."""
         j, slot = (pos // KV_PAGE) % self.P, pos % KV_PAGE
-        moved = []  # (row, new page, old page or NO_PAGE)
-        for row in range(first, first + count):
-            page = int(self.tables[row, j])
-            if slot and page >= 0 and self.fill[page] == slot and (extend_shared or self.refs[page] == 1):
-                self.fill[page] = slot + 1  # the newest writer of this page: append in place
-                continue
-            new = self.alloc()  # old pages stay referenced until copied: an eviction here cannot free one
-            self.fill[new] = slot + 1
-            self.refs[new] += 1
-            moved.append((row, new, page))
-        if not moved:
-            return
-        copies = [(new, old) for _, new, old in moved if slot and old >= 0]
-        if copies:  # copy-on-write of the partial pages: someone else wrote past slot
-            self._copy_prefixes(np.array([n for n, _ in copies]), np.array([o for _, o in copies]), slot)
-        for row, new, _ in moved:
-            self.decref(self.tables[row, j:j + 1])
-            self.tables[row, j] = new
-        self._write_device(moved[0][0], moved[-1][0] - moved[0][0] + 1)
+        copies, changed = [], []  # (row, new page, old page) to copy; rows whose table changed
+        try:
+            for row in range(first, first + count):
+                page = int(self.tables[row, j])
+                if slot and page >= 0 and self.fill[page] == slot and (extend_shared or self.refs[page] == 1):
+                    self.fill[page] = slot + 1  # the newest writer of this page: append in place
+                    continue
+                new = self.alloc()
+                self.fill[new] = slot + 1
+                self.refs[new] += 1
+                if slot and page >= 0:  # copy-on-write (someone else wrote past slot): the old page stays
+                    copies.append((row, new, page))  # referenced until copied, so no eviction frees it
+                else:
+                    self._move(row, j, new)
+                    changed.append(row)
+            if copies:
+                self._copy_prefixes(np.array([c[1] for c in copies]), np.array([c[2] for c in copies]), slot)
+        except BaseException:
+            for _, new, _ in copies:
+                self.decref(np.array([new], np.int64))
+            copies = []
+            raise
+        finally:
+            for row, new, _ in copies:
+                self._move(row, j, new)
+                changed.append(row)
+            if changed:
+                self._write_device(min(changed), max(changed) - min(changed) + 1)
+
+    def _move(self, row: int, j: int, page: int) -> None:
+        """Slot j of the row's table now names ``page`` (whose reference the row already holds)."""
+        self.decref(self.tables[row, j:j + 1])
+        self.tables[row, j] = page
 
     def _copy_prefixes(self, new: np.ndarray, old: np.ndarray, n: int) -> None:
         """Entries [0, n) of pages ``old`` into pages ``new`` (distinct, fresh), in every layer's k and v."""

@@ -164,7 +164,8 @@ def full_window_points(s: Session, obs: np.ndarray, plan: Plan, out: dict) -> No
                      f"idle, {plan.replan_reps} reps each, interleaved")
             r = replan_ab(s, b, h, obs[2 * plan.overhead_pairs:], plan.replan_reps, idle_s=plan.replan_idle_s)
             out["replan_ms"][r["case"]] = r["shared"]
-            out["replan_after_idle_ms"][r["case"]] = r["after_idle"]
+            if "after_idle" in r:
+                out["replan_after_idle_ms"][r["case"]] = r["after_idle"]
             out["copy_fork_replan_ms"][r["case"]] = r["copy_fork"]
             out["copy_fork_over_shared"][r["case"]] = r["copy_fork_over_shared"]
             if "split" in r:  # the same replans on replan_threads threads (cpu), same run
