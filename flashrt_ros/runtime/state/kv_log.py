@@ -113,7 +113,8 @@ class KvLog:
         ``extend_shared``: the row may append in place to a page others also hold, when it is the newest
         writer of that page. The live row does; replan branches don't (they copy the partial page once),
         so a what-if never pushes the live row into a copy of its own page."""
-        self._prepare_rows(row, 1, pos, extend_shared)
+        if not self._append_in_place(row, pos, extend_shared):  # the live step's usual case: no page work
+            self._prepare_rows(row, 1, pos, extend_shared)
 
     def prepare_branch_appends(self, first: int, count: int, pos: int) -> None:
         """prepare_append(row, pos, extend_shared=False) for rows first..first+count-1 (a replan's branches,
@@ -135,10 +136,9 @@ class KvLog:
         copies, changed = [], []  # (row, new page, old page) to copy; rows whose table changed
         try:
             for row in range(first, first + count):
-                page = int(self.tables[row, j])
-                if slot and page >= 0 and self.fill[page] == slot and (extend_shared or self.refs[page] == 1):
-                    self.fill[page] = slot + 1  # the newest writer of this page: append in place
+                if self._append_in_place(row, pos, extend_shared):
                     continue
+                page = int(self.tables[row, j])
                 new = self.alloc()
                 self.fill[new] = slot + 1
                 self.refs[new] += 1
@@ -160,6 +160,16 @@ class KvLog:
                 changed.append(row)
             if changed:
                 self._write_device(min(changed), max(changed) - min(changed) + 1)
+
+    def _append_in_place(self, row: int, pos: int, extend_shared: bool) -> bool:
+        """When the row is the newest writer of the page at ``pos`` (and, without ``extend_shared``, its only
+        holder): take the slot in place and say so."""
+        slot = pos % KV_PAGE
+        page = int(self.tables[row, (pos // KV_PAGE) % self.P])
+        if slot and page >= 0 and self.fill[page] == slot and (extend_shared or self.refs[page] == 1):
+            self.fill[page] = slot + 1
+            return True
+        return False
 
     def _move(self, row: int, j: int, page: int) -> None:
         """Slot j of the row's table now names ``page`` (whose reference the row already holds)."""
