@@ -157,10 +157,11 @@ def run(args) -> dict:
         pub = node.create_publisher(JointState, "observation", qos)
         wait_linked(node, pub, step_sub, 60.0, alive=lambda: all(p.poll() is None for p in procs))
         # From here an executor thread takes every answer as it comes, as in a planner node (waiting by
-        # spin_once added 1-1.7 ms to a replan round trip at p50: an executor iteration per message).
+        # spin_once added about 1 ms to a replan round trip at p50: an executor iteration per message).
         executor = SingleThreadedExecutor()
         executor.add_node(node)
-        threading.Thread(target=executor.spin, name="bench_executor", daemon=True).start()
+        spinner = threading.Thread(target=executor.spin, name="bench_executor", daemon=True)
+        spinner.start()
         # replan from a full, wrapped window: what a long-running robot has (the shipped config's window)
         window = PolicyConfig.from_yaml(params_file(None)).kv_window
         warm = window + 64
@@ -173,7 +174,11 @@ def run(args) -> dict:
             msg = JointState(name=names, position=o[:7].tolist(), velocity=o[7:].tolist())
             msg.header.stamp = node.get_clock().now().to_msg()
             pub.publish(msg)
+            end = time.monotonic() + 10.0
             while len(got) == n:
+                if time.monotonic() > end or not spinner.is_alive():
+                    raise RuntimeError("no policy_step within 10 s of an observation (the node or this bench's "
+                                       "executor thread stopped)")
                 arrived.wait(0.01)
                 arrived.clear()
             m = got[n]

@@ -57,12 +57,18 @@ def main(argv=None) -> int:
 
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     # An executor thread takes the answers as they come, as in a planner node: waiting by spin_once here cost
-    # 1-1.7 ms more per replan round trip at p50 (an executor iteration per status, feedback and step message).
+    # about 1 ms more per replan round trip at p50 (an executor iteration per status, feedback and step message).
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, name="planner_executor", daemon=True)
     spinner.start()
-    client.wait_until_ready(30.0)
+    try:
+        client.wait_until_ready(30.0)
+    except BaseException:  # no node to plan with: nothing to summarise, but leave nothing spinning
+        executor.shutdown(timeout_sec=2.0)
+        node.destroy_node()
+        rclpy.try_shutdown()
+        raise
     trace = synthetic_trace(4000, 14, seed=3)
     rng = np.random.default_rng(0)
     rollback_ms, replan_ms, replan_node_ms, checks = [], [], [], [0, 0]
@@ -119,8 +125,9 @@ def main(argv=None) -> int:
             print(f"deep rollback: {deep.summary()}", flush=True)
         time.sleep(1.5)  # one more /diagnostics period
     finally:
-        executor.shutdown(timeout_sec=2.0)  # steps and diagnostics stop growing: the summary reads one set
+        executor.shutdown(timeout_sec=2.0)
         spinner.join(timeout=2.0)
+        steps = list(steps)  # one set for the counts and the timeline, even if a callback were still running
         summary = {
             "steps": len(steps), "rejected": int(diag.get("rejected_inputs", 0)),
             "step_latency_ms": p50_p99([m.step_latency_ms for m in steps]),
