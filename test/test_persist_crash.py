@@ -33,7 +33,8 @@ def child(script: str, *args: str, **kw) -> subprocess.Popen:
 
 # ---- kill -9 during an export ----------------------------------------------------------------
 # Steps and exports forever: the live capsule to the same final name, then to a new one; after each
-# export completes it prints "<name> <step>".
+# export completes it writes "<name> <step>" in one write: with PYTHONUNBUFFERED (set by other tests' harness)
+# print() makes a write per piece, and a kill between them left a line without its step.
 EXPORT_CHILD = r"""
 import json, sys
 from pathlib import Path
@@ -43,15 +44,18 @@ cfg = PolicyConfig(**json.loads(sys.argv[1]))
 out, tag = Path(sys.argv[2]), int(sys.argv[3])
 s = Session(cfg)
 rng = np.random.default_rng(tag)
-print("ready", flush=True)
+def say(line):
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+say("ready")
 k = 0
 while True:
     s.step(rng.standard_normal(cfg.obs_dim).astype(np.float32))
     s.export_capsule(0, out / "same.cap")
-    print("same.cap", s.step_count, flush=True)
+    say(f"same.cap {s.step_count}")
     name = f"new-{tag}-{k}.cap"
     s.export_capsule(0, out / name)
-    print(name, s.step_count, flush=True)
+    say(f"{name} {s.step_count}")
     k += 1
 """
 FINAL = re.compile(r"^(same|new-\d+-\d+)\.cap$")
