@@ -86,3 +86,56 @@ def test_a_repeatable_call_left_unanswered_is_sent_again_and_a_state_changing_on
         spinner.join(10)
         caller.destroy_node()
         server.destroy_node()
+
+
+def test_a_goal_answered_before_rclpy_registers_its_future_still_completes(ros_domain):
+    """rclpy sends a goal request, then registers the future its answer completes (Jazzy: outside any lock;
+    9.1: once more after its lock). A client node that an executor spins on another thread could take the
+    answer in between: it was dropped and the replan ended in FlashRTTimeout. Here every registration is
+    held up 0.3 s, as on a loaded machine, so the answer is always there first."""
+    import numpy as np
+    import rclpy
+    from rclpy.action import ActionServer
+    from rclpy.executors import SingleThreadedExecutor
+
+    from flashrt_interfaces.action import Replan
+    from flashrt_ros.ros.client import FlashRTClient, FlashRTTimeout
+
+    class LateRegistrations(dict):
+        def __setitem__(self, key, value):
+            time.sleep(0.3)
+            super().__setitem__(key, value)
+
+    def execute(goal_handle):
+        goal_handle.succeed()
+        return Replan.Result(success=True)
+
+    server = rclpy.create_node("stand_in", namespace="/stand_in")
+    action_server = ActionServer(server, Replan, "replan", execute_callback=execute)
+    caller = rclpy.create_node("caller")
+    executors, spinners = [], []
+    for node in (server, caller):
+        executors.append(SingleThreadedExecutor())
+        executors[-1].add_node(node)
+        spinners.append(threading.Thread(target=executors[-1].spin, daemon=True))
+        spinners[-1].start()
+    try:
+        client = FlashRTClient(caller, "/stand_in")
+        assert client.spun_elsewhere() and client.replan_client.wait_for_server(timeout_sec=10)
+        for _ in range(10):  # until the server's answers reach this client (discovery)
+            try:
+                client.send_replan(np.zeros((1, 1, 4), np.float32)).get_result(timeout_s=1.0)
+                break
+            except FlashRTTimeout:
+                pass
+        client.replan_client._pending_goal_requests = LateRegistrations()
+        for _ in range(3):
+            outcome = client.send_replan(np.zeros((1, 1, 4), np.float32)).get_result(timeout_s=5.0)
+            assert outcome.accepted and outcome.succeeded
+    finally:
+        for executor, spinner in zip(executors, spinners):
+            executor.shutdown()
+            spinner.join(5)
+        action_server.destroy()
+        caller.destroy_node()
+        server.destroy_node()

@@ -168,13 +168,38 @@ class ReplanTask:
 
 
 class _ActionClient(ActionClient):
-    """rclpy's ActionClient, whole when an executor first looks at it. rclpy adds it to the node (which wakes
-    an executor spinning that node on another thread) before it makes its lock; that executor then raised
-    AttributeError in get_num_entities and its spin thread died, so no answer reached the node again."""
+    """rclpy's ActionClient, safe on a node that an executor spins on another thread.
+
+    - Whole when an executor first looks at it. rclpy adds it to the node (which wakes that executor) before
+      it makes its lock; the executor then raised AttributeError in get_num_entities and its spin thread
+      died, so no answer reached the node again.
+    - A response is never taken before its request's future is registered. rclpy sends a goal request, then
+      registers the future its response completes: outside any lock (Jazzy), or a second time after
+      releasing its lock (9.1). A response taken in that gap was dropped ("Ignoring unexpected goal
+      response") or completed a future nobody held, and the replan ended in FlashRTTimeout. Sending and
+      taking share one lock here, whatever the rclpy version does inside.
+    """
 
     def __init__(self, *args, **kwargs):
         self._lock = threading.Lock()  # rclpy makes its own after joining the node; this one covers the gap
+        self._exchange_lock = threading.Lock()  # a request's send and registration vs the executor's take
         super().__init__(*args, **kwargs)
+
+    def take_data(self):
+        with self._exchange_lock:
+            return super().take_data()
+
+    def send_goal_async(self, *args, **kwargs):
+        with self._exchange_lock:
+            return super().send_goal_async(*args, **kwargs)
+
+    def _get_result_async(self, *args, **kwargs):
+        with self._exchange_lock:
+            return super()._get_result_async(*args, **kwargs)
+
+    def _cancel_goal_async(self, *args, **kwargs):
+        with self._exchange_lock:
+            return super()._cancel_goal_async(*args, **kwargs)
 
 
 class FlashRTClient:
