@@ -88,23 +88,28 @@ def test_a_repeatable_call_left_unanswered_is_sent_again_and_a_state_changing_on
         server.destroy_node()
 
 
-def test_a_goal_answered_before_rclpy_registers_its_future_still_completes(ros_domain):
-    """rclpy sends a goal request, then registers the future its answer completes (Jazzy: outside any lock;
-    9.1: once more after its lock). A client node that an executor spins on another thread could take the
-    answer in between: it was dropped and the replan ended in FlashRTTimeout. Here every registration is
-    held up 0.3 s, as on a loaded machine, so the answer is always there first."""
+class LateRegistrations(dict):
+    """A pending-request table whose every registration is held up 0.3 s, as on a loaded machine."""
+
+    def __setitem__(self, key, value):
+        time.sleep(0.3)
+        super().__setitem__(key, value)
+
+
+@pytest.fixture(params=["SingleThreadedExecutor", "MultiThreadedExecutor"])
+def stand_in_replan(ros_domain, request):
+    """A FlashRTClient of a stand-in Replan server that succeeds at once; both nodes spun by executors on
+    threads of their own (the client's of either kind: a multi-threaded one takes answers on one thread and
+    runs their callbacks, which send the next request, on others), the server's answers already reaching
+    the client (discovery done)."""
     import numpy as np
     import rclpy
+    from rclpy import executors as rclpy_executors
     from rclpy.action import ActionServer
     from rclpy.executors import SingleThreadedExecutor
 
     from flashrt_interfaces.action import Replan
     from flashrt_ros.ros.client import FlashRTClient, FlashRTTimeout
-
-    class LateRegistrations(dict):
-        def __setitem__(self, key, value):
-            time.sleep(0.3)
-            super().__setitem__(key, value)
 
     def execute(goal_handle):
         goal_handle.succeed()
@@ -114,24 +119,23 @@ def test_a_goal_answered_before_rclpy_registers_its_future_still_completes(ros_d
     action_server = ActionServer(server, Replan, "replan", execute_callback=execute)
     caller = rclpy.create_node("caller")
     executors, spinners = [], []
-    for node in (server, caller):
-        executors.append(SingleThreadedExecutor())
+    for node, kind in ((server, SingleThreadedExecutor), (caller, getattr(rclpy_executors, request.param))):
+        executors.append(kind())
         executors[-1].add_node(node)
         spinners.append(threading.Thread(target=executors[-1].spin, daemon=True))
         spinners[-1].start()
     try:
         client = FlashRTClient(caller, "/stand_in")
         assert client.spun_elsewhere() and client.replan_client.wait_for_server(timeout_sec=10)
-        for _ in range(10):  # until the server's answers reach this client (discovery)
+        for _ in range(10):
             try:
                 client.send_replan(np.zeros((1, 1, 4), np.float32)).get_result(timeout_s=1.0)
                 break
             except FlashRTTimeout:
                 pass
-        client.replan_client._pending_goal_requests = LateRegistrations()
-        for _ in range(3):
-            outcome = client.send_replan(np.zeros((1, 1, 4), np.float32)).get_result(timeout_s=5.0)
-            assert outcome.accepted and outcome.succeeded
+        else:
+            pytest.fail("the stand-in server's answers never reached the client (discovery), before any delay")
+        yield client
     finally:
         for executor, spinner in zip(executors, spinners):
             executor.shutdown()
@@ -139,3 +143,34 @@ def test_a_goal_answered_before_rclpy_registers_its_future_still_completes(ros_d
         action_server.destroy()
         caller.destroy_node()
         server.destroy_node()
+
+
+def test_a_goal_answered_before_rclpy_registers_its_future_still_completes(stand_in_replan):
+    """rclpy sends a request, then registers the future its answer completes: in some releases outside any
+    lock (the Jazzy wheels here), in others once inside its lock and again after it (9.1). A client node that
+    an executor spins on another thread could take the answer in between: it was dropped ("Ignoring
+    unexpected goal response") or completed a future nobody holds, and the replan ended in FlashRTTimeout.
+    Here every goal and result registration is held up, so the answer is always there first."""
+    import numpy as np
+
+    action_client = stand_in_replan.replan_client
+    action_client._pending_goal_requests = LateRegistrations()
+    action_client._pending_result_requests = LateRegistrations()
+    for _ in range(3):
+        outcome = stand_in_replan.send_replan(np.zeros((1, 1, 4), np.float32)).get_result(timeout_s=5.0)
+        assert outcome.accepted and outcome.succeeded
+
+
+def test_an_answered_goal_leaves_no_future_behind_in_the_action_client(stand_in_replan):
+    """rclpy 9.1 registers a goal's first future and then replaces it: the first is never completed, so never
+    removed from the client's futures, and every wake of the client walks that list (one more per goal, for
+    as long as the planner runs)."""
+    import numpy as np
+
+    for _ in range(5):
+        assert stand_in_replan.send_replan(np.zeros((1, 1, 4), np.float32)).get_result(timeout_s=5.0).succeeded
+    futures = stand_in_replan.replan_client._futures
+    end = time.monotonic() + 2.0
+    while futures and time.monotonic() < end:  # the last answer's own futures go in the executor's next task
+        time.sleep(0.05)
+    assert futures == [], f"{len(futures)} futures left after every goal was answered"

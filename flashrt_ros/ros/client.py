@@ -173,11 +173,13 @@ class _ActionClient(ActionClient):
     - Whole when an executor first looks at it. rclpy adds it to the node (which wakes that executor) before
       it makes its lock; the executor then raised AttributeError in get_num_entities and its spin thread
       died, so no answer reached the node again.
-    - A response is never taken before its request's future is registered. rclpy sends a goal request, then
-      registers the future its response completes: outside any lock (Jazzy), or a second time after
-      releasing its lock (9.1). A response taken in that gap was dropped ("Ignoring unexpected goal
-      response") or completed a future nobody held, and the replan ended in FlashRTTimeout. Sending and
-      taking share one lock here, whatever the rclpy version does inside.
+    - A response is never taken before its request's future is registered. rclpy sends a request, then
+      registers the future its response completes: in some releases outside any lock (the Jazzy wheels
+      here), in others once inside its lock and again after it (9.1). A response taken in that gap was
+      dropped ("Ignoring unexpected goal response") or completed a future nobody held, and the replan ended
+      in FlashRTTimeout. Sending and taking share one lock here, whatever the rclpy release does inside.
+    - A goal leaves no future behind: the releases that register twice never complete the first future, so
+      it stayed in the client's futures, which every wake of the client walks.
     """
 
     def __init__(self, *args, **kwargs):
@@ -191,7 +193,12 @@ class _ActionClient(ActionClient):
 
     def send_goal_async(self, *args, **kwargs):
         with self._exchange_lock:
-            return super().send_goal_async(*args, **kwargs)
+            futures = getattr(self, "_futures", [])  # rclpy's Waitable list (every release here and Humble's)
+            known = len(futures)  # others only ever leave it meanwhile (answered), never join it
+            future = super().send_goal_async(*args, **kwargs)
+            for orphan in [f for f in futures[known:] if f is not future]:
+                self.remove_future(orphan)
+            return future
 
     def _get_result_async(self, *args, **kwargs):
         with self._exchange_lock:
