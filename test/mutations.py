@@ -520,7 +520,7 @@ MUTATIONS = [
              ["test/test_ros_client_spun.py"],
              "a goal answered before rclpy registered its future is dropped: the replan times out"),
     Mutation("action_client_keeps_rclpys_orphan_goal_futures", "flashrt_ros/ros/client.py",
-             "            for orphan in [f for f in futures[known:] if f is not future]:\n"
+             "            for orphan in [f for f in futures if id(f) not in known and f is not future]:\n"
              "                self.remove_future(orphan)\n",
              "",
              ["test/test_ros_client_spun.py::test_an_answered_goal_leaves_no_future_behind_in_the_action_client"],

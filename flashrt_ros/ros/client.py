@@ -194,9 +194,10 @@ class _ActionClient(ActionClient):
     def send_goal_async(self, *args, **kwargs):
         with self._exchange_lock:
             futures = getattr(self, "_futures", [])  # rclpy's Waitable list (every release here and Humble's)
-            known = len(futures)  # others only ever leave it meanwhile (answered), never join it
+            before = list(futures)  # held, so no id below is reused while the call runs
+            known = {id(f) for f in before}  # answered ones may leave the list meanwhile: compare by identity
             future = super().send_goal_async(*args, **kwargs)
-            for orphan in [f for f in futures[known:] if f is not future]:
+            for orphan in [f for f in futures if id(f) not in known and f is not future]:
                 self.remove_future(orphan)
             return future
 

@@ -66,6 +66,7 @@ def main(argv=None) -> int:
         client.wait_until_ready(30.0)
     except BaseException:  # no node to plan with: nothing to summarise, but leave nothing spinning
         executor.shutdown(timeout_sec=2.0)
+        spinner.join(timeout=2.0)  # its last callback ends before the node it runs on goes
         node.destroy_node()
         rclpy.try_shutdown()
         raise
