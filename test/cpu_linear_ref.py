@@ -1,12 +1,14 @@
 """The compiled CPU GEMVs as they were before rows shared weight loads (flashrt_ros/runtime/engine/cpu_kernels.py
 at commit a86dd43), kept verbatim as the byte oracle of test_cpu_linear_bytes.py: one row at a time, each
 output summed over the input index in order. Do not edit: the test's point is that the live kernels still
-compute these exact bytes."""
+compute these exact bytes. One deliberate edit since: each product is summed by a fused multiply-add
+(fma32), as in the live kernels."""
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
+from flashrt_ros.runtime.engine.cpu_simd import fma32
 from flashrt_ros.runtime.model.kernel_spec import ACT_RELU, ACT_SILU, ACT_TANH
 
 _F0, _F1 = np.float32(0.0), np.float32(1.0)
@@ -32,7 +34,7 @@ def gemv(x, w, y, n_in, n_out):
         xi = x[i]
         wi = w[i * n_out:(i + 1) * n_out]
         for j in range(n_out):
-            y[j] += xi * wi[j]
+            y[j] = fma32(xi, wi[j], y[j])
 
 
 @njit(cache=True, nogil=True)

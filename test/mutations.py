@@ -610,6 +610,12 @@ MUTATIONS = [
              ["test/test_cpu_attention_bytes.py",
               "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
              "rows in lockstep sum their attention values in another slot order than a row alone"),
+    Mutation("cpu_vector_sums_round_each_product_before_adding", RT + "engine/cpu_simd.py",
+             '    name = "llvm.fma.v8f32" if a.type == _VEC else "llvm.fma.f32"\n',
+             '    if a.type == _VEC:\n        return builder.fadd(builder.fmul(a, b), c)\n'
+             '    name = "llvm.fma.v8f32" if a.type == _VEC else "llvm.fma.f32"\n',
+             ["test/test_cpu_attention_bytes.py", "test/test_cpu_linear_bytes.py"],
+             "the vector blocks round a product before adding it while the scalar tails and the twins fuse them"),
     # issue 17 (numba cache key)
     Mutation("numba_cache_keyed_by_the_kernels_file_only", RT + "engine/numba_cache.py",
              'SOURCES = tuple(sorted(_ENGINE.glob("cpu_*.py"))) + (_ENGINE.parent / "model" / "kernel_spec.py",)',

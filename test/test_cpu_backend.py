@@ -88,6 +88,20 @@ def test_the_backend_names_itself_and_an_unknown_name_lists_the_choices():
         select("gpu")
 
 
+@pytest.mark.parametrize("machine, has_fma, warned", [("x86_64", True, False), ("x86_64", False, True),
+                                                      ("aarch64", False, False)])
+def test_the_cpu_backend_warns_only_on_an_x86_cpu_without_fma(monkeypatch, caplog, machine, has_fma, warned):
+    from llvmlite import binding
+
+    from flashrt_ros.runtime.engine import backend
+
+    monkeypatch.setattr(backend.platform, "machine", lambda: machine)
+    monkeypatch.setattr(binding, "get_host_cpu_features", lambda: {"fma": has_fma, "avx2": True})
+    with caplog.at_level("WARNING", logger="flashrt_ros.runtime"):
+        assert select("cpu").name == "cpu"
+    assert ("no FMA unit" in caplog.text) == warned
+
+
 def test_live_steps_and_replans_share_the_one_signature_compiled_at_construction():
     """A second signature would compile (seconds) in the middle of a mission, at the first replan."""
     from flashrt_ros.runtime.engine import cpu_kernels
@@ -121,3 +135,16 @@ def test_warming_the_cpu_step_loads_the_compiled_kernels_only_for_a_backend_that
     took = warm_cpu_step("cpu")
     assert took is not None and took >= 0 and cpu_backend.compile_seconds() == took
     assert (warm_cpu_step("auto") is None) == (cuda_probe() is None)  # auto: the CPU step only without CUDA
+
+
+def test_the_compiled_sums_multiply_and_add_with_one_rounding():
+    """fma32 (every product the compiled GEMVs and attention sum) rounds a * b + c once. a * b = 1 + 2^-11 +
+    2^-24 needs one bit more than a float32 holds; rounded first, the 2^-24 is lost."""
+    from numba import njit
+
+    from flashrt_ros.runtime.engine.cpu_simd import fma32
+
+    one_plus = np.float32(1 + 2.0 ** -12)
+    fused = njit(lambda a, b, c: fma32(a, b, c))(one_plus, one_plus, np.float32(-1.0))
+    assert fused == np.float32(2.0 ** -11 + 2.0 ** -24)
+    assert one_plus * one_plus - np.float32(1.0) == np.float32(2.0 ** -11)  # two roundings: the case differs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import platform
 
 import numpy as np
 
@@ -77,6 +78,18 @@ def cuda_probe() -> str | None:
 BACKENDS = ("auto", "numpy", "cpu", "cuda")
 
 
+def cpu_lacks_fma() -> bool:
+    """An x86-64 CPU without an FMA unit (Atom-class parts before Gracemont): the compiled step's fused
+    multiply-adds (cpu_simd.py) become one libm call per lane there. aarch64 always has FMA."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        from llvmlite import binding
+        return not binding.get_host_cpu_features().get("fma", True)
+    except Exception:  # noqa: BLE001 - no feature list on this host: assume the common case
+        return False
+
+
 def cpu_backend():
     """The compiled CPU backend (cpu_backend.py); BackendUnavailable when numba is missing."""
     try:
@@ -84,6 +97,9 @@ def cpu_backend():
     except ImportError as e:
         raise BackendUnavailable(f"backend 'cpu' needs numba ({e}); install it (make setup does) or use "
                                  f"backend numpy") from e
+    if cpu_lacks_fma():
+        log.warning("backend cpu: this CPU has no FMA unit, so the compiled step's fused multiply-adds run as "
+                    "libm calls (the same bytes, several times slower); backend numpy may be faster here")
     return CpuBackend()
 
 

@@ -23,6 +23,7 @@ from .cpu_simd import (
     _values_1x32,
     _values_2x8,
     _values_2x32,
+    fma32,
     prefetch,
 )
 
@@ -67,10 +68,10 @@ def _exp(x):
 
 @njit(cache=True, nogil=True)
 def _dot(q, k, n):
-    """q . k summed in index order (the CPU overlaps the independent sums of neighbouring slots)."""
+    """q . k summed in index order, a fused multiply-add each (the CPU overlaps the sums of neighbouring slots)."""
     s = _F0
     for e in range(n):
-        s += q[e] * k[e]
+        s = fma32(q[e], k[e], s)
     return s
 
 
@@ -80,10 +81,10 @@ def _dot4(q, k0, k1, k2, k3, n):
     s0 = s1 = s2 = s3 = _F0
     for e in range(n):
         qe = q[e]
-        s0 += qe * k0[e]
-        s1 += qe * k1[e]
-        s2 += qe * k2[e]
-        s3 += qe * k3[e]
+        s0 = fma32(qe, k0[e], s0)
+        s1 = fma32(qe, k1[e], s1)
+        s2 = fma32(qe, k2[e], s2)
+        s3 = fma32(qe, k3[e], s3)
     return s0, s1, s2, s3
 
 
@@ -260,7 +261,7 @@ def _values(op, wf, lf, b0, b1, page, t0, t1, v_off, d, hd, q0, c):
             p = wf[_row(op, 6, b) + c * KV_PAGE + t]
             a0 = _row(op, 9, b) + c * hd
             for e in range(wide, hd):
-                wf[a0 + e] += p * lf[at + e]
+                wf[a0 + e] = fma32(p, lf[at + e], wf[a0 + e])
 
 
 @njit(cache=True, nogil=True)

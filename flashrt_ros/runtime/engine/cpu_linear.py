@@ -18,7 +18,7 @@ from numba import njit
 from ..model.kernel_spec import ACT_RELU, ACT_SILU, ACT_TANH
 from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
 from .cpu_program import ARG_COLS, PANEL, REG_PANEL, REG_STATE, REG_WEIGHT, REG_WORK, _row
-from .cpu_simd import _LANES, _g1x1, _g1x2, _g1x4, _g1x8, _g2x1, _g2x2, _g2x4, _g3x1, _g3x2, _g4x1, _g4x2
+from .cpu_simd import _LANES, _g1x1, _g1x2, _g1x4, _g1x8, _g2x1, _g2x2, _g2x4, _g3x1, _g3x2, _g4x1, _g4x2, fma32
 
 _F0, _F1 = np.float32(0.0), np.float32(1.0)
 _ROW_BLOCK = 4  # rows sharing one weight load
@@ -91,7 +91,7 @@ def gemv_rows(xr, x_at, x_rs, wr, w_at, panels, yr, y_at, y_rs, rows, n_in, n_ou
                 acc = _F0
                 w_j = w_at + j // PANEL * w_vs + j % PANEL
                 for i in range(n_in):
-                    acc += xr[xa + r * x_rs + i] * wr[w_j + i * w_rs]
+                    acc = fma32(xr[xa + r * x_rs + i], wr[w_j + i * w_rs], acc)
                 yr[ya + r * y_rs + j] = acc
         b += block
 

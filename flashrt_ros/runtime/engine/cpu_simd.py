@@ -1,8 +1,8 @@
 """The vector blocks of the compiled CPU step (cpu_attention.py, cpu_linear.py) as numba intrinsics that emit
 LLVM IR directly: numba vectorises only innermost loops, and these sums run in order across the natural loop.
-Each vector lane is one independent sum (a slot, a channel or an output), advanced with a plain fmul then fadd,
-never fused or reassociated, so a lane computes the bytes of the scalar loop it stands for; rows in a block
-share each load."""
+Each vector lane is one independent sum (a slot, a channel or an output), advanced by a fused multiply-add
+(llvm.fma: one rounding, IEEE-exact, so the same bytes on every CPU) and never reassociated, so a lane computes
+the bytes of the scalar loop it stands for (`fma32` in that loop); rows in a block share each load."""
 from __future__ import annotations
 
 from llvmlite import ir
@@ -28,6 +28,25 @@ def _transpose8(builder, rows):
     return [_shuffle(builder, u[i], u[i + 4], m) for m in (lo, hi) for i in range(4)]
 
 
+def _fma(builder, a, b, c):
+    """a * b + c, rounded once: llvm.fma of the operands' type (vector or float)."""
+    name = "llvm.fma.v8f32" if a.type == _VEC else "llvm.fma.f32"
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(a.type, [a.type] * 3), name)
+    return builder.call(fn, [a, b, c])
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c for float32, rounded once: the scalar step of every sum the vector blocks below compute (where
+    the CPU has no FMA unit, llvm.fma calls libm's fmaf: the same bytes, slower)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        return _fma(builder, *args)
+
+    return sig, codegen
+
+
 def _splat(builder, x):
     v = builder.insert_element(ir.Constant(_VEC, ir.Undefined), x, ir.Constant(ir.IntType(32), 0))
     return _shuffle(builder, v, v, [0] * _LANES)
@@ -36,7 +55,7 @@ def _splat(builder, x):
 def _scores_intrinsic(rows):
     """An intrinsic for the scores of 8 slots for `rows` rows: wf[s_at + r s_rs + i] = _dot(q_r, k_i, hd) * scale,
     k_i = lf[k_at + i d:], q_r = wf[q_at + r q_rs:]. One vector lane per slot, each lane summing q[0] k_i[0] +
-    q[1] k_i[1] + ... in channel order with plain fmul and fadd (no contraction): _dot's bytes for every slot and
+    q[1] k_i[1] + ... in channel order, one fused multiply-add per channel: _dot's bytes for every slot and
     row. The keys load 8 channels of 8 slots at a time and transpose in registers, once for all the rows."""
 
     @intrinsic
@@ -57,7 +76,7 @@ def _scores_intrinsic(rows):
                     a = builder.load(acc)
                     for e, col in zip(q_idx, cols):
                         q = builder.load(builder.gep(wfp, [builder.add(q_row[r], e)]))
-                        a = builder.fadd(a, builder.fmul(_splat(builder, q), col))
+                        a = _fma(builder, _splat(builder, q), col, a)
                     builder.store(a, acc)
 
             full = builder.mul(builder.sdiv(hd, i64(_LANES)), i64(_LANES))
@@ -116,7 +135,7 @@ def _values_intrinsic(rows, blocks):
                 for r in range(rows):
                     p = _splat(builder, builder.load(builder.gep(wfp, [builder.add(p_row[r], t)])))
                     for k in range(blocks):
-                        builder.store(builder.fadd(builder.load(accs[r][k]), builder.fmul(p, v[k])), accs[r][k])
+                        builder.store(_fma(builder, p, v[k], builder.load(accs[r][k])), accs[r][k])
             for row_outs, row_accs in zip(outs, accs):
                 for o, acc in zip(row_outs, row_accs):
                     builder.store(builder.load(acc), o, align=4)
@@ -159,7 +178,7 @@ def _gemv_intrinsic(rows, vecs):
                     x = builder.load(builder.gep(xp, [builder.add(x_row[r], i)]))
                     xs = _splat(builder, x)
                     for k in range(vecs):
-                        builder.store(builder.fadd(builder.load(accs[r][k]), builder.fmul(xs, w[k])), accs[r][k])
+                        builder.store(_fma(builder, xs, w[k], builder.load(accs[r][k])), accs[r][k])
             for r in range(rows):
                 y_r = builder.add(y_at, builder.mul(y_rs, i64(r)))
                 for k in range(vecs):
