@@ -88,18 +88,30 @@ def test_the_backend_names_itself_and_an_unknown_name_lists_the_choices():
         select("gpu")
 
 
-@pytest.mark.parametrize("machine, has_fma, warned", [("x86_64", True, False), ("x86_64", False, True),
-                                                      ("aarch64", False, False)])
-def test_the_cpu_backend_warns_only_on_an_x86_cpu_without_fma(monkeypatch, caplog, machine, has_fma, warned):
-    from llvmlite import binding
-
+@pytest.mark.parametrize("machine, features, warned", [
+    ("x86_64", "+avx,+avx2,+fma", False), ("x86_64", "+avx,-fma", True), ("x86_64", "-avx,+fma", True),
+    ("x86_64", "", True), ("aarch64", "", False)])
+def test_the_cpu_backend_warns_once_when_numba_compiles_for_an_x86_target_without_fma(monkeypatch, caplog, machine,
+                                                                                      features, warned):
+    """-avx: NUMBA_ENABLE_AVX=0 (FMA3 needs AVX); "": a named CPU such as NUMBA_CPU_NAME=generic."""
     from flashrt_ros.runtime.engine import backend
 
     monkeypatch.setattr(backend.platform, "machine", lambda: machine)
-    monkeypatch.setattr(binding, "get_host_cpu_features", lambda: {"fma": has_fma, "avx2": True})
+    monkeypatch.setattr(backend, "_compiled_cpu_features", lambda: features)
+    monkeypatch.setattr(backend, "_fma_warned", False)
     with caplog.at_level("WARNING", logger="flashrt_ros.runtime"):
         assert select("cpu").name == "cpu"
-    assert ("no FMA unit" in caplog.text) == warned
+        assert select("cpu").name == "cpu"
+    assert caplog.text.count("no FMA unit") == int(warned)
+
+
+def test_this_machine_compiles_for_a_target_with_fma():
+    """The features are read from numba's own target (x86 CI machines and the Jetson all have FMA)."""
+    from flashrt_ros.runtime.engine import backend
+
+    assert not backend.cpu_lacks_fma()
+    if backend.platform.machine().lower() in ("x86_64", "amd64"):
+        assert "+fma" in backend._compiled_cpu_features().split(",")
 
 
 def test_live_steps_and_replans_share_the_one_signature_compiled_at_construction():

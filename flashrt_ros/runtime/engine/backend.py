@@ -78,16 +78,26 @@ def cuda_probe() -> str | None:
 BACKENDS = ("auto", "numpy", "cpu", "cuda")
 
 
+def _compiled_cpu_features() -> str:
+    """The target features numba compiles for here ("+fma,+avx,..."): the host's, or NUMBA_CPU_FEATURES, with
+    AVX off under NUMBA_ENABLE_AVX=0; empty for a named CPU such as NUMBA_CPU_NAME=generic."""
+    from numba.core.registry import cpu_target
+    return getattr(cpu_target.target_context.codegen(), "_tm_features", None) or ""
+
+
 def cpu_lacks_fma() -> bool:
-    """An x86-64 CPU without an FMA unit (Atom-class parts before Gracemont): the compiled step's fused
-    multiply-adds (cpu_simd.py) become one libm call per lane there. aarch64 always has FMA."""
+    """Whether the compiled step's fused multiply-adds (cpu_simd.py) become one libm call per lane: numba compiles
+    for an x86-64 target without FMA3 (which needs AVX). aarch64 always has FMA."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     try:
-        from llvmlite import binding
-        return not binding.get_host_cpu_features().get("fma", True)
+        features = set(_compiled_cpu_features().split(","))
     except Exception:  # noqa: BLE001 - no feature list on this host: assume the common case
         return False
+    return not {"+fma", "+avx"} <= features
+
+
+_fma_warned = False
 
 
 def cpu_backend():
@@ -97,9 +107,12 @@ def cpu_backend():
     except ImportError as e:
         raise BackendUnavailable(f"backend 'cpu' needs numba ({e}); install it (make setup does) or use "
                                  f"backend numpy") from e
-    if cpu_lacks_fma():
+    global _fma_warned
+    if not _fma_warned and cpu_lacks_fma():
+        _fma_warned = True
         log.warning("backend cpu: this CPU has no FMA unit, so the compiled step's fused multiply-adds run as "
-                    "libm calls (the same bytes, several times slower); backend numpy may be faster here")
+                    "libm calls (the same bytes, several times slower); backend numpy may be faster here (see "
+                    "NUMBA_CPU_NAME, NUMBA_ENABLE_AVX)")
     return CpuBackend()
 
 
