@@ -616,6 +616,11 @@ MUTATIONS = [
              '    name = "llvm.fma.v8f32" if a.type == _VEC else "llvm.fma.f32"\n',
              ["test/test_cpu_attention_bytes.py", "test/test_cpu_linear_bytes.py"],
              "the vector blocks round a product before adding it while the scalar tails and the twins fuse them"),
+    Mutation("fma_warning_misses_a_target_with_avx_off", RT + "engine/backend.py",
+             '    return not {"+fma", "+avx"} <= features\n',
+             '    return "+fma" not in features\n',
+             ["test/test_cpu_backend.py"],
+             "under NUMBA_ENABLE_AVX=0 every fused multiply-add is a libm call, and nothing says so"),
     # issue 17 (numba cache key)
     Mutation("numba_cache_keyed_by_the_kernels_file_only", RT + "engine/numba_cache.py",
              'SOURCES = tuple(sorted(_ENGINE.glob("cpu_*.py"))) + (_ENGINE.parent / "model" / "kernel_spec.py",)',
