@@ -115,6 +115,24 @@ def test_a_batch_of_copy_on_writes_that_runs_out_of_pages_gives_back_what_it_too
     assert len(set(kv.free)) == len(kv.free) == int((kv.refs == 0).sum())
 
 
+@pytest.mark.parametrize("gathered", [False, True])
+def test_both_ways_of_copying_partial_pages_copy_exactly_the_filled_prefix_of_every_layer(backend, gathered):
+    """The device way (one gather and scatter over the stacked logs) and the host way (a copy per page and log)
+    write the same bytes: entries [0, n) of the old pages in every layer's k and v, nothing past n."""
+    s = Session(small_config(), backend=backend)
+    run(s, observation_trace(70, seed=5))
+    kv = s.kv
+    old = np.array([int(kv.tables[0, (69 // KV_PAGE) % kv.P])] * 3)
+    new = np.array([kv.alloc() for _ in range(3)])
+    for log in kv.k + kv.v:
+        log[new] = -7.0  # what a fresh page held before: must survive past the prefix
+    n = 69 % KV_PAGE
+    kv._copy_prefixes(new, old, n, gathered=gathered)
+    for log in kv.k + kv.v:
+        assert log[new, :n].tobytes() == np.repeat(log[old[:1], :n], 3, axis=0).tobytes()
+        assert (log[new, n:] == -7.0).all()
+
+
 def test_replan_without_commit_leaves_live_state_byte_identical(session, trace):
     run(session, trace[:30])
     before, live_id, step = session.state_host(), session.live_capsule_id, session.step_count

@@ -176,9 +176,14 @@ class KvLog:
         self.decref(self.tables[row, j:j + 1])
         self.tables[row, j] = page
 
-    def _copy_prefixes(self, new: np.ndarray, old: np.ndarray, n: int) -> None:
-        """Entries [0, n) of pages ``old`` into pages ``new`` (distinct, fresh), in every layer's k and v."""
-        if len(new) == 1 or self.logs is None:
+    def _copy_prefixes(self, new: np.ndarray, old: np.ndarray, n: int, gathered: bool | None = None) -> None:
+        """Entries [0, n) of pages ``old`` into pages ``new`` (distinct, fresh), in every layer's k and v: one
+        gather and one scatter over the stacked logs on a device (one launch instead of one per page and log),
+        a memcpy per page and log in host memory (half the time of the gathered copy's temporary there: 0.23 vs
+        0.46 ms for a 4-branch fork, inside the session lock a live step waits on)."""
+        if gathered is None:
+            gathered = len(new) > 1 and self.logs is not None and self.backend.xp is not np
+        if not gathered:
             for a, b in zip(new, old):
                 for log in self.k + self.v:
                     self.backend.copy(log[a, :n], log[b, :n])
