@@ -35,7 +35,9 @@ def test_every_key_of_the_issue_is_reported_with_the_load_it_ran_under(quick):
                 "failover_primary_drops_before_kill", "seek_ratio",
                 "seek", "standby_takeovers_while_primary_lived", "acceptance", "machine"):
         assert key in d, key
-    assert d["stream_step_overhead"]["p99_ratio"] > 0 and "load_avg_before" in d["machine"]
+    over = d["stream_step_overhead"]
+    assert over["p99_ratio"] > 0 and "load_avg_before" in d["machine"]
+    assert {k: len(v) for k, v in over["block_p99s"].items()} == {"with_replica": 1, "without_replica": 1}
     assert "stream: block 1/2" in res.stderr and "failover: kill 1/1" in res.stderr  # progress on stderr
 
 
