@@ -72,7 +72,8 @@ demo: $(SETUP_STAMP) $(IFACE_STAMP)
 test: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(VENV)/bin/ruff check -q flashrt_ros test launch scripts
 	$(VENV)/bin/lint-imports --no-cache
-	$(WITH_ROS_LOG) $(PY) -m pytest -q test
+	@# the slowest tests named at the end: the suite's time is watched (about 10 minutes is the aim)
+	$(WITH_ROS_LOG) $(PY) -m pytest -q --durations=15 --durations-min=5 test
 
 # ---- the robot's stack: Python 3.10 (JetPack 6 / Humble) with numpy 1.x, no ROS wheels -------------
 COMPAT_VENV := .venv-compat

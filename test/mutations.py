@@ -1006,6 +1006,18 @@ MUTATIONS = [
              "                    self.backend.copy(log[a, :n - 1], log[b, :n - 1])",
              ["test/test_replan.py::test_replan_branches_equal_rollback_and_live_stepping_bytewise"],
              "a branch copying its shared partial page in host memory would lose its last entry"),
+    Mutation("cow_off_the_lock_gives_the_old_page_back_before_copying", RT + "state/kv_log.py",
+             "            if copies and defer_copies:\n",
+             "            if copies and defer_copies:\n                for row, _, _ in copies:\n"
+             "                    self.decref(self.tables[row, j:j + 1])\n",
+             ["test/test_replan.py::test_a_copy_on_write_done_off_the_lock_holds_the_old_page_until_copied_whatever_"
+              "reuses_free_pages"],
+             "a live step beside a replan's fork could evict and reuse the partial page the branches copy from"),
+    Mutation("cow_off_the_lock_pages_counted_free", RT + "state/kv_log.py",
+             " + [p.new_pages() for p in self.pending]", "",
+             ["test/test_replan.py::test_a_copy_on_write_done_off_the_lock_holds_the_old_page_until_copied_whatever_"
+              "reuses_free_pages"],
+             "a live step's room check beside a replan's fork would count the fork's fresh pages as obtainable"),
     Mutation("branch_tables_written_for_the_first_row_only", RT + "state/kv_log.py",
              "        self._write_device(row, count)\n",
              "        self._write_device(row, 1)\n",

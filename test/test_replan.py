@@ -133,6 +133,68 @@ def test_both_ways_of_copying_partial_pages_copy_exactly_the_filled_prefix_of_ev
         assert (log[new, n:] == -7.0).all()
 
 
+def _branches_alone_on_a_filled_page(backend):
+    """A session stepped to 70 and three branch rows forked at step 60: page 0 is filled to 70 (copy-on-write
+    for a branch appending at 60), and nothing else holds it (no capsule, not the live row). Returns (session,
+    old page, its k/v prefix bytes)."""
+    s = Session(small_config(), backend=backend)
+    run(s, observation_trace(70, seed=6))
+    kv = s.kv
+    src = next(c for c in s.list_capsules() if c.step == 60)
+    kv.set_row(1, s.store.pages_of(src.id), 3)
+    old = int(kv.tables[1, 0])
+    want = [log[old, :60].tobytes() for log in kv.k + kv.v]
+    for c in s.list_capsules():
+        s.store.drop(c.id)
+    kv.clear_row(0)
+    assert kv.refs[old] == 3 and kv.fill[old] == 70
+    return s, old, want
+
+
+def _refs_match_what_holds_them(s):
+    kv = s.kv
+    held = np.concatenate([kv.tables.ravel()] + [p.new_pages() for p in kv.pending]
+                          + [s.store.pages_of(c.id) for c in s.list_capsules()])
+    assert (kv.refs == np.bincount(held[held >= 0], minlength=kv.n_pages)[:kv.n_pages]).all()
+    assert len(set(kv.free)) == len(kv.free) == int((kv.refs == 0).sum())
+
+
+def test_a_copy_on_write_done_off_the_lock_holds_the_old_page_until_copied_whatever_reuses_free_pages(backend):
+    """A replan's fork copies its partial pages outside the session lock (a live step runs meanwhile): until
+    finish_pending the old page stays held and the fresh ones count as taken, so a live step that evicts and
+    reuses every free page cannot change what is copied."""
+    s, old, want = _branches_alone_on_a_filled_page(backend)
+    kv = s.kv
+    obtainable = kv.pages_obtainable([])
+    pending = kv.prepare_branch_appends(1, 3, 60, defer_copies=True)
+    assert pending is not None and [c[0] for c in pending.copies] == [1, 2, 3]
+    assert (kv.tables[1:4, 0] == old).all()  # the rows still read the old page
+    assert kv.pages_obtainable([]) == obtainable - 3  # the fresh pages count as held before a table names them
+    _refs_match_what_holds_them(s)
+    for page in kv.free:  # meanwhile: every free page reused and overwritten
+        for log in kv.k + kv.v:
+            log[page] = -7.0
+    kv.copy_pending(pending)
+    kv.finish_pending(pending, copied=True)
+    new = [int(p) for p in kv.tables[1:4, 0]]
+    assert kv.pending == [] and len(set(new)) == 3 and old not in new
+    for page in new:
+        assert [log[page, :60].tobytes() for log in kv.k + kv.v] == want
+        assert kv.fill[page] == 61
+    assert kv.refs[old] == 0 and old in kv.free  # given back once copied
+    _refs_match_what_holds_them(s)
+
+
+def test_a_copy_on_write_that_failed_off_the_lock_gives_its_pages_back_and_leaves_the_rows(backend):
+    s, old, _ = _branches_alone_on_a_filled_page(backend)
+    kv = s.kv
+    free = len(kv.free)
+    pending = kv.prepare_branch_appends(1, 3, 60, defer_copies=True)
+    kv.finish_pending(pending, copied=False)
+    assert kv.pending == [] and len(kv.free) == free and (kv.tables[1:4, 0] == old).all()
+    _refs_match_what_holds_them(s)
+
+
 def test_replan_without_commit_leaves_live_state_byte_identical(session, trace):
     run(session, trace[:30])
     before, live_id, step = session.state_host(), session.live_capsule_id, session.step_count

@@ -5,9 +5,10 @@ committed branch, if any, becomes the live timeline.
 
 Locks: ``session.branch_lock`` for the whole replan (it owns rows 1..b meanwhile); ``session.lock`` only
 for the bookkeeping (fork, page allocation and references, snapshots, history, commit), released around
-each batched step's compute where the backend can replay rows concurrently (``concurrent_replay``). So a
-live step waits at most for one bookkeeping section, never for a batched step (on CUDA it runs between
-two batched steps; the lock is not fair, so under load it may wait for more than one).
+each batched step's compute and around the fork's copy-on-write of its partial pages where the backend can
+replay rows concurrently (``concurrent_replay``). So a live step waits at most for one bookkeeping section,
+never for a batched step (on CUDA it runs between two batched steps; the lock is not fair, so under load it
+may wait for more than one).
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
     # a live step (row 0, its own pages) then runs beside a batched step; elsewhere (CUDA: one stream,
     # bound graphs) between two of them. branch_lock keeps the operations that touch the branch rows or
     # the whole store (reset, resume) out until the rows are given back.
-    compute_lock = contextlib.nullcontext() if getattr(session.backend, "concurrent_replay", False) else session.lock
+    concurrent = getattr(session.backend, "concurrent_replay", False)
+    compute_lock = contextlib.nullcontext() if concurrent else session.lock
     with session.branch_lock:
         try:
             with session.lock:  # one section: no live step takes the pages checked or evicts the source meanwhile
@@ -91,8 +93,16 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
             done, message, cancelled = 0, "", False
             for t in range(h):
                 with session.lock:  # page references and fills are shared with the live row
-                    session.kv.prepare_branch_appends(1, b, base_step + t)
+                    pending = session.kv.prepare_branch_appends(1, b, base_step + t, defer_copies=concurrent)
                     session.backend.from_host(obs_rows, obs[:, t])
+                if pending is not None:  # the fork's copy-on-write off the lock (half of a fork's time in it)
+                    copied = False
+                    try:
+                        session.kv.copy_pending(pending)
+                        copied = True
+                    finally:
+                        with session.lock:
+                            session.kv.finish_pending(pending, copied)
                 # rows 1..b only: their own state and work, the window's pages (referenced by these rows, so
                 # never freed or rewritten) and their private pages; weights are read-only
                 with compute_lock:

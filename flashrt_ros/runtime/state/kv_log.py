@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,6 +28,19 @@ NO_PAGE = -1  # host mirror of an unused page-table slot; the device table point
 
 class LogFull(CapsuleError):
     """No KV log page can be freed: everything left is held by pinned capsules or by the rows."""
+
+
+@dataclass
+class PendingCopies:
+    """Branch rows' copy-on-write left for outside the session lock (prepare_branch_appends(defer_copies=True)):
+    the fresh pages are held here (in no table yet) and the old partial pages stay in the rows' tables, so no
+    eviction frees them and, written once, their prefixes cannot change meanwhile."""
+    j: int  # the table slot that moves
+    slot: int  # entries [0, slot) to copy
+    copies: list[tuple[int, int, int]]  # (row, new page, old page)
+
+    def new_pages(self) -> np.ndarray:
+        return np.array([c[1] for c in self.copies], np.int64)
 
 
 class KvLog:
@@ -48,6 +62,7 @@ class KvLog:
         # free pages, most recently freed first: a replan's pages come back hot in cache
         self.free: deque[int] = deque(range(n_pages))
         self.evict_one: Callable[[], bool] = lambda: False  # set by the store: frees a capsule, False if none
+        self.pending: list[PendingCopies] = []  # taken, not yet in a table: held all the same (pages_obtainable)
 
     # ---- reference counting ---------------------------------------------------------------
     def incref(self, pages: np.ndarray) -> None:
@@ -116,18 +131,38 @@ class KvLog:
         if not self._append_in_place(row, pos, extend_shared):  # the live step's usual case: no page work
             self._prepare_rows(row, 1, pos, extend_shared)
 
-    def prepare_branch_appends(self, first: int, count: int, pos: int) -> None:
+    def prepare_branch_appends(self, first: int, count: int, pos: int,
+                               defer_copies: bool = False) -> PendingCopies | None:
         """prepare_append(row, pos, extend_shared=False) for rows first..first+count-1 (a replan's branches,
-        which step in lockstep): one check for all of them where each appends in place to its own page."""
+        which step in lockstep): one check for all of them where each appends in place to its own page.
+        ``defer_copies``: the partial pages' copy-on-write is returned, to be done by copy_pending outside the
+        session lock (only these rows read their tables) and closed by finish_pending under it."""
         j, slot = (pos // KV_PAGE) % self.P, pos % KV_PAGE
         pages = self.tables[first:first + count, j]
         if slot and (pages >= 0).all():
             if ((self.fill[pages] == slot) & (self.refs[pages] == 1)).all():  # each its own page: distinct
                 self.fill[pages] = slot + 1
-                return
-        self._prepare_rows(first, count, pos, extend_shared=False)
+                return None
+        return self._prepare_rows(first, count, pos, extend_shared=False, defer_copies=defer_copies)
 
-    def _prepare_rows(self, first: int, count: int, pos: int, extend_shared: bool) -> None:
+    def copy_pending(self, pending: PendingCopies) -> None:
+        """The deferred copy-on-write; needs no lock (see PendingCopies)."""
+        self._copy_prefixes(pending.new_pages(), np.array([c[2] for c in pending.copies], np.int64), pending.slot)
+
+    def finish_pending(self, pending: PendingCopies, copied: bool) -> None:
+        """Under the session lock, after copy_pending: the rows move to their copies and give the old pages
+        back. ``copied`` False (the copy failed): the fresh pages go back instead and the rows stay."""
+        self.pending.remove(pending)
+        if not copied:
+            self.decref(pending.new_pages())
+            return
+        for row, new, _ in pending.copies:
+            self._move(row, pending.j, new)
+        rows = [c[0] for c in pending.copies]
+        self._write_device(min(rows), max(rows) - min(rows) + 1)
+
+    def _prepare_rows(self, first: int, count: int, pos: int, extend_shared: bool,
+                      defer_copies: bool = False) -> PendingCopies | None:
         """prepare_append for each row in order; the partial pages of those that move are copied together, and
         the device tables written once. A row that needs no copy (a page boundary) gives its old page back at
         once, as a row at a time did, so the next row may reuse it: a replan needs no more pages than
@@ -147,6 +182,10 @@ class KvLog:
                 else:
                     self._move(row, j, new)
                     changed.append(row)
+            if copies and defer_copies:
+                pending, copies = PendingCopies(j, slot, copies), []
+                self.pending.append(pending)
+                return pending
             if copies:
                 self._copy_prefixes(np.array([c[1] for c in copies]), np.array([c[2] for c in copies]), slot)
         except BaseException:
@@ -261,7 +300,8 @@ class KvLog:
     def pages_obtainable(self, keep: list[np.ndarray]) -> int:
         """Pages an allocation can get by evicting every capsule not in ``keep`` (page tables of what
         stays: pinned capsules, the source of a replan): all but those and the rows' own."""
-        held = np.concatenate([self.tables.ravel()] + [np.asarray(t).ravel() for t in keep])
+        held = np.concatenate([self.tables.ravel()] + [p.new_pages() for p in self.pending]
+                              + [np.asarray(t).ravel() for t in keep])
         return self.n_pages - len(np.unique(held[held >= 0]))
 
     def load(self, windows: list[tuple[np.ndarray, np.ndarray]], pos: int, kv_len: int) -> np.ndarray:
