@@ -1017,7 +1017,13 @@ MUTATIONS = [
              " + [p.new_pages() for p in self.pending]", "",
              ["test/test_replan.py::test_a_copy_on_write_done_off_the_lock_holds_the_old_page_until_copied_whatever_"
               "reuses_free_pages"],
-             "a live step's room check beside a replan's fork would count the fork's fresh pages as obtainable"),
+             "a room check while a fork's copy is pending (none runs in the node today: replan and import hold "
+             "branch_lock) would count the fork's fresh pages as obtainable"),
+    Mutation("replan_leaves_a_forks_pending_pages_after_an_exception", RT + "replan.py",
+             "                    session.kv.finish_pending(left, copied=False)\n",
+             "                    pass\n",
+             ["test/test_replan.py::test_a_replan_interrupted_between_its_forks_sections_gives_every_page_back"],
+             "a signal between a fork's sections would leave its fresh pages referenced for the life of the process"),
     Mutation("branch_tables_written_for_the_first_row_only", RT + "state/kv_log.py",
              "        self._write_device(row, count)\n",
              "        self._write_device(row, 1)\n",

@@ -195,6 +195,26 @@ def test_a_copy_on_write_that_failed_off_the_lock_gives_its_pages_back_and_leave
     _refs_match_what_holds_them(s)
 
 
+def test_a_replan_interrupted_between_its_forks_sections_gives_every_page_back(backend, monkeypatch):
+    """An exception (a signal) right after the fork took its fresh pages, before the copy: the replan's end
+    gives them back with the branch rows, so nothing stays referenced and the next replan is unchanged."""
+    s = Session(small_config(), backend=backend)
+    run(s, observation_trace(70, seed=7))
+    kv = s.kv
+    free = len(kv.free)
+    prepare = kv.prepare_branch_appends
+
+    def interrupted(*args, **kw):
+        if prepare(*args, **kw) is not None:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(kv, "prepare_branch_appends", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        s.replan(None, np.repeat(observation_trace(4, seed=8)[None], 3, axis=0), deadline_ms=1e6)
+    monkeypatch.undo()
+    assert kv.pending == [] and len(kv.free) == free
+    _refs_match_what_holds_them(s)
+
+
 def test_replan_without_commit_leaves_live_state_byte_identical(session, trace):
     run(session, trace[:30])
     before, live_id, step = session.state_host(), session.live_capsule_id, session.step_count

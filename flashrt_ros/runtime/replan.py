@@ -93,8 +93,8 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
             done, message, cancelled = 0, "", False
             for t in range(h):
                 with session.lock:  # page references and fills are shared with the live row
-                    pending = session.kv.prepare_branch_appends(1, b, base_step + t, defer_copies=concurrent)
                     session.backend.from_host(obs_rows, obs[:, t])
+                    pending = session.kv.prepare_branch_appends(1, b, base_step + t, defer_copies=concurrent)
                 if pending is not None:  # the fork's copy-on-write off the lock (half of a fork's time in it)
                     copied = False
                     try:
@@ -139,6 +139,8 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
                 live_id = session._live_id
         finally:
             with session.lock:
+                for left in list(session.kv.pending):  # an exception between a fork's sections: pages back
+                    session.kv.finish_pending(left, copied=False)
                 session.kv.clear_row(1, b)  # branch rows give their pages back
         session.backend.sync()
         elapsed = (time.perf_counter() - t0) * 1e3
