@@ -59,8 +59,8 @@ MUTATIONS = [
              ["test/test_capsule_oracle.py::test_what_if_branches_are_evicted_before_the_timeline_loses_depth"],
              "replan what-ifs evicted in plain age order: every what-if eats the timeline's rollback depth"),
     Mutation("branches_extend_the_live_page", RT + "state/kv_log.py",
-             "        self._prepare_rows(first, count, pos, extend_shared=False)",
-             "        self._prepare_rows(first, count, pos, extend_shared=True)",
+             "        return self._prepare_rows(first, count, pos, extend_shared=False, defer_copies=defer_copies)",
+             "        return self._prepare_rows(first, count, pos, extend_shared=True, defer_copies=defer_copies)",
              ["test/test_capsule_oracle.py::test_what_if_branches_are_evicted_before_the_timeline_loses_depth"],
              "a branch appends into the live row's page, forcing the live row into a copy of it"),
     Mutation("no_room_check_before_evicting", RT + "state/capsule_store.py",
@@ -679,8 +679,7 @@ MUTATIONS = [
              "a block of outputs past the first reads its weights where the row-major layout has them, not its panel"),
     # issue 17 (h17conc)
     Mutation("replan_computes_under_the_lock", RT + "replan.py",
-             "    compute_lock = contextlib.nullcontext() if getattr(session.backend, \"concurrent_replay\", False) "
-             "else session.lock\n",
+             "    compute_lock = contextlib.nullcontext() if concurrent else session.lock\n",
              "    compute_lock = session.lock\n",
              ["test/test_concurrent_replan.py::test_live_steps_during_what_ifs_equal_their_serial_bytes_and_so_do_the_what_ifs"],
              "the live step waits for each batched step again: the second core idles while the replan computes"),
@@ -720,8 +719,7 @@ MUTATIONS = [
              ["test/test_concurrent_replan.py::test_a_call_that_waits_for_replans_raises_from_inside_a_step_instead_of_deadlocking"],
              "reset from a step's callback: deadlocks against a running replan, which waits for the lock"),
     Mutation("replan_computes_outside_the_lock_without_concurrent_replay", RT + "replan.py",
-             "    compute_lock = contextlib.nullcontext() if getattr(session.backend, \"concurrent_replay\", False) "
-             "else session.lock\n",
+             "    compute_lock = contextlib.nullcontext() if concurrent else session.lock\n",
              "    compute_lock = contextlib.nullcontext()\n",
              ["test/test_concurrent_replan.py::test_without_concurrent_replay_batched_steps_compute_under_the_lock_and_live_steps_run_between_them"],
              "on CUDA (one stream) a replan's batched step computes beside the live step"),
