@@ -144,9 +144,9 @@ def stream_and_replicas(node, env, log_dir: Path, plan: Plan, backend: str) -> d
             robot.run(trace[at:at + plan.block_steps])
             at += plan.block_steps
             robot.wait_steps(n0 + plan.block_steps)
-            arm = "with_replica" if want else "without_replica"
-            lat[arm] += [m.step_latency_ms for _, m in robot.steps[n0:]]
-            block_p99s[arm].append(round(float(np.percentile([m.step_latency_ms for _, m in robot.steps[n0:]], 99)), 3))
+            arm, block = "with_replica" if want else "without_replica", [m.step_latency_ms for _, m in robot.steps[n0:]]
+            lat[arm] += block
+            block_p99s[arm].append(round(float(np.percentile(block, 99)), 3))
             progress(f"stream: block {b + 1}/{plan.blocks} ({'with' if want else 'without'} the replica) done")
         if not active:
             _change_state(node, "/ws/flashrt", Transition.TRANSITION_ACTIVATE)
