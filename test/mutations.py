@@ -610,6 +610,10 @@ MUTATIONS = [
              ["test/test_cpu_attention_bytes.py",
               "test/test_cpu_backend.py::test_every_row_of_a_batch_equals_the_row_stepped_alone_whatever_the_batch_size"],
              "rows in lockstep sum their attention values in another slot order than a row alone"),
+    Mutation("cpu_attention_four_softmax_chains_cross_their_sums", RT + "engine/cpu_attention.py",
+             "        lc += wc[t]\n", "        lc += wd[t]\n",
+             ["test/test_cpu_attention_bytes.py"],
+             "the third of four softmax chains run side by side sums the fourth chain's weights"),
     Mutation("cpu_vector_sums_round_each_product_before_adding", RT + "engine/cpu_simd.py",
              '    name = "llvm.fma.v8f32" if a.type == _VEC else "llvm.fma.f32"\n',
              '    if a.type == _VEC:\n        return builder.fadd(builder.fmul(a, b), c)\n'

@@ -137,6 +137,28 @@ def _softmax2(wa, wb):
 
 
 @njit(cache=True, nogil=True)
+def _softmax4(wa, wb, wc, wd):
+    """_softmax1 of four chains side by side: each max and sum still runs in slot order, four at a time."""
+    ma = mb = mc = md = _NEG_BIG
+    for t in range(wa.size):
+        ma = max(ma, wa[t])
+        mb = max(mb, wb[t])
+        mc = max(mc, wc[t])
+        md = max(md, wd[t])
+    _exp_shifted(wa, ma)
+    _exp_shifted(wb, mb)
+    _exp_shifted(wc, mc)
+    _exp_shifted(wd, md)
+    la = lb = lc = ld = _F0
+    for t in range(wa.size):
+        la += wa[t]
+        lb += wb[t]
+        lc += wc[t]
+        ld += wd[t]
+    return ma, la, mb, lb, mc, lc, md, ld
+
+
+@njit(cache=True, nogil=True)
 def _chunk(op, wf, si, lf, b0, b1, j, n_pages, P, d, n_heads, hd, kv_window):
     """Chunk j (page slot j) of every head for rows b0..b1-1, which read the same page over the same slots: a
     key load serves up to 4 of them, a value load 2. Per row and head: scores (each summed in channel order),
@@ -184,10 +206,10 @@ def _chunk(op, wf, si, lf, b0, b1, j, n_pages, P, d, n_heads, hd, kv_window):
                     _scores1(wf, lf, q_at, q_rs, at, d, hd, s_at, s_rs, scale)
                     b += 1
     for h in range(n_heads):
-        q0, c = h * hd, h * P + j
-        _last_scores(op, wf, lf, b0, b1, page, t8, t1, k_off, d, hd, q0, c, scale)
-        _softmax_rows(op, wf, b0, b1, c, t0, t1)
-        _values(op, wf, lf, b0, b1, page, t0, t1, v_off, d, hd, q0, c)
+        _last_scores(op, wf, lf, b0, b1, page, t8, t1, k_off, d, hd, h * hd, h * P + j, scale)
+    _softmax_chains(op, wf, b0, b1, j, P, n_heads, t0, t1)
+    for h in range(n_heads):
+        _values(op, wf, lf, b0, b1, page, t0, t1, v_off, d, hd, h * hd, h * P + j)
 
 
 @njit(cache=True, nogil=True)
@@ -215,20 +237,43 @@ def _last_scores(op, wf, lf, b0, b1, page, t8, t1, k_off, d, hd, q0, c, scale):
 
 
 @njit(cache=True, nogil=True)
-def _softmax_rows(op, wf, b0, b1, c, t0, t1):
-    """Scores -> softmax weights in place, chunk_m and chunk_l, for chunk c of rows b0..b1-1 (two rows' max
-    and sum chains side by side where there are two)."""
-    b = b0
-    while b < b1:
-        sa = _row(op, 6, b) + c * KV_PAGE
-        if b + 2 <= b1:
-            sb = _row(op, 6, b + 1) + c * KV_PAGE
-            ma, la, mb, lb = _softmax2(wf[sa + t0:sa + t1], wf[sb + t0:sb + t1])
-            wf[_row(op, 7, b + 1) + c], wf[_row(op, 8, b + 1) + c] = mb, lb
+def _softmax_chains(op, wf, b0, b1, j, P, n_heads, t0, t1):
+    """Scores -> softmax weights in place, chunk_m and chunk_l, for chunk j of every head of rows b0..b1-1:
+    each (row, head) is its own max and sum chain over slots t0..t1-1; four chains run side by side (a
+    serial chain waits on its adder's latency, four fill it), each in slot order as alone."""
+    n = (b1 - b0) * n_heads
+    k = 0
+    while k < n:
+        g = 4 if n - k >= 4 else 2 if n - k >= 2 else 1
+        w0 = _chain(op, wf, b0, k, j, P, n_heads, t0, t1)
+        if g == 4:
+            m0, l0, m1, l1, m2, l2, m3, l3 = _softmax4(w0, _chain(op, wf, b0, k + 1, j, P, n_heads, t0, t1),
+                                                       _chain(op, wf, b0, k + 2, j, P, n_heads, t0, t1),
+                                                       _chain(op, wf, b0, k + 3, j, P, n_heads, t0, t1))
+            _chain_ml(op, wf, b0, k + 2, j, P, n_heads, m2, l2)
+            _chain_ml(op, wf, b0, k + 3, j, P, n_heads, m3, l3)
+        elif g == 2:
+            m0, l0, m1, l1 = _softmax2(w0, _chain(op, wf, b0, k + 1, j, P, n_heads, t0, t1))
         else:
-            ma, la = _softmax1(wf[sa + t0:sa + t1])
-        wf[_row(op, 7, b) + c], wf[_row(op, 8, b) + c] = ma, la
-        b += 2 if b + 2 <= b1 else 1
+            m0, l0 = _softmax1(w0)
+        _chain_ml(op, wf, b0, k, j, P, n_heads, m0, l0)
+        if g >= 2:
+            _chain_ml(op, wf, b0, k + 1, j, P, n_heads, m1, l1)
+        k += g
+
+
+@njit(cache=True, nogil=True)
+def _chain(op, wf, b0, k, j, P, n_heads, t0, t1):
+    """Chain k of chunk j: row b0 + k // n_heads, head k % n_heads; its scores over slots t0..t1-1."""
+    at = _row(op, 6, b0 + k // n_heads) + ((k % n_heads) * P + j) * KV_PAGE
+    return wf[at + t0:at + t1]
+
+
+@njit(cache=True, nogil=True)
+def _chain_ml(op, wf, b0, k, j, P, n_heads, m, lsum):
+    b, c = b0 + k // n_heads, (k % n_heads) * P + j
+    wf[_row(op, 7, b) + c] = m
+    wf[_row(op, 8, b) + c] = lsum
 
 
 @njit(cache=True, nogil=True)
