@@ -1,7 +1,9 @@
 """The golden run: a fixed seeded run whose every output byte is hashed (test/test_golden.py).
 
-Computed on c220c38 (before the one-model redesign, issue 16) and checked in as default_config.json;
-any change to an action, a capsule, an exported file or a prefill shows up as a changed hash.
+First computed on c220c38 (before the one-model redesign, issue 16); recomputed once since, for an intended
+change (2026-12-05: the seeded weights became bf16 values), under every build and kernel family listed, and checked
+in as default_config.json; any change to an action, a capsule, an exported file or a prefill shows up as a changed
+hash.
 Regenerate only for an intended change of behaviour:  .venv/bin/python test/golden_run.py --write
 --write fills the entry of this machine's OpenBLAS kernel family: runs_by_blas_core's where that family is
 listed there (the AVX-512 ones), else the plain entries (AVX2); after an intended change, run it under both

@@ -2,7 +2,7 @@
 4 of them, write for every row the bytes of their row-by-row scalar twin (cpu_linear_ref.py): 1 to 8 rows,
 input and output widths on and off the vector width, every activation, inputs in either slab, and whole
 steps of the gru and ssm models. The matrices are read row-major or in column panels (cpu_panels.py, what a
-bound step reads): the same bytes either way."""
+bound step reads), float32 or, for bf16 values, 16-bit panels: the same bytes every way."""
 from functools import cache
 
 import numpy as np
@@ -19,16 +19,18 @@ from flashrt_ros.runtime.engine.cpu_program import (
     N_DIMS,
     PANEL,
     REG_PANEL,
+    REG_PANEL16,
     REG_STATE,
     REG_WEIGHT,
     REG_WORK,
 )
 from flashrt_ros.runtime.model.kernel_spec import ACT_NONE, ACT_RELU, ACT_SILU, ACT_TANH
+from flashrt_ros.runtime.model.weights import bf16_values
 
 ROWS = [1, 2, 3, 4, 5, 8]
 SLABS = 2_200_000  # elements of each synthetic slab
 PANELS_AT = 1_500_000  # where the panel copies go in the weight slab (past every row-major matrix)
-LAYOUTS = ["row-major", "panels"]
+LAYOUTS = ["row-major", "panels", "bf16-panels"]
 
 
 @cache
@@ -62,11 +64,19 @@ def _with_panels(args, matrices, layout, slabs_copies):
     for a, (n_in, n_out) in matrices.items():
         reg, off, _, n = args[a]
         assert reg == REG_WEIGHT and n == n_in * n_out and at + n_in * n_out + 8 * n_in < SLABS
-        panels = to_panels(_slabs()[2][off:off + n].reshape(n_in, n_out))
+        w = _slabs()[2][off:off + n]
+        if layout == "bf16-panels":  # the matrix's values made bf16 in every copy: the twin reads them row-major
+            w = bf16_values(w)
+            for slabs in slabs_copies:
+                slabs[2][off:off + n] = w
+        panels = to_panels(w.reshape(n_in, n_out))
         for slabs in slabs_copies:
-            slabs[2][at:at + panels.size] = panels
-        args[a] = (REG_PANEL, at, 0, n)
-        at += panels.size + 3  # off the cache line: nothing assumes alignment
+            if layout == "bf16-panels":
+                slabs[2].view(np.uint16)[2 * at + 1:2 * at + 1 + panels.size] = panels.view(np.uint32) >> 16
+            else:
+                slabs[2][at:at + panels.size] = panels
+        args[a] = (REG_PANEL16, 2 * at + 1, 0, n) if layout == "bf16-panels" else (REG_PANEL, at, 0, n)
+        at += panels.size + 3  # off the cache line (and, at 16 bits, off the float): nothing assumes alignment
     return args
 
 
@@ -85,7 +95,8 @@ def _assert_same_bytes(run, run_ref, args, rows, matrices=None, layout="row-majo
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("n_in, n_out", [(1, 1), (14, 128), (37, 7), (128, 384), (256, 128), (128, 56),
                                          (9, 13), (64, 40), (33, 200)])
-@pytest.mark.parametrize("x_slab, layout", [(REG_WORK, "row-major"), (REG_STATE, "row-major"), (REG_WORK, "panels")])
+@pytest.mark.parametrize("x_slab, layout", [(REG_WORK, "row-major"), (REG_STATE, "row-major"), (REG_WORK, "panels"),
+                                            (REG_WORK, "bf16-panels")])
 def test_linear_bytes_equal_the_row_by_row_twin_for_every_batch_and_width(rows, n_in, n_out, x_slab, layout):
     x_rs, y_rs = n_in + 3, n_out + 5  # row strides past the row: the padding is never written
     for act in (ACT_NONE, ACT_SILU, ACT_TANH, ACT_RELU):
@@ -145,10 +156,12 @@ def _regions_copy(batch):
     return [sf, sf.view(np.int64), wf.copy(), gf.copy(), lf.copy()]
 
 
-def _from_panels(gf, off, n_in, n_out):
-    """The row-major matrix of a panel copy (the inverse of to_panels), flat."""
+def _from_panels(gf, off, n_in, n_out, half=False):
+    """The row-major matrix of a panel copy (the inverse of to_panels), flat; 16-bit panels at `half`."""
     n_panels = -(-n_out // PANEL)
-    panels = gf[off:off + n_panels * PANEL * n_in].reshape(n_panels, n_in, PANEL)
+    n = n_panels * PANEL * n_in
+    flat = (gf.view(np.uint16)[off:off + n].astype(np.uint32) << 16).view(np.float32) if half else gf[off:off + n]
+    panels = flat.reshape(n_panels, n_in, PANEL)
     return np.ascontiguousarray(panels.transpose(1, 0, 2).reshape(n_in, -1)[:, :n_out]).reshape(-1)
 
 
@@ -168,8 +181,8 @@ def _run_ref(batch, regions):
             views = []
             for a in range(n_args):
                 reg, off, stride, n = op[1 + ARG_COLS * a:1 + ARG_COLS * (a + 1)]
-                if reg == REG_PANEL:
-                    views.append(_from_panels(gf, off, *panel_shape(kernel, a, dims)))
+                if reg in (REG_PANEL, REG_PANEL16):
+                    views.append(_from_panels(gf, off, *panel_shape(kernel, a, dims), half=reg == REG_PANEL16))
                 else:
                     views.append(slabs[reg][off + b * stride:off + b * stride + n])
             if op[0] == cpu_kernels.K_LINEAR:
@@ -191,9 +204,9 @@ def test_whole_batched_steps_equal_the_step_with_row_by_row_gemvs(mixer, small, 
     for r in range(1, rows + 1):
         s.arena.state[r] = s.arena.state[0]
     batch = s.backend.bind(s.plan, s.arena, 1, rows)
-    matrices = [a for op in batch.prog for a in range(4) if op[1 + ARG_COLS * a] == REG_PANEL]
+    matrices = [a for op in batch.prog for a in range(4) if op[1 + ARG_COLS * a] == REG_PANEL16]
     assert len(matrices) == sum(len(GEMV_MATRICES[k]) for k in (op.kernel for op in s.plan.ops)
-                                if k in GEMV_MATRICES)  # the step reads every GEMV matrix from its panels
+                                if k in GEMV_MATRICES)  # the step reads every (seeded: bf16) matrix at 16 bits
     got, want = _regions_copy(batch), _regions_copy(batch)
     obs_cols = next(op for op in batch.prog if op[0] == cpu_kernels.K_OBS_NORM)[1:1 + ARG_COLS]
     assert obs_cols[0] in (REG_STATE, REG_WORK)
@@ -207,3 +220,33 @@ def test_whole_batched_steps_equal_the_step_with_row_by_row_gemvs(mixer, small, 
         _run_ref(batch, want)
         for name, g, w in zip(("small slab", "int slab", "work slab", "weights", "KV log"), got, want):
             assert g.tobytes() == w.tobytes(), f"step {step}: the {name} differs from the row-by-row twin"
+
+
+def _matrix_regions(s: Session) -> dict[tuple[int, int], int]:
+    """(op, argument) -> the region its GEMV matrix is read from, in the bound live step."""
+    return {(o, a): int(op[1 + ARG_COLS * a]) for o, op in enumerate(s._live.prog)
+            for a in GEMV_MATRICES.get(s.plan.ops[o].kernel, ())}
+
+
+def test_seeded_weights_are_bf16_values_and_the_step_reads_every_matrix_at_16_bits():
+    s = Session(small_config(capsule_budget_mb=4.0, capsule_capacity=0), backend="cpu")
+    for name, w in s.weights.items():
+        assert w.dtype != np.float32 or not (w.view(np.uint32) & 0xFFFF).any(), name
+    assert set(_matrix_regions(s).values()) == {REG_PANEL16}
+
+
+def test_a_matrix_off_bf16_by_one_bit_is_read_at_32_bits_and_the_step_agrees_with_numpy():
+    """A loaded policy is never rounded: one float32 matrix, one weight a bit off bf16, keeps 32 bits (the others
+    stay at 16), and the compiled step computes that weight as it is."""
+    cfg = small_config(capsule_budget_mb=4.0, capsule_capacity=0)
+    weights = dict(Session(cfg, backend="numpy").weights)
+    o, a = next(iter(_matrix_regions(Session(cfg, backend="cpu"))))
+    name = Session(cfg, backend="numpy").plan.ops[o].args[a]
+    w = weights[name].copy()
+    w.reshape(-1).view(np.uint32)[5] += 1
+    weights[name] = w
+    ref, cpu = Session(cfg, backend="numpy", weights=weights), Session(cfg, backend="cpu", weights=weights)
+    regions = _matrix_regions(cpu)
+    assert regions.pop((o, a)) == REG_PANEL and set(regions.values()) == {REG_PANEL16}
+    for x in observation_trace(60, obs_dim=cfg.obs_dim):
+        np.testing.assert_allclose(cpu.step(x).action, ref.step(x).action, rtol=0, atol=2e-5)

@@ -1,4 +1,5 @@
-"""Every output byte of a fixed run is what it was on c220c38, before the one-model redesign (issue 16):
+"""Every output byte of a fixed run is what it was on c220c38, before the one-model redesign (issue 16), but for the
+seeded weights becoming bf16 values on 2026-12-05 (the hashes recomputed then):
 actions, chunks, capsules, the exported file, replan (with and without commit) and cold prefill, for the
 default config and two small ones (a wrapping window, exploration noise). test/golden_run.py
 says how the hashes are made and how to regenerate them for an intended change."""
@@ -11,12 +12,12 @@ from golden_run import GOLDEN, RUNS, blas_core, golden_run
 WANT = json.loads(GOLDEN.read_text())
 # Cold prefill runs multi-row GEMMs through numpy's BLAS, whose blocking (so its rounding) changes with the
 # numpy/OpenBLAS build: its bytes are fixed per build, not across them. The runs' own hashes are from the
-# dev venv (constraints.txt); other builds' prefill hashes, also computed on c220c38, are listed by numpy version,
+# dev venv (constraints.txt); other builds' prefill hashes, computed with them, are listed by numpy version,
 # or by numpy version and OpenBLAS kernel family where that family rounds differently (numpy 1.26.4's 'Zen',
 # found on an AMD EPYC: its small GEMMs differ from the Intel machine the plain entry was computed on).
 # OpenBLAS's AVX-512 families ('SkylakeX', 'Cooperlake') round the step's GEMVs differently from the AVX2 ones
-# the plain entries come from, so every output differs there: their whole runs, computed on c220c38 with numpy
-# 1.26.4 and 2.4.6 (identical on both), are listed by family.
+# the plain entries come from, so every output differs there: their whole runs, computed with numpy 1.26.4 and
+# 2.4.6 (identical on both; 2.4.6's OpenBLAS has no Cooperlake kernels), are listed by family.
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))

@@ -111,7 +111,8 @@ class CompiledReplay:
                 uses.append((o, col, (int(self.prog[o, col + 1]), n_in, n_out)))
         region, at = weight_region(arena, frozenset(key for _, _, key in uses))
         for o, col, key in uses:
-            self.prog[o, col:col + 2] = cp.REG_PANEL, at[key]
+            offset, half = at[key]
+            self.prog[o, col:col + 2] = cp.REG_PANEL16 if half else cp.REG_PANEL, offset
         return region
 
     def replay(self) -> None:

@@ -3,14 +3,19 @@ again in column panels (panel p holds columns 8p..8p+7 of every input row, n_in 
 the last panel zero-padded). A block of output columns then reads whole cache lines in order instead of one
 line per input row at a stride of n_out (cpu_linear.py says what that cost). Built once per arena and shared
 by every row range bound to it; weights never change after a Session is built, so the copy cannot go stale.
+A matrix whose every weight is a bf16 value is held at 16 bits (its float32's upper half: exact), any other at
+32, so a loaded policy is never rounded.
 """
 from __future__ import annotations
 
+import logging
 from weakref import WeakKeyDictionary
 
 import numpy as np
 
 from .cpu_program import PANEL
+
+log = logging.getLogger("flashrt_ros.runtime")
 
 _ALIGN = 16  # floats: each panel matrix starts on a 64-byte cache line
 GEMV_MATRICES = {"linear": (1,), "gru_cell": (2, 3)}  # kernel -> its arguments that are GEMV matrices
@@ -37,21 +42,45 @@ def to_panels(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(n_in, -1, PANEL).transpose(1, 0, 2)).reshape(-1)
 
 
+def bf16_exact(w: np.ndarray) -> bool:
+    """Every value of float32 w is a bf16 value: its low 16 bits are zero (so 16 bits hold it exactly)."""
+    return not (np.ascontiguousarray(w, np.float32).view(np.uint32) & np.uint32(0xFFFF)).any()
+
+
 def weight_region(arena, matrices: frozenset[tuple[int, int, int]]) -> tuple[np.ndarray, dict]:
     """The float32 weight region with `matrices` ((element offset, n_in, n_out) in the weight slab) appended as
-    panels, and each matrix's element offset there. Cached per arena and matrix set."""
+    panels, and each matrix's (offset, 16-bit) there: a bf16-exact matrix's panels hold 16 bits per weight,
+    its offset counted in 16-bit units; any other's 32, counted in floats. Cached per arena and matrix set."""
     per_arena = _built.setdefault(arena, {})
     if matrices not in per_arena:
         slab = arena.weight_slab.view(np.float32)
         at, end = {}, _round_up(slab.size, _ALIGN)
+        half = {key: bf16_exact(slab[key[0]:key[0] + key[1] * key[2]]) for key in matrices}
         for key in sorted(matrices):
             _, n_in, n_out = key
-            at[key] = end
-            end += _round_up(_round_up(n_out, PANEL) * n_in, _ALIGN)
+            n = _round_up(n_out, PANEL) * n_in
+            at[key] = (2 * end, True) if half[key] else (end, False)
+            end += _round_up(-(-n // 2) if half[key] else n, _ALIGN)
         region = np.zeros(end, np.float32)
         region[:slab.size] = slab
-        for (off, n_in, n_out), dst in at.items():
+        for (off, n_in, n_out), (dst, is_half) in at.items():
             panels = to_panels(slab[off:off + n_in * n_out].reshape(n_in, n_out))
-            region[dst:dst + panels.size] = panels
+            if is_half:
+                region.view(np.uint16)[dst:dst + panels.size] = panels.view(np.uint32) >> np.uint32(16)
+            else:
+                region[dst:dst + panels.size] = panels
         per_arena[matrices] = (region, at)
+        sizes = {key: 4 * key[1] * key[2] for key in matrices}
+        log.info("backend cpu: %d of %d weight matrices hold bf16 values, read at 16 bits: %.2f MiB a step "
+                 "instead of %.2f", sum(half.values()), len(matrices),
+                 sum(n // 2 if half[key] else n for key, n in sizes.items()) / 2**20, sum(sizes.values()) / 2**20)
     return per_arena[matrices]
+
+
+def bytes_saved(arena) -> int:
+    """Bytes a step does not read because matrices of this arena's weight region are held at 16 bits."""
+    built = _built.get(arena, {})
+    if not built:
+        return 0
+    _, at = next(iter(built.values()))
+    return sum(2 * n_in * n_out for (_, n_in, n_out), (_, half) in at.items() if half)

@@ -15,6 +15,7 @@ N_DIMS = 6
 REG_STATE, REG_STATE_I64, REG_WORK, REG_WEIGHT, REG_LOG = range(5)
 # a GEMV's matrix in the weight region as column panels (cpu_panels.py), read in address order
 REG_PANEL = 5
+REG_PANEL16 = 6  # the same panels of a bf16-exact matrix, 16 bits per weight (the upper half of its float32)
 PANEL = 8  # columns per panel: one vector of float32 lanes (cpu_simd._LANES)
 
 

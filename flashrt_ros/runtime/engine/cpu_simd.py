@@ -150,11 +150,42 @@ _values_2x32, _values_1x32 = _values_intrinsic(2, 4), _values_intrinsic(1, 4)
 _values_2x8, _values_1x8 = _values_intrinsic(2, 1), _values_intrinsic(1, 1)
 
 
+_VEC16 = ir.VectorType(ir.IntType(16), _LANES)
+
+
+def _weights8(builder, wp, at, half):
+    """8 weights from wp[at:at + 8] as float32: float32 as they are, or bf16 (uint16) widened exactly: its bits
+    are the upper half of the float32's."""
+    if not half:
+        return builder.load(builder.bitcast(builder.gep(wp, [at]), _VEC.as_pointer()), align=4)
+    raw = builder.load(builder.bitcast(builder.gep(wp, [at]), _VEC16.as_pointer()), align=2)
+    wide = builder.shl(builder.zext(raw, ir.VectorType(ir.IntType(32), _LANES)),
+                       ir.Constant(ir.VectorType(ir.IntType(32), _LANES), [16] * _LANES))
+    return builder.bitcast(wide, _VEC)
+
+
+@intrinsic
+def weight_at(typingctx, wr, idx):
+    """wr[idx] as float32: a float32 as it is, a bf16 (uint16) widened exactly."""
+    sig = types.float32(wr, types.int64)
+
+    def codegen(context, builder, signature, args):
+        wr_v, idx = args
+        ptr = builder.gep(context.make_array(signature.args[0])(context, builder, wr_v).data, [idx])
+        if signature.args[0].dtype != types.uint16:
+            return builder.load(ptr)
+        wide = builder.shl(builder.zext(builder.load(ptr), ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+        return builder.bitcast(wide, ir.FloatType())
+
+    return sig, codegen
+
+
 def _gemv_intrinsic(rows, vecs):
     """An intrinsic for y_r[j0 + e] = sum_i x_r[i] w[i, j0 + e], i = 0..n_in-1 in order, for `rows` rows and
     8 * vecs outputs e, 8 to a vector lane: x_r = xr[x_at + r x_rs:], y_r = yr[y_at + r y_rs:], and the weight
     vector k of input i at wr[w_at + i w_rs + k w_vs] (row-major: w_rs = n_out, w_vs = 8; panels: w_rs = 8,
-    w_vs = 8 n_in). Each weight vector is loaded once for all the rows."""
+    w_vs = 8 n_in). Each weight vector is loaded once for all the rows; from a uint16 wr (bf16 panels) it is
+    widened exactly (_weights8)."""
 
     @intrinsic
     def gemv(typingctx, xr, wr, yr, x_at, x_rs, w_at, n_in, w_rs, w_vs, y_at, y_rs):
@@ -165,6 +196,7 @@ def _gemv_intrinsic(rows, vecs):
             xr_v, wr_v, yr_v, x_at, x_rs, w_at, n_in, w_rs, w_vs, y_at, y_rs = args
             xp, wp, yp = (context.make_array(t)(context, builder, v).data
                           for t, v in zip(signature.args[:3], (xr_v, wr_v, yr_v)))
+            half = signature.args[1].dtype == types.uint16
             i64 = ir.IntType(64)
             x_row = [builder.add(x_at, builder.mul(x_rs, i64(r))) for r in range(rows)]
             accs = [[cgutils.alloca_once_value(builder, ir.Constant(_VEC, [0.0] * _LANES)) for _ in range(vecs)]
@@ -172,8 +204,7 @@ def _gemv_intrinsic(rows, vecs):
             with cgutils.for_range(builder, n_in) as loop:
                 i = loop.index
                 w_i = builder.add(w_at, builder.mul(i, w_rs))
-                w = [builder.load(builder.bitcast(builder.gep(wp, [builder.add(w_i, builder.mul(w_vs, i64(k)))]),
-                                                  _VEC.as_pointer()), align=4) for k in range(vecs)]
+                w = [_weights8(builder, wp, builder.add(w_i, builder.mul(w_vs, i64(k))), half) for k in range(vecs)]
                 for r in range(rows):
                     x = builder.load(builder.gep(xp, [builder.add(x_row[r], i)]))
                     xs = _splat(builder, x)

@@ -64,7 +64,8 @@ class PolicyConfig:
                                 "on a Jetson Orin", min=1, fingerprint=False)
     history_limit: int = _f(100_000, "observations kept for the cold-recompute baselines (~17 min at 100 Hz); "
                                "older ones are dropped", min=1, fingerprint=False)
-    weights_path: str = _f("", "safetensors weights; empty = seeded random weights", fingerprint=False)
+    weights_path: str = _f("", "safetensors weights (float32; backend cpu reads a matrix of bf16 values at 16 bits); "
+                              "empty = seeded random weights, bf16 values", fingerprint=False)
 
     def __post_init__(self) -> None:
         self.validate()

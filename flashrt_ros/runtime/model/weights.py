@@ -20,8 +20,17 @@ class WeightsError(ValueError):
     pass
 
 
+def bf16_values(w: np.ndarray) -> np.ndarray:
+    """float32 w rounded to the nearest bf16 value (ties to even), still float32: its low 16 bits zero."""
+    bits = np.ascontiguousarray(w, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32).reshape(np.shape(w))
+
+
 def seeded_weights(specs: list[BufferSpec], seed: int) -> dict[str, np.ndarray]:
-    """Deterministic random weights: each tensor from its own stream, keyed by (seed, name)."""
+    """Deterministic random weights: each tensor from its own stream, keyed by (seed, name). The values are bf16
+    values held in float32, as a policy trained in bf16 exports them: every backend computes with these exact
+    values, and the compiled CPU step reads its matrices at 16 bits (cpu_panels.py)."""
     out = {}
     for s in specs:
         name = s.name
@@ -36,7 +45,7 @@ def seeded_weights(specs: list[BufferSpec], seed: int) -> dict[str, np.ndarray]:
             w = np.ones(s.shape)
         else:  # [fan_in, fan_out]; conv.w is [taps, d]
             w = rng.standard_normal(s.shape) / np.sqrt(s.shape[0])
-        out[name] = w.astype(s.dtype)
+        out[name] = bf16_values(w) if np.dtype(s.dtype) == np.float32 else w.astype(s.dtype)
     return out
 
 

@@ -2,8 +2,9 @@
 each batched step must compute and read and the core's measured peaks (the compiled step runs on one core).
 
 Per batched step of B rows over a window of L entries: every row multiplies by every weight once and
-attends over L keys and values (2 FLOPs a multiply-add); the weights and the window's K and V are read once
-(rows in lockstep share them). The floor is the roofline's: max(FLOPs / peak FLOP/s, bytes / bandwidth)."""
+attends over L keys and values (2 FLOPs a multiply-add); the weights (at the width the step holds them)
+and the window's K and V are read once (rows in lockstep share them). The floor is the roofline's:
+max(FLOPs / peak FLOP/s, bytes / bandwidth)."""
 from __future__ import annotations
 
 import json
@@ -40,11 +41,13 @@ def core_peaks() -> dict:
 
 
 def replan_floor(branches: int, horizon: int, kv_len: int, d_model: int, n_layers: int, weight_bytes: int,
-                 peaks: dict) -> dict:
+                 peaks: dict, weight_bytes_read: int | None = None) -> dict:
+    """weight_bytes: the float32 weights' (so their count); weight_bytes_read: what a step reads of them (less,
+    where matrices are held at 16 bits)."""
     weights = weight_bytes // 4  # float32
     window = 2 * kv_len * d_model * n_layers  # K and V entries read per row
     flops = 2 * branches * (weights + window)
-    nbytes = weight_bytes + 4 * window
+    nbytes = (weight_bytes if weight_bytes_read is None else weight_bytes_read) + 4 * window
     per_step_s = max(flops / (peaks["gflop_per_s"] * 1e9), nbytes / (peaks["gbyte_per_s"] * 1e9))
     return {"flops_per_batched_step": flops, "bytes_per_batched_step": nbytes,
             "floor_ms": round(horizon * per_step_s * 1e3, 3)}

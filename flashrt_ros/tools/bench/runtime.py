@@ -173,6 +173,13 @@ def full_window_points(s: Session, obs: np.ndarray, plan: Plan, out: dict) -> No
             out["replan_detail"][r["case"]] = {k: r[k] for k in ("kv_window", "kv_len", "kv_fill", "step", "reps")}
 
 
+def weight_bytes_read(s: Session) -> int:
+    """The weight bytes one step reads: the slab's, less half of each matrix the compiled CPU step holds at 16
+    bits (cpu_panels.py)."""
+    from ...runtime.engine.cpu_panels import bytes_saved
+    return int(s.arena.weight_slab.nbytes) - (bytes_saved(s.arena) if s.backend.name == "cpu" else 0)
+
+
 def window_run(cfg: PolicyConfig, backend: str, W: int, plan: Plan, out: dict) -> None:
     needs_full = W in plan.overhead_windows or any(w == W for _, _, w in plan.replan_cases)
     budget = cfg.capsule_budget_mb
@@ -181,6 +188,7 @@ def window_run(cfg: PolicyConfig, backend: str, W: int, plan: Plan, out: dict) -
     s = Session(cfg.replace(kv_window=W, capsule_budget_mb=budget), backend)
     out["backend"] = s.backend.name
     out["model"]["weight_bytes"] = int(s.arena.weight_slab.nbytes)
+    out["model"]["weight_bytes_read"] = weight_bytes_read(s)
     obs = synthetic_trace(2 * W + 4096, cfg.obs_dim, seed=W)
     at = 0
     if W == plan.default_window:
@@ -260,7 +268,7 @@ def run(args) -> dict:
     for case, r in out["replan_ms"].items():
         b, h = (int(v) for v in case.split("@")[0].split("x"))
         floor = replan_floor(b, h, out["replan_detail"][case]["kv_len"], cfg.d_model, cfg.n_layers,
-                             out["model"]["weight_bytes"], out["core_peaks"])
+                             out["model"]["weight_bytes"], out["core_peaks"], out["model"]["weight_bytes_read"])
         out["replan_floor"][case] = {**floor, "p50_over_floor": round(r["p50"] / floor["floor_ms"], 2)}
     out["acceptance"] = acceptance(out, plan)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
