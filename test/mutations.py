@@ -646,6 +646,12 @@ MUTATIONS = [
              "np.uint32(0xFFFF)).any()", "np.uint32(0xFF00)).any()",
              ["test/test_cpu_linear_bytes.py"],
              "a float32 matrix a few bits off bf16 is truncated to 16 bits: a loaded policy rounded"),
+    Mutation("replay_offline_keeps_a_kilobyte_per_step", "flashrt_ros/tools/replay/cli.py",
+             "            checks.push(obs, res.action.copy())\n",
+             "            checks.push(obs, res.action.copy())\n"
+             "            run_offline.__dict__.setdefault('kept', []).append(np.full(256, 0.0, np.float32))\n",
+             ["test/test_replay_untrusted.py::test_memory_does_not_grow_with_the_length_of_the_bag"],
+             "an offline replay keeps 1 KB per step, as the old list of records did: memory grows with the bag"),
     # the suite's hang guard
     Mutation("hang_guard_dumps_into_the_capture_file", "test/hang_guard.py",
              "exit=True, file=_stderr)",

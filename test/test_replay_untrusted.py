@@ -89,12 +89,12 @@ def _rss_bytes() -> int:
 
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="needs Linux /proc")
 def test_memory_does_not_grow_with_the_length_of_the_bag(tmp_path, monkeypatch, capsys):
-    """1e5 messages replayed offline into an output bag; resident memory sampled at every progress line
+    """5e4 messages replayed offline into an output bag; resident memory sampled at every progress line
     (every 2000 messages) stays flat after warm-up. Keeping ~1 KB per step, as the old list of records did,
-    grows it by ~90 MB over the run."""
+    grows it by ~40 MB from message 10k on (90 MB over 1e5 messages, the test's length until 2026-12-05)."""
     from flashrt_ros.tools.replay import cli as replay_mod
 
-    n = 100_000
+    n = 50_000
     bag = _long_bag(tmp_path / "long", n)
     cfg = config_with(tmp_path, base=TINY_CONFIG)
     samples = []
@@ -102,11 +102,11 @@ def test_memory_does_not_grow_with_the_length_of_the_bag(tmp_path, monkeypatch, 
     rc = replay_mod.main([str(bag), "--config", str(cfg), "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert '"steps": 100000' in out
-    assert len(samples) >= 45  # one per 2000 messages, plus the start line
+    assert '"steps": 50000' in out
+    assert len(samples) >= 25  # one per 2000 messages, plus the start line
     after_warmup = samples[5:]  # 10k messages in: allocator pools and the output writer are at size
     growth_mb = (max(after_warmup) - after_warmup[0]) / 2**20
-    assert growth_mb < 12, f"RSS grew {growth_mb:.1f} MiB from message 10k to 100k"
+    assert growth_mb < 12, f"RSS grew {growth_mb:.1f} MiB from message 10k to 50k"
 
 
 def test_a_flood_of_distinct_reject_reasons_takes_bounded_memory():
