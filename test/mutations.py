@@ -614,6 +614,10 @@ MUTATIONS = [
              "        lc += wc[t]\n", "        lc += wd[t]\n",
              ["test/test_cpu_attention_bytes.py"],
              "the third of four softmax chains run side by side sums the fourth chain's weights"),
+    Mutation("cpu_attention_last_odd_softmax_chain_left_unnormalised", RT + "engine/cpu_attention.py",
+             "            m0, l0 = _softmax1(w0)\n", "            m0, l0 = _NEG_BIG, _F0\n",
+             ["test/test_cpu_attention_bytes.py::test_attention_bytes_equal_the_scalar_twin_for_odd_head_counts"],
+             "where rows x heads is odd the last chain of a chunk keeps raw scores and weighs nothing"),
     Mutation("cpu_vector_sums_round_each_product_before_adding", RT + "engine/cpu_simd.py",
              '    name = "llvm.fma.v8f32" if a.type == _VEC else "llvm.fma.f32"\n',
              '    if a.type == _VEC:\n        return builder.fadd(builder.fmul(a, b), c)\n'

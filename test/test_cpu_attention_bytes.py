@@ -17,10 +17,10 @@ Q, META, PAGES, OUT, PART = 0, 3, 4, 5, 12  # attn_decode's buffer arguments (ke
 
 
 @cache
-def _session(window: int, mixer: str = "gru", small: bool = False, d_model: int = 32) -> Session:
-    if small:  # two heads of d_model // 2 channels
-        return Session(small_config(kv_window=window, mixer=mixer, d_model=d_model, capsule_budget_mb=4.0,
-                                    capsule_capacity=0), backend="cpu")
+def _session(window: int, mixer: str = "gru", small: bool = False, d_model: int = 32, n_heads: int = 2) -> Session:
+    if small:  # n_heads heads of d_model // n_heads channels
+        return Session(small_config(kv_window=window, mixer=mixer, d_model=d_model, n_heads=n_heads,
+                                    capsule_budget_mb=4.0, capsule_capacity=0), backend="cpu")
     budget = 14.0 + window / 128  # the KV pages 9 rows need and a few capsules: a small arena to fill
     return Session(PolicyConfig(kv_window=window, mixer=mixer, capsule_budget_mb=budget), backend="cpu")
 
@@ -101,6 +101,14 @@ def test_attention_bytes_equal_the_scalar_twin_at_head_widths_off_the_vector_wid
     s = _session(200, small=True, d_model=2 * head_width)
     for layout in ("lockstep", "private_tail", "two_positions"):
         _assert_same_bytes_as_the_twin(s, rows, layout, "wrapped", seed=head_width)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize("n_heads", [1, 3, 5])  # rows x heads odd: the softmax chains end in groups of 2 and 1
+def test_attention_bytes_equal_the_scalar_twin_for_odd_head_counts(n_heads, rows):
+    s = _session(200, small=True, d_model=8 * n_heads, n_heads=n_heads)
+    for layout in ("lockstep", "private_tail", "own_pages"):
+        _assert_same_bytes_as_the_twin(s, rows, layout, "wrapped", seed=n_heads)
 
 
 @pytest.mark.parametrize("layout", ["lockstep", "private_tail"])

@@ -78,9 +78,7 @@ def weight_region(arena, matrices: frozenset[tuple[int, int, int]]) -> tuple[np.
 
 
 def bytes_saved(arena) -> int:
-    """Bytes a step does not read because matrices of this arena's weight region are held at 16 bits."""
-    built = _built.get(arena, {})
-    if not built:
-        return 0
-    _, at = next(iter(built.values()))
-    return sum(2 * n_in * n_out for (_, n_in, n_out), (_, half) in at.items() if half)
+    """Bytes a step does not read because matrices of this arena's weight region(s) are held at 16 bits (each
+    matrix once, whichever bound plans hold it)."""
+    half = {key for _, at in _built.get(arena, {}).values() for key, (_, is_half) in at.items() if is_half}
+    return sum(2 * n_in * n_out for _, n_in, n_out in half)

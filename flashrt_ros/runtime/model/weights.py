@@ -21,10 +21,12 @@ class WeightsError(ValueError):
 
 
 def bf16_values(w: np.ndarray) -> np.ndarray:
-    """float32 w rounded to the nearest bf16 value (ties to even), still float32: its low 16 bits zero."""
-    bits = np.ascontiguousarray(w, np.float32).view(np.uint32).astype(np.uint64)
+    """float32 w rounded to the nearest bf16 value (ties to even), still float32: its low 16 bits zero. NaN stays
+    as it is (its rounded bits could read as inf or zero)."""
+    f = np.ascontiguousarray(w, np.float32)
+    bits = f.view(np.uint32).astype(np.uint64)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
-    return bits.astype(np.uint32).view(np.float32).reshape(np.shape(w))
+    return np.where(np.isnan(f), f, bits.astype(np.uint32).view(np.float32)).reshape(np.shape(w))
 
 
 def seeded_weights(specs: list[BufferSpec], seed: int) -> dict[str, np.ndarray]:
