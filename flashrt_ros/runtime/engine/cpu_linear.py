@@ -11,7 +11,7 @@ input row at a stride of n_out floats, and a step's weights (3.6 MiB at the defa
 AVX2 EPYC that walk made a 4-row batched step 3-4x its warm-cache time. The layout changes which address a
 weight is read from, never the order of any sum. A matrix whose every weight is a bf16 value (the seeded ones,
 or a bf16-trained policy's) has 16-bit panels (REG_PANEL16): half the bytes, each weight widened exactly to the
-float32 it is, so the same bytes again; a live step reads its 3.6 MiB of matrices from L3, so it is faster by
+float32 it is, so the same bytes again; a live step reads its 3.5 MiB of matrices from L3, so it is faster by
 what it does not read."""
 from __future__ import annotations
 
