@@ -70,10 +70,10 @@ def weight_region(arena, matrices: frozenset[tuple[int, int, int]]) -> tuple[np.
             else:
                 region[dst:dst + panels.size] = panels
         per_arena[matrices] = (region, at)
-        sizes = {key: 4 * key[1] * key[2] for key in matrices}
+        total = sum(4 * n_in * n_out for _, n_in, n_out in matrices)
         log.info("backend cpu: %d of %d weight matrices hold bf16 values, read at 16 bits: %.2f MiB a step "
-                 "instead of %.2f", sum(half.values()), len(matrices),
-                 sum(n // 2 if half[key] else n for key, n in sizes.items()) / 2**20, sum(sizes.values()) / 2**20)
+                 "instead of %.2f", sum(half.values()), len(matrices), (total - bytes_saved(arena)) / 2**20,
+                 total / 2**20)
     return per_arena[matrices]
 
 

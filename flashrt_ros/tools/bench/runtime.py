@@ -175,9 +175,9 @@ def full_window_points(s: Session, obs: np.ndarray, plan: Plan, out: dict) -> No
 
 def weight_bytes_read(s: Session) -> int:
     """The weight bytes one step reads: the slab's, less half of each matrix the compiled CPU step holds at 16
-    bits (cpu_panels.py)."""
+    bits (cpu_panels.py; other backends build no panels, so nothing is saved)."""
     from ...runtime.engine.cpu_panels import bytes_saved
-    return int(s.arena.weight_slab.nbytes) - (bytes_saved(s.arena) if s.backend.name == "cpu" else 0)
+    return int(s.arena.weight_slab.nbytes) - bytes_saved(s.arena)
 
 
 def window_run(cfg: PolicyConfig, backend: str, W: int, plan: Plan, out: dict) -> None:
