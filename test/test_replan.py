@@ -156,6 +156,21 @@ def _refs_match_what_holds_them(s):
     assert len(set(kv.free)) == len(kv.free) == int((kv.refs == 0).sum())
 
 
+@pytest.mark.parametrize("kv_window", [48, 2304])  # 2 and 19 table slots: either side of KvLog.SHORT_TABLE
+def test_page_refcounts_equal_what_holds_them_through_evictions_rollbacks_and_replans(kv_window, backend):
+    s = Session(small_config(kv_window=kv_window, capsule_capacity=40), backend=backend)
+    assert (s.kv.P > s.kv.SHORT_TABLE) == (kv_window > 1000)
+    trace = observation_trace(420, seed=9)
+    run(s, trace[:300])  # a full store: every step evicts its oldest capsule
+    _refs_match_what_holds_them(s)
+    s.rollback(s.list_capsules()[5].id)
+    s.replan(s.list_capsules()[-1].id, np.stack([trace[300:308]] * 3))
+    run(s, trace[308:420])
+    for c in s.list_capsules():  # down to the live row alone: each page's count passes 1 on its way to 0
+        s.store.drop(c.id)
+        _refs_match_what_holds_them(s)
+
+
 def test_a_copy_on_write_done_off_the_lock_holds_the_old_page_until_copied_whatever_reuses_free_pages(backend):
     """A replan's fork copies its partial pages outside the session lock (a live step runs meanwhile): until
     finish_pending the old page stays held and the fresh ones count as taken, so a live step that evicts and

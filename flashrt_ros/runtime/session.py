@@ -202,9 +202,10 @@ class Session:
         info = self.store.snapshot(0, step=self._step, parent_id=self._live_id, stamp_ns=stamp_ns,
                                    label=label, pin=pin)
         self._live_id = info.id
-        self._mark_history(info.id, self.history.head)
-        for tap in self.record_taps():
-            tap.on_capsule(info)
+        self.history.mark(info.id, self.history.head)
+        if self.persistence is not None or self.stream is not None:  # the check alone: this runs after every step
+            for tap in self.record_taps():
+                tap.on_capsule(info)
         return info
 
     def _mark_history(self, capsule_id: int, node) -> None:

@@ -46,7 +46,7 @@ class StoreUsage:
         return max(0, self.newest_step - self.oldest_step) if self.capsules else 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CapsuleInfo:
     id: int
     parent_id: int
@@ -59,7 +59,7 @@ class CapsuleInfo:
     resumed: bool = False  # rebuilt from the persisted log when the session started (resume)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Capsule:
     info: CapsuleInfo
     record: int
@@ -150,12 +150,11 @@ class CapsuleStore:
             heapq.heappop(heap)
         return sign * heap[0][0] if heap else -1
 
-    def _track_step(self, step: int, cid: int) -> None:
-        for heap, key in ((self._low, step), (self._high, -step)):
-            if len(heap) > 2 * len(self._caps) + 64:  # mostly entries of released capsules: rebuilt, O(1) amortised
-                heap[:] = [e for e in heap if e[1] in self._caps]
-                heapq.heapify(heap)
-            heapq.heappush(heap, (key, cid))
+    def _compact_step_heaps(self) -> None:
+        """Drop the entries of capsules no longer held (most of them by then): O(1) amortised."""
+        for heap in (self._low, self._high):
+            heap[:] = [e for e in heap if e[1] in self._caps]
+            heapq.heapify(heap)
 
     # ---- eviction -------------------------------------------------------------------------
     def _evict_oldest(self) -> bool:
@@ -192,13 +191,17 @@ class CapsuleStore:
             if cid >= self.id_watch:
                 self.on_id_watch(cid)
         info = CapsuleInfo(cid, parent_id, step, stamp_ns, label, pin, self.capsule_nbytes, self.fingerprint)
-        self._next_id = max(self._next_id, cid + 1)
-        self._caps[info.id] = _Capsule(info, record, pages)
+        if cid >= self._next_id:
+            self._next_id = cid + 1
+        self._caps[cid] = _Capsule(info, record, pages)
         if pin:
-            self._pinned[info.id] = None
-        else:  # an id given again (a re-anchor) takes the new entry's pin
-            self._pinned.pop(info.id, None)
-        self._track_step(step, info.id)
+            self._pinned[cid] = None
+        elif self._pinned:  # an id given again (a re-anchor) takes the new entry's pin
+            self._pinned.pop(cid, None)
+        if len(self._low) > 2 * len(self._caps) + 64:
+            self._compact_step_heaps()
+        heapq.heappush(self._low, (step, cid))  # inline: the live step runs this with cold caches, ~1 us a call
+        heapq.heappush(self._high, (-step, cid))
         return info
 
     # ---- capsules -------------------------------------------------------------------------
@@ -236,7 +239,9 @@ class CapsuleStore:
             raise ValueError(f"capsule id {cid}: already taken or not an id")
         if pin:
             self.check_pin_allowed(self.kv.tables[row])
-        record = self._take_record()
+        # after every live step, with the caches just flushed by the step: each Python call here costs ~1 us,
+        # so the common case (a free record) takes no call to find one
+        record = self._free.popleft() if self._free else self._take_record()
         self.backend.copy(self.records[record], self.arena.state[row])
         pages = self.kv.tables[row].copy()
         self.kv.incref(pages)
