@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-# the longest tests (the quick benches) take minutes; the whole suite ~27 min on a 2-core CI machine
+# the longest tests (the quick benches, 20 kills of a node) take up to a minute; the suite ~12 min on 2 cores
 HANG_LIMIT_S = float(os.environ.get("FLASHRT_TEST_HANG_LIMIT_S", "900"))
 _stderr = None  # the terminal's stderr: during a test pytest points fd 2 at a capture file, lost at exit
 
