@@ -650,6 +650,12 @@ MUTATIONS = [
              "np.uint32(0xFFFF)).any()", "np.uint32(0xFF00)).any()",
              ["test/test_cpu_linear_bytes.py"],
              "a float32 matrix a few bits off bf16 is truncated to 16 bits: a loaded policy rounded"),
+    Mutation("step_heaps_compacted_by_the_oldest_heap_alone", RT + "state/capsule_store.py",
+             "        if len(self._low) + len(self._high) > 4 * len(self._caps) + 128:",
+             "        if len(self._low) > 2 * len(self._caps) + 64:",
+             ["test/test_capsule_store.py::"
+              "test_the_step_index_stays_bounded_when_diagnostics_pop_the_evicted_oldest_and_not_the_newest"],
+             "diagnostics pop the evicted oldest from one heap: the newest-step heap grows by one entry a step"),
     Mutation("short_table_decref_frees_a_page_one_holder_still_reads", RT + "state/kv_log.py",
              "                if refs[page] == 0:\n",
              "                if refs[page] == 1:\n",

@@ -48,6 +48,19 @@ def test_rollback_with_sparse_capsules_takes_the_newest_not_after_target(trace):
     assert s.rollback(steps_back=5).step == 24  # live 30 -> target 25 -> capsule at 24
 
 
+def test_the_step_index_stays_bounded_when_diagnostics_pop_the_evicted_oldest_and_not_the_newest(trace):
+    """A full store evicts its oldest capsule every step; usage() (every second in the node) pops those stale
+    entries from the top of the oldest-step heap only. The newest-step heap must not keep them all."""
+    s = Session(small_config(capsule_capacity=40))
+    for i in range(1500):
+        s.step(trace[i % len(trace)])
+        if i % 10 == 0:
+            s.store.usage()
+    caps = len(s.store)
+    assert caps == 40
+    assert len(s.store._low) + len(s.store._high) <= 4 * caps + 128 + 2  # noqa: SLF001
+
+
 def test_usage_kept_as_capsules_come_and_go_equals_a_walk_over_every_capsule(trace):
     """usage() no longer walks the store (diagnostics ask it every second, under the session lock): its pin
     count and oldest / newest step, kept as capsules are added, pinned, dropped and evicted, equal a walk."""

@@ -198,7 +198,7 @@ class CapsuleStore:
             self._pinned[cid] = None
         elif self._pinned:  # an id given again (a re-anchor) takes the new entry's pin
             self._pinned.pop(cid, None)
-        if len(self._low) > 2 * len(self._caps) + 64:
+        if len(self._low) + len(self._high) > 4 * len(self._caps) + 128:  # either may hold the stale entries
             self._compact_step_heaps()
         heapq.heappush(self._low, (step, cid))  # inline: the live step runs this with cold caches, ~1 us a call
         heapq.heappush(self._high, (-step, cid))
