@@ -48,17 +48,43 @@ def test_rollback_with_sparse_capsules_takes_the_newest_not_after_target(trace):
     assert s.rollback(steps_back=5).step == 24  # live 30 -> target 25 -> capsule at 24
 
 
-def test_the_step_index_stays_bounded_when_diagnostics_pop_the_evicted_oldest_and_not_the_newest(trace):
-    """A full store evicts its oldest capsule every step; usage() (every second in the node) pops those stale
-    entries from the top of the oldest-step heap only. The newest-step heap must not keep them all."""
+def test_the_step_index_holds_only_the_steps_of_capsules_held_through_a_full_store(trace):
+    """A full store evicts its oldest capsule every step, with usage() asked every 10 (the node's diagnostics):
+    the per-step index shrinks with every eviction, so it never grows past the capsules held."""
     s = Session(small_config(capsule_capacity=40))
     for i in range(1500):
         s.step(trace[i % len(trace)])
         if i % 10 == 0:
-            s.store.usage()
-    caps = len(s.store)
-    assert caps == 40
-    assert len(s.store._low) + len(s.store._high) <= 4 * caps + 128 + 2  # noqa: SLF001
+            u = s.store.usage()
+            assert (u.oldest_step, u.newest_step) == (max(1, i + 1 - 39), i + 1)
+    assert len(s.store) == 40 and len(s.store._at_step) == 40  # noqa: SLF001
+
+
+def test_usage_finds_the_oldest_and_newest_step_across_a_gap_longer_than_its_walk(trace):
+    s = Session(small_config())
+    for o in trace[:10]:
+        s.step(o)
+    far = 10 + 3 * s.store.STEP_WALK
+    s.store.snapshot(0, step=far)
+    assert (s.store.usage().oldest_step, s.store.usage().newest_step) == (1, far)
+    for c in s.store.list()[:-1]:  # every capsule but the far one: the oldest jumps past the walk
+        s.store.drop(c.id)
+    assert (s.store.usage().oldest_step, s.store.usage().newest_step) == (far, far)
+    for o in trace[10:13]:
+        s.step(o)  # steps 11-13: the newest falls back across the gap once the far one goes
+    s.store.drop(s.store.list()[0].id)
+    assert (s.store.usage().oldest_step, s.store.usage().newest_step) == (11, 13)
+
+
+def test_an_id_given_again_at_another_step_after_clear_reports_its_own_step(trace):
+    """A resume clears the store and rebuilds it under the log's ids: an id's old step must not come back."""
+    s = Session(small_config())
+    for o in trace[:10]:
+        s.step(o)
+    s.store.clear()
+    s.store.snapshot(0, step=100, cid=5)
+    u = s.store.usage()
+    assert (u.capsules, u.oldest_step, u.newest_step) == (1, 100, 100)
 
 
 def test_usage_kept_as_capsules_come_and_go_equals_a_walk_over_every_capsule(trace):

@@ -11,7 +11,6 @@ lose data and never wedge the live step.
 """
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -93,8 +92,10 @@ class CapsuleStore:
         # kept as capsules come and go, so that usage() (diagnostics, every second, under the session lock) and
         # the pin checks cost O(pins) or O(log n) instead of a walk over every capsule
         self._pinned: dict[int, None] = {}  # the pinned ones
-        self._low: list[tuple[int, int]] = []  # (step, id): a heap; ids no longer held are dropped lazily
-        self._high: list[tuple[int, int]] = []  # (-step, id): the same for the newest step
+        # capsules held per step, and bounds on the oldest and newest of those steps (a new capsule moves them out;
+        # usage() walks them in to the first step held): no O(capsules) pass ever, on the step or under the lock
+        self._at_step: dict[int, int] = {}
+        self._oldest_at_or_after = self._newest_at_or_before = 0
         self._held: list[np.ndarray] = []  # page tables read outside the session lock (hold_pages)
         self._next_id = 1
         # a new id at or past id_watch is shown to on_id_watch first (persistence reserves ids ahead of
@@ -140,21 +141,28 @@ class CapsuleStore:
         page_len = self.kv.k[0].shape[1]
         return StoreUsage(len(self._caps), len(self._pinned), self.capacity,
                           len(self._caps) * self.row_nbytes + self.kv.pages_used * self.page_nbytes,
-                          self.budget_bytes, self._extreme_step(self._low, 1), self._extreme_step(self._high, -1),
+                          self.budget_bytes, self._extreme_step(1), self._extreme_step(-1),
                           self.kv.pages_used * page_len, self.kv.n_pages * page_len)
 
-    def _extreme_step(self, heap: list[tuple[int, int]], sign: int) -> int:
-        """The oldest (sign 1) or newest (-1) step held, -1 when none: the heap's top once the entries of
-        capsules no longer held are popped."""
-        while heap and heap[0][1] not in self._caps:
-            heapq.heappop(heap)
-        return sign * heap[0][0] if heap else -1
+    STEP_WALK = 256  # steps usage() walks from a bound before it takes min / max over every step held
 
-    def _compact_step_heaps(self) -> None:
-        """Drop the entries of capsules no longer held (most of them by then): O(1) amortised."""
-        for heap in (self._low, self._high):
-            heap[:] = [e for e in heap if e[1] in self._caps]
-            heapq.heapify(heap)
+    def _extreme_step(self, sign: int) -> int:
+        """The oldest (sign 1) or newest (-1) step held, -1 when none. Captures mostly come one step apart, so
+        the walk from the bound is short; past STEP_WALK steps (a gap: a range dropped) one pass finds it."""
+        if not self._at_step:
+            return -1
+        at = self._oldest_at_or_after if sign == 1 else self._newest_at_or_before
+        for _ in range(self.STEP_WALK):
+            if at in self._at_step:
+                break
+            at += sign
+        else:
+            at = min(self._at_step) if sign == 1 else max(self._at_step)
+        if sign == 1:
+            self._oldest_at_or_after = at
+        else:
+            self._newest_at_or_before = at
+        return at
 
     # ---- eviction -------------------------------------------------------------------------
     def _evict_oldest(self) -> bool:
@@ -173,6 +181,12 @@ class CapsuleStore:
         self._what_ifs.pop(cid, None)
         self._pinned.pop(cid, None)
         cap = self._caps.pop(cid)
+        step = cap.info.step
+        held_there = self._at_step[step] - 1
+        if held_there:
+            self._at_step[step] = held_there
+        else:
+            del self._at_step[step]
         self._free.append(cap.record)
         self.kv.decref(cap.pages)
         self.on_release(cid)
@@ -198,10 +212,12 @@ class CapsuleStore:
             self._pinned[cid] = None
         elif self._pinned:  # an id given again (a re-anchor) takes the new entry's pin
             self._pinned.pop(cid, None)
-        if len(self._low) + len(self._high) > 4 * len(self._caps) + 128:  # either may hold the stale entries
-            self._compact_step_heaps()
-        heapq.heappush(self._low, (step, cid))  # inline: the live step runs this with cold caches, ~1 us a call
-        heapq.heappush(self._high, (-step, cid))
+        # inline: the live step runs this with cold caches, ~1 us a call
+        self._at_step[step] = self._at_step.get(step, 0) + 1
+        if step < self._oldest_at_or_after or len(self._caps) == 1:
+            self._oldest_at_or_after = step
+        if step > self._newest_at_or_before or len(self._caps) == 1:
+            self._newest_at_or_before = step
         return info
 
     # ---- capsules -------------------------------------------------------------------------
