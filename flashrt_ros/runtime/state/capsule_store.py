@@ -90,10 +90,10 @@ class CapsuleStore:
         self._caps: dict[int, _Capsule] = {}  # insertion order = age
         self._what_ifs: dict[int, None] = {}  # the what-if capsules among them, oldest first
         # kept as capsules come and go, so that usage() (diagnostics, every second, under the session lock) and
-        # the pin checks cost O(pins) or O(log n) instead of a walk over every capsule
+        # the pin checks cost O(pins) or a short walk instead of a pass over every capsule
         self._pinned: dict[int, None] = {}  # the pinned ones
         # capsules held per step, and bounds on the oldest and newest of those steps (a new capsule moves them out;
-        # usage() walks them in to the first step held): no O(capsules) pass ever, on the step or under the lock
+        # usage() walks them in to the first step held): no pass over the store on the step (_extreme_step)
         self._at_step: dict[int, int] = {}
         self._oldest_at_or_after = self._newest_at_or_before = 0
         self._held: list[np.ndarray] = []  # page tables read outside the session lock (hold_pages)
@@ -214,7 +214,7 @@ class CapsuleStore:
             self._pinned.pop(cid, None)
         # inline: the live step runs this with cold caches, ~1 us a call
         self._at_step[step] = self._at_step.get(step, 0) + 1
-        if step < self._oldest_at_or_after or len(self._caps) == 1:
+        if step < self._oldest_at_or_after or len(self._caps) == 1:  # 1: the store was empty, the bounds stale
             self._oldest_at_or_after = step
         if step > self._newest_at_or_before or len(self._caps) == 1:
             self._newest_at_or_before = step
