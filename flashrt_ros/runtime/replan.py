@@ -125,7 +125,7 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
                 ids = [session.store.snapshot(1 + r, step=base_step + done, parent_id=parent,
                                               label=f"replan branch {r}").id for r in range(b)]
                 for r, cid in enumerate(ids):
-                    session._mark_history(cid, session.history.branch(base_node, base_step, obs[r, :done]))
+                    session.history.mark(cid, session.history.branch(base_node, base_step, obs[r, :done]))
                 committed = commit_branch is not None and not cancelled
                 if committed:  # live steps taken meanwhile are left behind, as a rollback would
                     session.store.restore(ids[commit_branch], 0)

@@ -208,9 +208,6 @@ class Session:
                 tap.on_capsule(info)
         return info
 
-    def _mark_history(self, capsule_id: int, node) -> None:
-        self.history.mark(capsule_id, node)
-
     def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
         check_label(label)
         with self._beside_no_replan() if pin else self.lock:  # a pin takes pages a replan may need
@@ -411,7 +408,7 @@ class Session:
                                     self.state_bounds, self.capsule_hmac_key)
         with self._beside_no_replan():  # its window takes fresh pages, which a running replan may need
             info = self.store.add_imported(checked)
-            self._mark_history(info.id, None)  # its observations are not known here
+            self.history.mark(info.id, None)  # its observations are not known here
             if restore:
                 info = self.rollback(info.id)
             return info

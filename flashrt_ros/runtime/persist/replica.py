@@ -258,7 +258,7 @@ class StreamReplica:
                         append_row(s, rec)
                     info = store.snapshot(0, step=rec.step, parent_id=rec.parent_id, stamp_ns=rec.stamp_ns,
                                           label=rec.label, cid=rec.id)
-                    s._mark_history(info.id, None)  # noqa: SLF001 - the observations are the primary's
+                    s.history.mark(info.id, None)  # the observations are the primary's
             except (ValueError, CapsuleError) as e:  # row 0 may be half-written: it holds no capsule now
                 self.waiting = True
                 self._last_error = f"capsule {rec.id}: {e}"

@@ -179,7 +179,7 @@ def rebuild(session, contents: LogContents) -> ResumeReport:
         store.continue_ids_after(contents.max_id)
         store.mark_resumed()
         for info in store.list():
-            session._mark_history(info.id, None)  # the observations before the crash are not known
+            session.history.mark(info.id, None)  # the observations before the crash are not known
         backend.sync()
     return ResumeReport(live.id if live else 0, live.step if live else 0, live.stamp_ns if live else 0,
                         max(0.0, time.time() - contents.newest_mtime) if contents.newest_mtime else 0.0,
