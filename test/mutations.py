@@ -1075,4 +1075,15 @@ MUTATIONS = [
              "                if page >= 0:  # copy-on-write",
              ["test/test_replan.py::test_a_long_replan_never_holds_more_fresh_pages_than_it_reserved"],
              "a replan crossing page boundaries would need a page per branch more than check_room reserved"),
+    Mutation("kv_window_runs_cross_the_rings_end", RT + "state/kv_log.py",
+             "            n = min(pos, (t // KV_PAGE + 1) * KV_PAGE, (t // kv_window + 1) * kv_window) - t\n",
+             "            n = min(pos, (t // KV_PAGE + 1) * KV_PAGE) - t\n",
+             ["test/test_kv_window.py"],
+             "a whole-window record would put the entries past the ring's end in the wrong slots (or fail to copy)"),
+    Mutation("kv_window_runs_cross_a_page_boundary", RT + "state/kv_log.py",
+             "            n = min(pos, (t // KV_PAGE + 1) * KV_PAGE, (t // kv_window + 1) * kv_window) - t\n",
+             "            n = min(pos, (t // kv_window + 1) * kv_window) - t\n",
+             ["test/test_kv_window.py"],
+             "a whole-window record would read the entries past a page's end from the page after it in the log, "
+             "not the page the table names"),
 ]

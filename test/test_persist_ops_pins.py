@@ -104,19 +104,21 @@ def refs_consistent(s: Session) -> bool:
 
 
 class BlockedGather:
-    """Wraps the session's KV gather: a call from ``thread_name`` waits until released. Only the
-    scheduling changes: the copy is the real one."""
+    """Wraps the session's KV window copies (gather: an export; window: a pin file): a call from ``thread_name``
+    waits until released. Only the scheduling changes: the copy is the real one."""
 
     def __init__(self, s: Session, thread_name: str):
         self.entered, self.release = threading.Event(), threading.Event()
-        real = s.kv.gather
+        for name in ("gather", "window"):
+            setattr(s.kv, name, self._blocking(getattr(s.kv, name), thread_name))
 
-        def gather(*a, **kw):
+    def _blocking(self, real, thread_name: str):
+        def copy(*a, **kw):
             if threading.current_thread().name == thread_name:
                 self.entered.set()
                 assert self.release.wait(WAIT_S)
             return real(*a, **kw)
-        s.kv.gather = gather
+        return copy
 
 
 @pytest.mark.parametrize("what", ["pin", "export"])

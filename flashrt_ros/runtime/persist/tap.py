@@ -25,8 +25,7 @@ class RecordTap:
 
     def _window(self, row_pages: np.ndarray, step: int) -> np.ndarray:
         W = self.layout.kv_window
-        pairs = self.session.kv.gather(row_pages, step, min(step, W), W)
-        return np.stack([np.stack(pair) for pair in pairs])  # [n_layers, 2, W, d]
+        return self.session.kv.window(row_pages, step, min(step, W), W)  # [n_layers, 2, W, d]
 
     def on_capsule(self, info) -> None:
         """Right after a timeline capsule of row 0 was taken. The next record resynchronises after a lost one."""
