@@ -1086,4 +1086,16 @@ MUTATIONS = [
              ["test/test_kv_window.py"],
              "a whole-window record would read the entries past a page's end from the page after it in the log, "
              "not the page the table names"),
+    Mutation("resync_buffer_handed_out_while_its_record_is_queued", RT + "persist/record_queue.py",
+             "                return self._spare_windows.pop()\n",
+             "                return self._spare_windows[-1]\n",
+             ["test/test_capsule_stream.py::test_resync_records_queued_behind_a_blocked_subscriber_each_keep_their_"
+              "own_window"],
+             "two queued whole-window records would share one buffer: the first goes out with the second's window"),
+    Mutation("resync_buffer_never_given_back", RT + "persist/record_queue.py",
+             "            if item[8] is not None and len(self._spare_windows) < SPARE_WINDOWS:\n",
+             "            if False:\n",
+             ["test/test_capsule_stream.py::test_a_resync_after_a_rollback_reuses_a_spare_window_buffer_the_stream_"
+              "gave_back"],
+             "every rollback's record would fault a fresh 4 MiB block in, under the session lock"),
 ]

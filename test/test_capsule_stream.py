@@ -353,3 +353,49 @@ def test_the_stream_is_off_the_step_thread_and_drops_nothing_at_a_slow_subscribe
     gate.set()
     assert stream.flush()
     assert len(got) == 50 and stream.stats().records_dropped == 0
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_resync_records_queued_behind_a_blocked_subscriber_each_keep_their_own_window(backend):
+    """More whole-window records than the spare buffers wait behind a publish that blocks: each goes out with the
+    window of its own capsule (a buffer goes back for reuse only once its record is published)."""
+    import threading
+    gate = threading.Event()
+    s = Session(cfg(), backend)
+    records = []
+
+    def slow(rec):
+        gate.wait(5)
+        records.append(rec)
+    stream = s.enable_stream(slow)
+    for o in OBS[:170]:  # past kv_window 150: every record after a rollback holds a wrapped window
+        s.step(o)
+    at = 170
+    for back in (7, 19, 3, 11):  # four RESYNCs, two spare buffers: the queue holds them all at once
+        s.rollback(steps_back=back)
+        for o in OBS[at:at + 2]:
+            s.step(o)
+        at += 2
+    gate.set()
+    assert stream.flush()
+    assert [rec.kind for rec in records].count(RESYNC) >= 5
+    r, replica = replica_of(s)
+    assert all(feed(replica, records))
+    assert_same_capsules(r, s)
+    assert r.state_host().tobytes() == s.state_host().tobytes()
+
+
+def test_a_resync_after_a_rollback_reuses_a_spare_window_buffer_the_stream_gave_back():
+    s, stream, records = streaming()
+    for o in OBS[:40]:
+        s.step(o)
+    assert stream.flush()
+    spares = {id(b) for b in stream.log._spare_windows}
+    assert len(spares) == 2
+    for back in (5, 9, 2):
+        s.rollback(steps_back=back)
+        s.step(OBS[40 + back])
+        assert stream.flush()
+        # the record's buffer came from the spares and went back to them: no new 4 MiB block per rollback
+        assert {id(b) for b in stream.log._spare_windows} == spares
+    assert [rec.kind for rec in records].count(RESYNC) == 4

@@ -2,9 +2,10 @@
 stream.py): a queue bounded in bytes that never blocks, which record may follow which, and the host
 mirror of the last record's window that lets a consumer turn a DELTA into a RESYNC on its own thread.
 
-RecordTap (tap.py) calls has_room / wants_resync / submit / drop / mark_live / mark_reset under the session
-lock; a consumer's thread takes the queued tuples ``(queued_at, kind, info, small, kv, n_entries, nbytes,
-timeline)``: the session's timeline when the record was queued (a resume may change it before it goes out).
+RecordTap (tap.py) calls has_room / wants_resync / window_buffer / submit / drop / mark_live / mark_reset under
+the session lock; a consumer's thread takes the queued tuples ``(queued_at, kind, info, small, kv, n_entries,
+nbytes, timeline, spare)``: the session's timeline when the record was queued (a resume may change it before it
+goes out), and the whole-window buffer to keep for the next RESYNC once the record is handled (or None).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import numpy as np
 
 from ..state.capsule_store import CapsuleInfo
 from .format import EMPTY_KV, EMPTY_SMALL, LIVE, RESET, RESYNC, LogLayout
+
+SPARE_WINDOWS = 2  # whole-window buffers kept for reuse: one being handled, one queued behind it
 
 
 class RecordQueue:
@@ -34,6 +37,12 @@ class RecordQueue:
         L, d, W = layout.n_layers, layout.d_model, layout.kv_window
         # consumer thread: the last record's window, slot = position % W
         self._mirror = np.zeros((L, 2, W, d), np.float32)
+        # RESYNC buffers [L, 2, W, d] given back by the consumer, their pages touched here, at set-up: the first
+        # write to a fresh 4 MiB block faults ~1,000 pages in, which took up to 20-30 ms on the test VM, on the
+        # thread that queues the record (a step, or a committing replan) and under the session lock
+        self._spare_windows = [np.zeros((L, 2, W, d), np.float32) for _ in range(SPARE_WINDOWS)]
+        for buf in self._spare_windows:
+            buf.fill(0)  # np.zeros may map untouched zero pages: touch them now
 
     # ---- step thread ----------------------------------------------------------------------
     def has_room(self, nbytes: int) -> bool:
@@ -56,25 +65,37 @@ class RecordQueue:
             self._errors += 1
             self._last_error = f"{what}: {type(error).__name__}: {error}"
 
-    def submit(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n_entries: int) -> None:
-        """Queue a record (host copies the caller does not touch again). Never blocks."""
+    def window_buffer(self) -> np.ndarray:
+        """A [L, 2, W, d] float32 buffer for a RESYNC's KV: a spare one when the consumer has given one back,
+        else a new one. Pass it to submit(..., spare=True) so it comes back."""
+        with self._lock:
+            if self._spare_windows:
+                return self._spare_windows.pop()
+        L, d, W = self.layout.n_layers, self.layout.d_model, self.layout.kv_window
+        return np.empty((L, 2, W, d), np.float32)
+
+    def submit(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n_entries: int,
+               spare: bool = False) -> None:
+        """Queue a record (host copies the caller does not touch again). Never blocks. ``spare``: kv came from
+        window_buffer() and goes back to it once the consumer has handled the record."""
         nbytes = small.nbytes + kv.nbytes
         with self._lock:
             self._queue_bytes += nbytes
-        self._queue.put((time.monotonic(), kind, info, small, kv, n_entries, nbytes, self.timeline()))
+        self._queue.put((time.monotonic(), kind, info, small, kv, n_entries, nbytes, self.timeline(),
+                         kv if spare else None))
         self.last_id, self.last_step, self.need_resync = info.id, info.step, False
 
     def mark_live(self, info) -> None:
         """Capsule ``info`` (already recorded) is live now (a rollback): a small marker. The next record
         still resynchronises (its parent is not the last record), so the DELTA chain is untouched."""
         marker = replace(info, parent_id=0, pinned=False, label="")  # the id and the step say it all
-        self._queue.put((time.monotonic(), LIVE, marker, EMPTY_SMALL, EMPTY_KV, 0, 0, self.timeline()))
+        self._queue.put((time.monotonic(), LIVE, marker, EMPTY_SMALL, EMPTY_KV, 0, 0, self.timeline(), None))
 
     def mark_reset(self, stamp_ns: int = 0) -> None:
         """The live row was reset to zeros (capsules kept): a marker. The next record stands alone (its
         parent is 0)."""
         marker = CapsuleInfo(0, 0, 0, stamp_ns, "", False, 0, "")  # names no capsule
-        self._queue.put((time.monotonic(), RESET, marker, EMPTY_SMALL, EMPTY_KV, 0, 0, self.timeline()))
+        self._queue.put((time.monotonic(), RESET, marker, EMPTY_SMALL, EMPTY_KV, 0, 0, self.timeline(), None))
 
     # ---- any thread -----------------------------------------------------------------------
     def flush(self, timeout_s: float = 30.0) -> bool:
@@ -91,8 +112,11 @@ class RecordQueue:
 
     # ---- consumer thread ------------------------------------------------------------------
     def _dequeued(self, item) -> None:
+        """The consumer is done with ``item`` (its bytes are written or published): a spare buffer goes back."""
         with self._lock:
             self._queue_bytes -= item[6]
+            if item[8] is not None and len(self._spare_windows) < SPARE_WINDOWS:
+                self._spare_windows.append(item[8])
 
     def _apply_to_mirror(self, kind: int, step: int, kv: np.ndarray, n: int) -> None:
         W = self.layout.kv_window

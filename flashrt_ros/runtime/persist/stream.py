@@ -174,7 +174,8 @@ class CapsuleStream(RecordTap):
                 log.drop()
                 return
             small = s.backend.to_host(s.store.record(info.id))
-            log.submit(RESYNC, info, small, self._window(s.store.pages_of(info.id), info.step), min(info.step, W))
+            log.submit(RESYNC, info, small, self._window(s.store.pages_of(info.id), info.step, log.window_buffer()),
+                       min(info.step, W), spare=True)
         except Exception as e:  # noqa: BLE001 - counted; the next record resyncs
             log.drop(e)
 

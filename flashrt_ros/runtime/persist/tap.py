@@ -23,9 +23,9 @@ class RecordTap:
     def __init__(self, session, log: RecordQueue):
         self.session, self.log, self.layout = session, log, log.layout
 
-    def _window(self, row_pages: np.ndarray, step: int) -> np.ndarray:
+    def _window(self, row_pages: np.ndarray, step: int, out: np.ndarray | None = None) -> np.ndarray:
         W = self.layout.kv_window
-        return self.session.kv.window(row_pages, step, min(step, W), W)  # [n_layers, 2, W, d]
+        return self.session.kv.window(row_pages, step, min(step, W), W, out)  # [n_layers, 2, W, d]
 
     def on_capsule(self, info) -> None:
         """Right after a timeline capsule of row 0 was taken. The next record resynchronises after a lost one."""
@@ -40,9 +40,11 @@ class RecordTap:
                 log.drop()
                 return
             small = s.backend.to_host(s.arena.state[0])
-            kv = self._window(s.kv.tables[0], info.step) if kind == RESYNC else s.kv.entries(0, log.last_step,
-                                                                                               info.step)
-            log.submit(kind, info, small, kv, n)
+            if kind == RESYNC:
+                log.submit(kind, info, small, self._window(s.kv.tables[0], info.step, log.window_buffer()), n,
+                           spare=True)
+            else:
+                log.submit(kind, info, small, s.kv.entries(0, log.last_step, info.step), n)
         except Exception as e:  # noqa: BLE001 - counted and visible in stats; the next record resyncs
             log.drop(e)
 

@@ -272,25 +272,33 @@ class KvLog:
     def window_positions(self, pos: int, kv_len: int) -> np.ndarray:
         return np.arange(pos - kv_len, pos, dtype=np.int64)
 
-    def window(self, pages: np.ndarray, pos: int, kv_len: int, kv_window: int) -> np.ndarray:
+    def window(self, pages: np.ndarray, pos: int, kv_len: int, kv_window: int,
+               out: np.ndarray | None = None) -> np.ndarray:
         """Every layer's k and v as one [n_layers, 2, kv_window, d] host array, slot = position % kv_window,
-        zero outside the window [pos - kv_len, pos): a whole-window record's KV (tap.py)."""
+        zero outside the window [pos - kv_len, pos): a whole-window record's KV (tap.py). Written into ``out``
+        when given (a float32 array of that shape, C-contiguous)."""
+        L, d = len(self.k), self.k[0].shape[2]
+        if out is None:
+            out = np.empty((L, 2, kv_window, d), np.float32)
+        elif out.shape != (L, 2, kv_window, d) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"window: out must be a C-contiguous float32 array of shape {(L, 2, kv_window, d)}, "
+                             f"got {out.dtype} {out.shape}")
         if self.backend.xp is not np or self.logs is None:
-            return np.stack([np.stack(pair) for pair in self.gather_positions(pages, pos, kv_len, kv_window)])
+            out[...] = np.stack([np.stack(pair) for pair in self.gather_positions(pages, pos, kv_len, kv_window)])
+            return out
         # host memory: one slice copy of every log per run of positions inside one page and one lap of the
         # ring (~10 runs at the default window) instead of a gather of each position (2.5 ms -> ~0.3 ms; this
         # runs on the step thread, under the session lock, at the first capsule after every rollback)
-        L, d = len(self.k), self.k[0].shape[2]
-        out = np.empty((2 * L, kv_window, d), np.float32)  # [L, 2] flattened: the order of self.logs
+        flat = out.reshape(2 * L, kv_window, d)  # [L, 2] flattened: the order of self.logs
         if kv_len < kv_window:
-            out[:] = 0
+            flat[:] = 0
         pages, t = np.asarray(pages), pos - kv_len
         while t < pos:
             n = min(pos, (t // KV_PAGE + 1) * KV_PAGE, (t // kv_window + 1) * kv_window) - t
             page, slot = int(pages[(t // KV_PAGE) % self.P]), t % kv_window
-            out[:, slot:slot + n] = self.logs[:, page, t % KV_PAGE:t % KV_PAGE + n]
+            flat[:, slot:slot + n] = self.logs[:, page, t % KV_PAGE:t % KV_PAGE + n]
             t += n
-        return out.reshape(L, 2, kv_window, d)
+        return out
 
     def gather(self, pages: np.ndarray, pos: int, kv_len: int, kv_window: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per layer, (k, v) as [kv_window, d] host arrays, slot = position % kv_window, zero outside the
