@@ -40,9 +40,7 @@ class RecordQueue:
         # RESYNC buffers [L, 2, W, d] given back by the consumer, their pages touched here, at set-up: the first
         # write to a fresh 4 MiB block faults ~1,000 pages in, which took up to 20-30 ms on the test VM, on the
         # thread that queues the record (a step, or a committing replan) and under the session lock
-        self._spare_windows = [np.zeros((L, 2, W, d), np.float32) for _ in range(SPARE_WINDOWS)]
-        for buf in self._spare_windows:
-            buf.fill(0)  # np.zeros may map untouched zero pages: touch them now
+        self._spare_windows = [np.full((L, 2, W, d), 0.0, np.float32) for _ in range(SPARE_WINDOWS)]  # written: touched
 
     # ---- step thread ----------------------------------------------------------------------
     def has_room(self, nbytes: int) -> bool:

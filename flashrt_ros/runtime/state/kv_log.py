@@ -287,7 +287,7 @@ class KvLog:
             out[...] = np.stack([np.stack(pair) for pair in self.gather_positions(pages, pos, kv_len, kv_window)])
             return out
         # host memory: one slice copy of every log per run of positions inside one page and one lap of the
-        # ring (~10 runs at the default window) instead of a gather of each position (2.5 ms -> ~0.3 ms; this
+        # ring (~10 runs at the default window) instead of a gather of each position (2.5 ms -> ~0.4 ms; this
         # runs on the step thread, under the session lock, at the first capsule after every rollback)
         flat = out.reshape(2 * L, kv_window, d)  # [L, 2] flattened: the order of self.logs
         if kv_len < kv_window:
