@@ -46,3 +46,17 @@ def test_a_window_copied_by_page_runs_equals_the_gather_of_every_position(backen
 def test_an_empty_window_is_all_zeros():
     s = Session(small_config(), "numpy")
     assert not s.kv.window(s.kv.tables[0], 0, 0, s.cfg.kv_window).any()
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype", "strides"])
+def test_a_window_into_a_wrong_buffer_is_refused_and_the_buffer_left_untouched(bad):
+    s = Session(small_config(), "numpy")
+    for o in observation_trace(20, s.cfg.obs_dim):
+        s.step(o)
+    L, W, d = s.cfg.n_layers, s.cfg.kv_window, s.cfg.d_model
+    out = {"shape": np.full((L, 2, W + 1, d), 7.0, np.float32), "dtype": np.full((L, 2, W, d), 7.0, np.float64),
+           "strides": np.full((L, 2, d, W), 7.0, np.float32).transpose(0, 1, 3, 2)}[bad]
+    before = out.tobytes()
+    with pytest.raises(ValueError, match="out must be"):
+        s.kv.window(s.kv.tables[0], 20, 20, W, out)
+    assert out.tobytes() == before
