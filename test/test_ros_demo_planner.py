@@ -1,0 +1,46 @@
+"""The demo planner's record of policy_step: its stamps and latencies, without the garbage collector's work
+growing with the run (the messages built here need the ROS wheels, not a ROS graph)."""
+import gc
+
+import numpy as np
+
+from flashrt_interfaces.msg import PolicyStep
+from flashrt_ros.tools.demo.planner import StepLog, Timeline
+
+T0_S = 100
+
+
+def policy_step(i: int) -> PolicyStep:
+    m = PolicyStep()
+    m.header.stamp.sec, m.header.stamp.nanosec = T0_S + i // 100, (i % 100) * 10_000_000  # 100 Hz
+    m.step_latency_ms = 0.5 + 0.001 * i
+    m.capsule_id = i + 1
+    return m
+
+
+def test_step_log_keeps_every_stamp_and_latency_but_only_the_last_message():
+    log = StepLog()
+    log.add(policy_step(0))  # the first message imports its field types: not the log's growth
+    gc.collect()
+    tracked_before = len(gc.get_objects())
+    for i in range(1, 5000):
+        log.add(policy_step(i))  # as a subscription does: the message is the log's to keep or drop
+    gc.collect()
+    # keeping the messages would add ~5 tracked objects per message (25,000 here)
+    assert len(gc.get_objects()) - tracked_before < 50
+    stamps_ns, latency_ms = log.arrays()
+    assert len(log) == 5000 and stamps_ns.dtype == np.int64 and latency_ms.dtype == np.float64
+    assert stamps_ns.tolist() == [T0_S * 10**9 + i * 10_000_000 for i in range(5000)]
+    assert latency_ms.tolist() == [policy_step(i).step_latency_ms for i in range(5000)]
+    assert log.last.capsule_id == 5000 and log.last.step_latency_ms == latency_ms[-1]
+
+
+def test_timeline_puts_each_step_at_its_stamp_from_the_first_round():
+    log = StepLog()
+    for i in range(250):
+        log.add(policy_step(i))
+    timeline = Timeline()
+    timeline.t0_ns = T0_S * 10**9 + 500_000_000  # the first round came half a second after the first step
+    steps = timeline.summary(*log.arrays())["steps"]
+    assert len(steps) == 250
+    assert steps[0] == [-0.5, 0.5] and steps[50] == [0.0, 0.55] and steps[-1] == [1.99, round(0.5 + 0.249, 4)]
