@@ -3,14 +3,15 @@ growing with the run (the messages built here need the ROS wheels, not a ROS gra
 import gc
 
 import numpy as np
+import pytest
 
-from flashrt_interfaces.msg import PolicyStep
-from flashrt_ros.tools.demo.planner import StepLog, Timeline
+pytestmark = pytest.mark.ros  # imported inside the tests: the compat venv (make test-compat) has no ROS wheels
 
 T0_S = 100
 
 
-def policy_step(i: int) -> PolicyStep:
+def policy_step(i: int):
+    from flashrt_interfaces.msg import PolicyStep
     m = PolicyStep()
     m.header.stamp.sec, m.header.stamp.nanosec = T0_S + i // 100, (i % 100) * 10_000_000  # 100 Hz
     m.step_latency_ms = 0.5 + 0.001 * i
@@ -19,6 +20,7 @@ def policy_step(i: int) -> PolicyStep:
 
 
 def test_step_log_keeps_every_stamp_and_latency_but_only_the_last_message():
+    from flashrt_ros.tools.demo.planner import StepLog
     log = StepLog()
     log.add(policy_step(0))  # the first message imports its field types: not the log's growth
     gc.collect()
@@ -36,6 +38,7 @@ def test_step_log_keeps_every_stamp_and_latency_but_only_the_last_message():
 
 
 def test_timeline_puts_each_step_at_its_stamp_from_the_first_round():
+    from flashrt_ros.tools.demo.planner import StepLog, Timeline
     log = StepLog()
     for i in range(250):
         log.add(policy_step(i))
