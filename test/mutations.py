@@ -1098,9 +1098,10 @@ MUTATIONS = [
              ["test/test_capsule_stream.py::test_a_resync_after_a_rollback_reuses_a_spare_window_buffer_the_stream_"
               "gave_back"],
              "every rollback's record would fault a fresh 4 MiB block in, under the session lock"),
-    Mutation("demo_planner_keeps_every_policy_step", "flashrt_ros/tools/demo/planner.py",
+    Mutation("step_log_keeps_every_policy_step", "flashrt_ros/tools/step_log.py",
              "        self.last = msg\n",
              "        self.last = msg\n        self.__dict__.setdefault(\"kept\", []).append(msg)\n",
-             ["test/test_ros_demo_planner.py"],
-             "the planner's full collections would grow with the run and hold its replan answers behind them"),
+             ["test/test_ros_step_log.py"],
+             "the planner's and the ROS bench's full collections would grow with the run and hold the answers "
+             "they time behind them"),
 ]

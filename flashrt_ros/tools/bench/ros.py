@@ -15,6 +15,7 @@ import numpy as np
 from ...runtime import PolicyConfig
 from ..common import p50_p99, progress, synthetic_trace
 from ..demo.mission import params_file, ros_env
+from ..step_log import StepLog
 
 TRIGGER_NODE = """
 import rclpy
@@ -137,7 +138,6 @@ def run(args) -> dict:
         progress("waiting for the trigger node and the flashrt node")
         client.wait_until_ready(60.0)
         assert trigger.wait_for_service(timeout_sec=30.0)
-        got: list = []
         diag: dict = {}
 
         def on_diag(msg) -> None:
@@ -146,12 +146,13 @@ def run(args) -> dict:
                     diag.update({kv.key: kv.value for kv in st.values})
         node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
         qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
-        received_ns: list = []  # when each policy_step arrived, on this node's clock
+        # each policy_step's stamp and arrival on this node's clock; not the messages (~2,600 kept gave this
+        # bench's garbage collector ~13,000 more objects to walk, as the demo planner's did)
+        steps = StepLog(clock_ns=lambda: node.get_clock().now().nanoseconds)
         arrived = threading.Event()
 
         def on_step(msg) -> None:
-            received_ns.append(node.get_clock().now().nanoseconds)
-            got.append(msg)
+            steps.add(msg)
             arrived.set()
         step_sub = node.create_subscription(PolicyStep, "policy_step", on_step, policy_step_qos(100))
         pub = node.create_publisher(JointState, "observation", qos)
@@ -169,20 +170,19 @@ def run(args) -> dict:
         names = [f"joint{i}" for i in range(7)]
 
         def step(o):
-            n = len(got)
+            n = len(steps)
             arrived.clear()
             msg = JointState(name=names, position=o[:7].tolist(), velocity=o[7:].tolist())
             msg.header.stamp = node.get_clock().now().to_msg()
             pub.publish(msg)
             end = time.monotonic() + 10.0
-            while len(got) == n:
+            while len(steps) == n:
                 if time.monotonic() > end or not spinner.is_alive():
                     raise RuntimeError("no policy_step within 10 s of an observation (the node or this bench's "
                                        "executor thread stopped)")
                 arrived.wait(0.01)
                 arrived.clear()
-            m = got[n]
-            return (received_ns[n] - (m.header.stamp.sec * 10**9 + m.header.stamp.nanosec)) / 1e6
+            return steps.round_trip_ms(n)
 
         progress(f"warm-up: {warm} steps (fills and wraps the {window}-step KV window)")
         for o in trace[:warm]:
@@ -206,10 +206,10 @@ def run(args) -> dict:
         lat, in_node = [], []
         for i, o in enumerate(trace[warm:warm + args.calls]):
             lat.append(step(o))
-            in_node.append(got[-1].step_latency_ms)
+            in_node.append(steps.last.step_latency_ms)
             if (i + 1) % 100 == 0:
                 progress(f"step latency: {i + 1}/{args.calls}")
-        beside = _steps_beside_replans("flashrt_bench_replanner", step, lambda: got[-1].step_latency_ms,
+        beside = _steps_beside_replans("flashrt_bench_replanner", step, lambda: steps.last.step_latency_ms,
                                        trace[warm:warm + 2 * args.calls], branches, pinned,
                                        block=max(1, min(50, args.calls // 4)))
         out = {"calls": args.calls, "trigger_rtt": p50_p99(trig), "rollback_rtt": p50_p99(roll),

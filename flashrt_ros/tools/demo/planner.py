@@ -11,7 +11,6 @@ import json
 import sys
 import threading
 import time
-from array import array
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from flashrt_interfaces.msg import PolicyStep
 
 from ...ros.client import FlashRTClient, FlashRTTimeout
 from ..common import p50_p99, synthetic_trace
+from ..step_log import StepLog
 
 ROLLBACK_STEPS = 20
 BRANCHES, HORIZON = 4, 8
@@ -149,34 +149,6 @@ def main(argv=None) -> int:
         node.destroy_node()
         rclpy.try_shutdown()
     return 0 if checks[0] == checks[1] and deep.ok is not False else 1
-
-
-class StepLog:
-    """Each policy_step's stamp and step latency in two flat arrays, and the last message whole.
-
-    Why not a list of the messages: each is ~5 objects the garbage collector tracks, and a full collection
-    walks them all while it holds the GIL, the replan's answer waiting behind it. Kept, they made the planner's
-    full collections 45 ms at t = 194 s and 360 s of the mission (a round trip in flight took 51 ms, 13 of it in
-    the node), longer later; the 10-minute soaks' only round trips past 50 ms came then. The arrays hold no
-    tracked object, so the collector's work no longer grows with the run."""
-
-    def __init__(self):
-        self._stamps_ns = array("q")  # [steps] int64 ns: the observation's stamp (the sensor's clock)
-        self._latency_ms = array("d")  # [steps] float64: the node's step latency
-        self.last: PolicyStep | None = None  # the newest message (its capsule id anchors the deep rollback check)
-
-    def add(self, msg: PolicyStep) -> None:
-        self._stamps_ns.append(msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec)
-        self._latency_ms.append(msg.step_latency_ms)
-        self.last = msg
-
-    def __len__(self) -> int:
-        return len(self._latency_ms)
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Copies of both, of the same length even if a callback is still adding."""
-        n = len(self)
-        return (np.array(self._stamps_ns[:n], dtype=np.int64), np.array(self._latency_ms[:n], dtype=np.float64))
 
 
 class Timeline:

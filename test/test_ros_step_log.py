@@ -1,5 +1,6 @@
-"""The demo planner's record of policy_step: its stamps and latencies, without the garbage collector's work
-growing with the run (the messages built here need the ROS wheels, not a ROS graph)."""
+"""The record of policy_step kept by the demo planner and `flashrt-bench ros`: stamps, latencies and arrivals,
+without the garbage collector's work growing with the run (the messages built here need the ROS wheels, not a
+ROS graph)."""
 import gc
 
 import numpy as np
@@ -20,7 +21,7 @@ def policy_step(i: int):
 
 
 def test_step_log_keeps_every_stamp_and_latency_but_only_the_last_message():
-    from flashrt_ros.tools.demo.planner import StepLog
+    from flashrt_ros.tools.step_log import StepLog
     log = StepLog()
     log.add(policy_step(0))  # the first message imports its field types: not the log's growth
     gc.collect()
@@ -37,8 +38,21 @@ def test_step_log_keeps_every_stamp_and_latency_but_only_the_last_message():
     assert log.last.capsule_id == 5000 and log.last.step_latency_ms == latency_ms[-1]
 
 
+def test_step_log_with_a_clock_gives_each_round_trip_from_its_stamp_to_its_arrival():
+    from flashrt_ros.tools.step_log import StepLog
+    arrivals = iter([T0_S * 10**9 + i * 10_000_000 + 1_000_000 + 1_000 * i for i in range(300)])
+    log = StepLog(clock_ns=lambda: next(arrivals))
+    for i in range(300):
+        log.add(policy_step(i))
+    assert [log.round_trip_ms(i) for i in (0, 1, 299)] == [1.0, 1.001, 1.299]
+    assert log.round_trip_ms(-1) == log.round_trip_ms(299)
+    with pytest.raises(ValueError, match="without a clock"):
+        StepLog().round_trip_ms(0)
+
+
 def test_timeline_puts_each_step_at_its_stamp_from_the_first_round():
-    from flashrt_ros.tools.demo.planner import StepLog, Timeline
+    from flashrt_ros.tools.demo.planner import Timeline
+    from flashrt_ros.tools.step_log import StepLog
     log = StepLog()
     for i in range(250):
         log.add(policy_step(i))
