@@ -2,7 +2,9 @@
 
     ros2 launch flashrt_ros flashrt.launch.py namespace:=robot1 params_file:=/path/to/params.yaml
 
-Arguments: namespace, params_file, autostart, log_level, use_sim_time, persist_dir, resume, role, primary.
+Arguments: namespace, params_file, log_level, and six that set a node parameter of the same name: autostart,
+use_sim_time, persist_dir, resume, role, primary. Each of those six overrides the params file only when given;
+left out (or empty), the params file's value stands, or the node's default where the file has none.
 
 A replica on a workstation (what-ifs off the robot) and a hot standby (takes over if the policy process
 dies), each rebuilding the robot's capsules from its ~/capsule_stream (README: "Replicas and failover"):
@@ -16,7 +18,7 @@ a node restarted after an OOM kill, a watchdog or a power cut continues from its
     ros2 launch flashrt_ros flashrt.launch.py persist_dir:=/var/lib/flashrt resume:=true
 
 Bringing the node up:
-- autostart:=true (the default): the node configures and activates itself (its ``autostart``
+- autostart:=true (the node's default): the node configures and activates itself (its ``autostart``
   parameter), so it steps as soon as observations arrive.
 - autostart:=false: the node waits in 'unconfigured' for a lifecycle manager
   (e.g. nav2_lifecycle_manager with node_names: [robot1/flashrt]) or for you:
@@ -30,7 +32,7 @@ Bringing the node up:
 import os
 
 from ament_index_python.packages import get_package_share_directory
-from launch.actions import DeclareLaunchArgument
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import LifecycleNode
 from launch_ros.parameter_descriptions import ParameterValue
@@ -41,6 +43,26 @@ PACKAGE = "flashrt_ros"
 EXECUTABLE = "flashrt_node"
 NODE_NAME = "flashrt"
 PARAMS_FILE = "flashrt.yaml"
+# launch arguments that set the node parameter of the same name (its type): only when given, so that a params
+# file's `role: standby` or `persist_dir: /var/lib/flashrt` is not replaced by a launch default
+PARAMETER_ARGUMENTS = {"autostart": bool, "use_sim_time": bool, "persist_dir": str, "resume": bool, "role": str,
+                       "primary": str}
+FROM_FILE = " (left out: the params file's value, else the node's default)"
+
+
+def _flashrt_node(context):
+    overrides = {name: ParameterValue(LaunchConfiguration(name), value_type=value_type)
+                 for name, value_type in PARAMETER_ARGUMENTS.items() if LaunchConfiguration(name).perform(context)}
+    return [LifecycleNode(
+        package=PACKAGE,
+        executable=EXECUTABLE,
+        name=NODE_NAME,
+        namespace=LaunchConfiguration("namespace"),
+        parameters=[LaunchConfiguration("params_file")] + ([overrides] if overrides else []),  # later wins
+        arguments=["--ros-args", "--log-level", LaunchConfiguration("log_level")],
+        output="screen",
+        emulate_tty=True,
+    )]
 
 
 def generate_launch_description():
@@ -49,37 +71,27 @@ def generate_launch_description():
         DeclareLaunchArgument("namespace", default_value="", description="namespace of the node and its topics"),
         DeclareLaunchArgument("params_file", default_value=default_params,
                               description="ROS parameters file (ros__parameters under /**)"),
-        DeclareLaunchArgument("autostart", default_value="true",
-                              description="true: the node configures and activates itself; false: it waits for "
-                                          "a lifecycle manager or `ros2 lifecycle set <node> configure|activate`"),
         DeclareLaunchArgument("log_level", default_value="info",
                               description="debug | info | warn | error | fatal"),
-        DeclareLaunchArgument("use_sim_time", default_value="false",
-                              description="take time from /clock (stamps of observations without a header)"),
+        DeclareLaunchArgument("autostart", default_value="",
+                              description="true (the node's default): the node configures and activates itself; "
+                                          "false: it waits for a lifecycle manager or `ros2 lifecycle set <node> "
+                                          "configure|activate`" + FROM_FILE),
+        DeclareLaunchArgument("use_sim_time", default_value="",
+                              description="true: take time from /clock (stamps of observations without a header)"
+                                          + FROM_FILE),
         DeclareLaunchArgument("persist_dir", default_value="",
-                              description="directory of the capsule log (every step's capsule on disk); empty = off"),
-        DeclareLaunchArgument("resume", default_value="false",
-                              description="true: continue from the newest capsule in persist_dir's log"),
-        DeclareLaunchArgument("role", default_value="primary",
-                              description="primary (steps the robot) | replica (rebuilds primary's capsules from its "
-                                          "stream, serves list/export/replan) | standby (a replica that takes over)"),
+                              description="directory of the capsule log (every step's capsule on disk); the node's "
+                                          "default is off" + FROM_FILE),
+        DeclareLaunchArgument("resume", default_value="",
+                              description="true: continue from the newest capsule in persist_dir's log"
+                                          + FROM_FILE),
+        DeclareLaunchArgument("role", default_value="",
+                              description="primary (the node's default: steps the robot) | replica (rebuilds "
+                                          "primary's capsules from its stream, serves list/export/replan) | standby "
+                                          "(a replica that takes over)" + FROM_FILE),
         DeclareLaunchArgument("primary", default_value="",
-                              description="role replica or standby: the primary node, e.g. /robot1/flashrt"),
-        LifecycleNode(
-            package=PACKAGE,
-            executable=EXECUTABLE,
-            name=NODE_NAME,
-            namespace=LaunchConfiguration("namespace"),
-            parameters=[LaunchConfiguration("params_file"), {
-                "autostart": ParameterValue(LaunchConfiguration("autostart"), value_type=bool),
-                "use_sim_time": ParameterValue(LaunchConfiguration("use_sim_time"), value_type=bool),
-                "persist_dir": ParameterValue(LaunchConfiguration("persist_dir"), value_type=str),
-                "resume": ParameterValue(LaunchConfiguration("resume"), value_type=bool),
-                "role": ParameterValue(LaunchConfiguration("role"), value_type=str),
-                "primary": ParameterValue(LaunchConfiguration("primary"), value_type=str),
-            }],
-            arguments=["--ros-args", "--log-level", LaunchConfiguration("log_level")],
-            output="screen",
-            emulate_tty=True,
-        ),
+                              description="role replica or standby: the primary node, e.g. /robot1/flashrt"
+                                          + FROM_FILE),
+        OpaqueFunction(function=_flashrt_node),
     ])

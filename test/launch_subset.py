@@ -2,11 +2,12 @@
 (they have no wheels here): the launch file itself runs, with recording stand-ins for the classes it imports,
 and its arguments are substituted as launch does (each declared default, overridden by name:=value).
 
-Only what this package's launch files use is interpreted: DeclareLaunchArgument, LaunchConfiguration,
-ParameterValue(value_type=...), PythonExpression, IncludeLaunchDescription(PythonLaunchDescriptionSource),
-Node and LifecycleNode. Another import or action fails, so a new construct in a launch file breaks the README
-test instead of being ignored. One deliberate difference: an argument the file does not declare is an error
-here (`ros2 launch` would take `namspace:=robot1` silently and start the node outside the namespace).
+Only what this package's launch files use is interpreted: DeclareLaunchArgument, LaunchConfiguration (and its
+perform(context)), ParameterValue(value_type=...), PythonExpression, IncludeLaunchDescription
+(PythonLaunchDescriptionSource), OpaqueFunction(function=...), Node and LifecycleNode. Another import or action
+fails, so a new construct in a launch file breaks the README test instead of being ignored. One deliberate
+difference: an argument the file does not declare is an error here (`ros2 launch` would take `namspace:=robot1`
+silently and start the node outside the namespace).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import yaml
 
 STAND_INS = {
     "launch": ["LaunchDescription"],
-    "launch.actions": ["DeclareLaunchArgument", "IncludeLaunchDescription"],
+    "launch.actions": ["DeclareLaunchArgument", "IncludeLaunchDescription", "OpaqueFunction"],
     "launch.substitutions": ["LaunchConfiguration", "PythonExpression"],
     "launch.launch_description_sources": ["PythonLaunchDescriptionSource"],
     "launch_ros.actions": ["Node", "LifecycleNode"],
@@ -39,12 +40,24 @@ class Recorded:
         self.args, self.kwargs = args, kwargs
 
 
+class _Context:
+    """What an OpaqueFunction's function is given: the launch configurations, name -> text."""
+
+    def __init__(self, launch_configurations: dict[str, str]):
+        self.launch_configurations = launch_configurations
+
+
+def _perform(self, context: _Context) -> str:  # LaunchConfiguration.perform
+    return context.launch_configurations[self.args[0]]
+
+
 def _stand_in_modules(share_dirs: dict[str, Path]) -> dict[str, types.ModuleType]:
     modules = {}
     for name, classes in STAND_INS.items():
         modules[name] = types.ModuleType(name)
         for cls in classes:
-            setattr(modules[name], cls, type(cls, (Recorded,), {}))
+            methods = {"perform": _perform} if cls == "LaunchConfiguration" else {}
+            setattr(modules[name], cls, type(cls, (Recorded,), methods))
 
     def get_package_share_directory(package):
         if package not in share_dirs:
@@ -117,10 +130,17 @@ def resolve(launch_file: Path, arguments: dict[str, str], share_dirs: dict[str, 
     unset = [name for name, value in config.items() if value is None]
     if unset:
         raise LaunchError(f"{launch_file.name}: argument {', '.join(unset)} has no default: give name:=value")
+    return _nodes(launch_file, entities, config, share_dirs)
+
+
+def _nodes(launch_file: Path, entities: list, config: dict[str, str], share_dirs: dict[str, Path]) -> list[NodeAction]:
     nodes = []
     for entity in entities:
         kind = type(entity).__name__
         if kind == "DeclareLaunchArgument":
+            continue
+        if kind == "OpaqueFunction":  # launch calls it with the context once the arguments are known
+            nodes += _nodes(launch_file, entity.kwargs["function"](_Context(config)), config, share_dirs)
             continue
         if kind in ("Node", "LifecycleNode"):
             kw = entity.kwargs

@@ -2,9 +2,12 @@
 node with the documented arguments and matches setup.py; conversions refuse what they cannot map."""
 import ast
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from launch_subset import NodeAction, resolve
 
 from conftest import ROOT
 from flashrt_ros.ros.convert import (
@@ -63,29 +66,52 @@ def test_launch_file_names_an_installed_executable_and_an_existing_params_file()
     assert consts["NODE_NAME"] == NODE_NAME
 
 
+def _launched(arguments: dict) -> NodeAction:
+    (node,) = resolve(ROOT / "launch" / "flashrt.launch.py", arguments, {"flashrt_ros": ROOT})
+    return node
+
+
+def _effective_parameters(node) -> dict:
+    """The node's parameters as ROS applies its --params-file entries: in order, a later value wins."""
+    out = {}
+    for entry in node.parameters:
+        if not isinstance(entry, dict):
+            entry = yaml.safe_load(Path(entry).read_text())["/**"]["ros__parameters"]
+        out.update(entry)
+    return out
+
+
 def test_launch_file_starts_a_lifecycle_node_with_the_documented_arguments():
     tree = _launch_tree()
     declared = {c.args[0].value for c in _calls(tree, "DeclareLaunchArgument")}
     assert declared == {"namespace", "params_file", "autostart", "log_level", "use_sim_time", "persist_dir", "resume",
                         "role", "primary"}
     assert not _calls(tree, "Node"), "a plain Node cannot be driven through lifecycle transitions"
-    (node,) = _calls(tree, "LifecycleNode")
-    kw = {k.arg: k.value for k in node.keywords}
-    used = {c.args[0].value for c in _calls(tree, "LaunchConfiguration")}
-    assert used == declared, "every argument reaches the node"
-    assert ast.unparse(kw["namespace"]) == "LaunchConfiguration('namespace')"
-    params = ast.unparse(kw["parameters"])
-    assert "LaunchConfiguration('params_file')" in params
-    assert "'autostart': ParameterValue(LaunchConfiguration('autostart'), value_type=bool)" in params
-    assert "'use_sim_time': ParameterValue(LaunchConfiguration('use_sim_time'), value_type=bool)" in params
-    assert "'persist_dir': ParameterValue(LaunchConfiguration('persist_dir'), value_type=str)" in params
-    assert "'resume': ParameterValue(LaunchConfiguration('resume'), value_type=bool)" in params
-    assert "'role': ParameterValue(LaunchConfiguration('role'), value_type=str)" in params
-    assert "'primary': ParameterValue(LaunchConfiguration('primary'), value_type=str)" in params
-    assert ast.unparse(kw["arguments"]) == "['--ros-args', '--log-level', LaunchConfiguration('log_level')]"
+    assert len(_calls(tree, "LifecycleNode")) == 1
+    node = _launched({"namespace": "robot1", "log_level": "debug"})
+    assert (node.executable, node.name, node.namespace) == ("flashrt_node", "flashrt", "robot1")
+    assert node.parameters == [str(ROOT / "config" / "flashrt.yaml")], "nothing given: the params file alone"
+    assert node.arguments == ["--ros-args", "--log-level", "debug"]
+    given = _launched({"autostart": "false", "use_sim_time": "true", "persist_dir": "/var/lib/flashrt",
+                       "resume": "true", "role": "standby", "primary": "/robot1/flashrt"})
+    assert given.parameters[1] == {"autostart": False, "use_sim_time": True, "persist_dir": "/var/lib/flashrt",
+                                   "resume": True, "role": "standby", "primary": "/robot1/flashrt"}
     doc = ast.get_docstring(tree)
     assert "ros2 lifecycle set /robot1/flashrt configure" in doc and "activate" in doc
     assert "role:=replica primary:=/robot1/flashrt" in doc and "role:=standby" in doc
+
+
+def test_a_params_file_keeps_its_values_where_no_launch_argument_overrides_them(tmp_path):
+    mine = {"role": "standby", "primary": "/robot1/flashrt", "persist_dir": "/var/lib/flashrt", "resume": True,
+            "autostart": False, "use_sim_time": True, "kv_window": 512}
+    params = tmp_path / "mine.yaml"
+    params.write_text(yaml.safe_dump({"/**": {"ros__parameters": mine}}))
+    assert _effective_parameters(_launched({"params_file": str(params)})) == mine
+    overridden = _effective_parameters(_launched({"params_file": str(params), "role": "replica", "resume": "false"}))
+    assert overridden == {**mine, "role": "replica", "resume": False}
+    shipped = _effective_parameters(_launched({}))
+    assert not {"role", "primary", "persist_dir", "resume", "autostart", "use_sim_time"} & set(shipped), \
+        "the shipped file sets none of them: the node's defaults stand"
 
 
 def joint_state(names, pos, vel):

@@ -161,3 +161,34 @@ def test_a_replan_goal_over_replan_max_goal_mb_is_refused_before_it_is_converted
     out = planner.client.send_goal(Replan.Goal(branches=8, horizon=2**32 - 1, observations=[0.0] * 14))
     assert not out.accepted and "goal too large" in out.reason and "replan_max_goal_mb" in out.reason, out.reason
     assert planner.step(obs[5]).step == 6
+
+
+def test_a_params_file_with_every_node_parameter_loads_in_the_ros_free_tools(tmp_path):
+    # flashrt-demo --runtime --config and flashrt-bench runtime --config read the node's params file without
+    # ROS: each parameter the node declares must be skipped there, not refused as unknown
+    import yaml
+
+    from flashrt_ros.ros.params import NODE_PARAMS
+    from flashrt_ros.runtime import PolicyConfig
+    from flashrt_ros.runtime.model.config import NODE_PARAMETERS
+    assert NODE_PARAMETERS == set(NODE_PARAMS) | {"use_sim_time"}  # rclpy declares use_sim_time
+    node_only = {name: default for name, (default, *_rest) in NODE_PARAMS.items()}
+    path = tmp_path / "robot.yaml"
+    params = {**node_only, "use_sim_time": False, "kv_window": 512}
+    path.write_text(yaml.safe_dump({"/**": {"ros__parameters": params}}))
+    assert PolicyConfig.from_yaml(path) == PolicyConfig(kv_window=512)
+
+
+def test_the_readme_parameter_table_is_the_one_made_from_the_declarations():
+    import importlib.util
+
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location("param_table", ROOT / "scripts" / "param_table.py")
+    param_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(param_table)
+    readme = (ROOT / "README.md").read_text()
+    assert param_table.readme_with_table(readme) == readme, \
+        "README.md's parameter table is out of date: run `python scripts/param_table.py --write`"
+    named = {row[0] for row in param_table.rows()}
+    from flashrt_ros.runtime.model.config import NODE_PARAMETERS
+    assert NODE_PARAMETERS - {"use_sim_time"} <= named  # every parameter a params file may hold has a row

@@ -14,13 +14,17 @@ from typing import Any
 import yaml
 
 # Parameters of the ROS node that are not PolicyConfig fields: a params file may hold them. The node
-# declares these; kept here so the ROS-free tools accept the same files.
+# declares these (ros/params.py NODE_PARAMS, plus rclpy's use_sim_time); kept here, below the ROS layer, so
+# the ROS-free tools accept the same files (test_config.py checks the two lists agree).
 NODE_PARAMETERS = frozenset({
     "backend", "observation_type", "observation_reliable", "joint_names", "capsule_dir", "capsule_hmac_key_file",
     "diagnostics_period_s",
     "step_deadline_ms", "replan_deadline_ms", "replan_max_deadline_ms", "autostart", "use_sim_time",
     "persist_dir", "resume", "resume_fresh_on_mismatch", "persist_fsync_ms", "persist_fsync_records",
     "persist_segment_mb", "persist_budget_mb", "persist_queue_mb", "replan_max_goal_mb",
+    "thread_priority", "replan_nice", "gc_freeze_period_s", "keep_freed_memory", "clean_dead_shm_segments",
+    "publish_trajectory", "action_joint_names", "control_period_s",
+    "role", "primary", "capsule_stream", "stream_keyframe_s", "liveliness_lease_ms", "standby_takeover_delay_ms",
 })
 
 

@@ -1,6 +1,8 @@
-"""flashrt-bench: `runtime` (NumPy or CUDA session), `ros` (through DDS, separate processes), `stream` (the
-capsule stream, replicas and failover, separate processes) and `capsules` (the capsule tree of a short
-in-process mission)."""
+"""flashrt-bench: one JSON per subcommand. `runtime` (capsules, rollback + re-plan vs cold recompute, on the
+session's backend: `auto` takes CUDA, else the compiled CPU step, else NumPy), `gpu` (the same on CUDA, graph vs
+eager), `replay` (flashrt-replay offline), `ros` (through DDS, separate processes), `persist` (the capsule log),
+`stream` (the capsule stream, replicas and failover, separate processes) and `capsules` (the capsule tree of a
+short in-process mission)."""
 from __future__ import annotations
 
 import argparse

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""The README's parameter table, made from what the node declares: ros/params.py (NODE_PARAMS, NODE_RANGES) and
+PolicyConfig's fields (their help, min and choices). test_ros_params.py checks the README holds exactly this.
+
+    python scripts/param_table.py          # print it
+    python scripts/param_table.py --write  # put it into README.md between its markers
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- parameter table: scripts/param_table.py -->", "<!-- end of parameter table -->"
+
+
+def _default(name: str, value) -> str:
+    if name == "capsule_dir":
+        return "`$ROS_HOME/flashrt_capsules`"  # resolved per machine; the description says how
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if value == "":
+        return '`""`'
+    return f"`{_num(value)}`" if isinstance(value, float) else f"`{value}`"
+
+
+def _num(x) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)  # 3600000, not 3.6e+06; 0.001 as it is
+
+
+def _range(lo, hi) -> str:
+    return f"{_num(lo)} .. {_num(hi)}"
+
+
+def rows() -> list[tuple[str, str, str, str, str]]:
+    """(name, default, range or choices, when it can be set, description), the node's own first."""
+    sys.path.insert(0, str(ROOT))
+    from flashrt_ros.ros.params import NODE_PARAMS, NODE_RANGES
+    from flashrt_ros.runtime import PolicyConfig
+    out = []
+    for name, (default, description, _validate, live) in NODE_PARAMS.items():
+        rng = _range(*NODE_RANGES[name]) if name in NODE_RANGES else ""
+        out.append((name, _default(name, default), rng, "running" if live else "start-up", description))
+    for f in dataclasses.fields(PolicyConfig):
+        lo, choices = f.metadata.get("min"), f.metadata.get("choices")
+        if choices:
+            rng = " \\| ".join(choices)
+        elif lo is not None:
+            rng = f">= {_num(lo)}"
+        else:
+            rng = ""
+        out.append((f.name, _default(f.name, f.default), rng, "start-up", f.metadata["help"]))
+    return out
+
+
+def table() -> str:
+    lines = [BEGIN, "", "| parameter | default | range | set at | what it does |", "|---|---|---|---|---|"]
+    for name, default, rng, when, description in rows():
+        lines.append(f"| `{name}` | {default} | {rng} | {when} | {description.replace('|', chr(92) + '|')} |")
+    return "\n".join(lines + ["", END])
+
+
+def readme_with_table(text: str) -> str:
+    if text.count(BEGIN) != 1 or text.count(END) != 1:
+        raise SystemExit(f"README.md must hold one {BEGIN!r} and one {END!r}")
+    head, rest = text.split(BEGIN)
+    _, tail = rest.split(END)
+    return head + table() + tail
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help="rewrite the table in README.md")
+    args = ap.parse_args(argv)
+    if args.write:
+        readme = ROOT / "README.md"
+        readme.write_text(readme_with_table(readme.read_text()))
+    else:
+        print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
