@@ -37,6 +37,7 @@ def craft(path, s, tensors=None, info=None, fmt=FORMAT):
     ({"step": "abc"}, "info.step"),
     ({"stamp_ns": 1e30}, "info.stamp_ns"),
     ({"stamp_ns": -5}, "info.stamp_ns"),
+    ({"stamp_ns": 2**62}, "info.stamp_ns"),  # past a ROS Time's int32 seconds: list_capsules could not send it
     ({"label": ["x"]}, "info.label"),
     ({"label": "y" * 300}, "info.label"),
     ({"step": 29}, "does not match meta"),
@@ -58,6 +59,27 @@ def test_crafted_meta_with_a_valid_checksum_is_refused(stepped, tmp_path, field,
     meta[field] = value
     path = craft(tmp_path / "c.safetensors", stepped, tensors={"meta": meta})
     refused(stepped, lambda: stepped.import_capsule(path, restore=True), match)
+
+
+@pytest.mark.parametrize("header, match", [
+    (b'{"__metadata__": ["x"]}', "not a mapping"),
+    (b'["x"]', "unreadable"),
+    (b"[" * 100_000 + b"]" * 100_000, "unreadable"),  # nested past the interpreter's stack
+], ids=["metadata_a_list", "header_a_list", "nested_100k_deep"])
+def test_a_malformed_header_is_refused_as_corrupt(stepped, tmp_path, header, match):
+    path = tmp_path / "c.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    refused(stepped, lambda: stepped.import_capsule(path, restore=True), match)
+
+
+def test_stamps_before_1970_or_past_a_ros_time_are_refused_by_step_and_snapshot(stepped):
+    from flashrt_ros.runtime.state.capsule_file import MAX_STAMP_NS
+    o = observation_trace(1)[0]
+    for bad in (-1, MAX_STAMP_NS + 1, 1.5):
+        assert_refused_unchanged(stepped, lambda b=bad: stepped.step(o, b), ValueError, "stamp_ns")
+        assert_refused_unchanged(stepped, lambda b=bad: stepped.snapshot(stamp_ns=b), ValueError, "stamp_ns")
+    assert stepped.step(o, MAX_STAMP_NS).capsule_id  # the last ROS Time is a stamp like any other
+    assert stepped.capsule_info(stepped.live_capsule_id).stamp_ns == MAX_STAMP_NS
 
 
 def test_a_state_full_of_nan_is_refused(stepped, tmp_path):

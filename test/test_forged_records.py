@@ -27,8 +27,8 @@ def _logged(tmp_path, n=20) -> Session:
     return s
 
 
-def _forge(s, tmp_path, which: int, small=None, kv=None) -> None:
-    """Rewrite record ``which`` of the segment with its small state / KV changed, crc32 recomputed."""
+def _forge(s, tmp_path, which: int, small=None, kv=None, stamp_ns=None) -> None:
+    """Rewrite record ``which`` of the segment with its small state / KV / stamp changed, crc32 recomputed."""
     seg = next(iter_segment_paths(tmp_path / "log"))
     blob = seg.read_bytes()
     recs, err = scan(seg, blob, layout_of(s), meta_reader(s.arena))
@@ -41,7 +41,8 @@ def _forge(s, tmp_path, which: int, small=None, kv=None) -> None:
     if kv is not None:
         entries.reshape(-1)[-1] = kv
     info = dc_replace(s.capsule_info(rec.id) if rec.id in s.store else s.list_capsules()[0], id=rec.id,
-                      parent_id=rec.parent_id, step=rec.step, stamp_ns=rec.stamp_ns, label=rec.label)
+                      parent_id=rec.parent_id, step=rec.step,
+                      stamp_ns=rec.stamp_ns if stamp_ns is None else stamp_ns, label=rec.label)
     n = 0 if rec.kind == RESYNC else len(rec.kv)
     n = min(rec.step, s.cfg.kv_window) if rec.kind == RESYNC else n
     forged = encode_record(rec.kind, info, row, entries, n)
@@ -54,7 +55,11 @@ def _forge(s, tmp_path, which: int, small=None, kv=None) -> None:
     (-1, dict(small=("conv_state.1", np.inf)), r"capsule 20: conv_state\.1 .*non-finite"),
     (-1, dict(kv=1e7), r"capsule 20: KV entries"),
     (0, dict(kv=-1e7), r"capsule 1: KV entries"),  # the RESYNC the timeline starts at
-], ids=["mtp_extreme", "gru_beyond_1", "conv_inf", "delta_kv_extreme", "resync_kv_extreme"])
+    # inside the log (the last record would be cut as a torn tail, never loaded): list_capsules could not send it
+    (5, dict(stamp_ns=2**62), r"stamp 4611686018427387904 ns is out of range; valid records follow"),
+    (5, dict(stamp_ns=-1), r"stamp -1 ns is out of range; valid records follow"),
+], ids=["mtp_extreme", "gru_beyond_1", "conv_inf", "delta_kv_extreme", "resync_kv_extreme", "stamp_past_ros_time",
+        "stamp_before_1970"])
 def test_a_forged_record_with_a_recomputed_crc_is_refused_at_resume(tmp_path, which, change, match):
     s = _logged(tmp_path)
     _forge(s, tmp_path, which, **change)

@@ -103,6 +103,18 @@ def test_a_zero_stamp_is_replaced_by_the_node_clock_and_counted(flashrt):
     diag.until(lambda v: v["steps"] == str(stamped.step) and v["stamps_from_node_clock"] == "1")
 
 
+def test_a_stamp_before_1970_is_refused_and_counted_and_the_next_observation_steps_on(flashrt):
+    _, planner = flashrt
+    diag = Diagnostics(planner)
+    obs = observation_trace(30)
+    first = planner.step(obs[0])
+    planner.publish(joint_state(obs[1], -5 * 10**9))  # sec = -5: no capsule file or record could carry it
+    diag.until(lambda v: v["rejected_inputs"] == "1")
+    assert planner.steps[-1].step == first.step  # nothing was stepped
+    nxt = planner.step(obs[1])
+    assert nxt.step == first.step + 1
+
+
 def test_action_joint_names_default_to_generated_names_and_must_fit_action_dim():
     from flashrt_ros.ros.outputs import action_joint_names
     assert action_joint_names([], 3) == ["action_0", "action_1", "action_2"]

@@ -4,6 +4,7 @@ classes alike); raises ValueError with a reason a robot engineer can act on.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,7 +31,7 @@ def joint_state_to_obs(msg, obs_dim: int, joint_names: Sequence[str] = ()) -> np
         raise ValueError(f"JointState has {len(names)} names, {len(pos)} positions and {len(vel)} velocities; "
                          "they must match one per joint")
     if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = sorted(n for n, k in Counter(names).items() if k > 1)  # linear: a message may name 100k joints
         raise ValueError(f"JointState names joints {dup[:3]} more than once")
     if joint_names:
         index = {n: i for i, n in enumerate(names)}

@@ -38,7 +38,7 @@ from ..runtime.persist.attach import move_aside
 from ..runtime.persist.format import LogCorrupt
 from ..runtime.persist.writer import PersistSettings
 from ..runtime.session import Session
-from ..runtime.state.capsule_file import load_hmac_key
+from ..runtime.state.capsule_file import check_stamp_ns, load_hmac_key
 from .capsule_dir import CapsuleDir
 from .capsule_stream import StreamPublisher
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
@@ -473,7 +473,12 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         if stamp is None or (stamp.sec == 0 and stamp.nanosec == 0):  # none (a float array) or never set
             stamp = self.get_clock().now().to_msg()
             self.stats.count("stamps_from_clock")
-        self.last_stamp_ns = stamp_to_ns(stamp)
+        try:  # a stamp before 1970 would make capsules no file or record can carry; the state is untouched
+            self.last_stamp_ns = check_stamp_ns(stamp_to_ns(stamp))
+        except ValueError as e:
+            self.stats.count("rejected")
+            self.get_logger().warning(f"observation rejected: {e}", throttle_duration_sec=1.0)
+            return
 
         outputs = self._outputs
         if outputs is None:  # cleaned up meanwhile

@@ -34,7 +34,7 @@ from .model.policy import HybridPolicy
 from .model.weights import fingerprint, load_weights, save_weights, seeded_weights
 from .replan import ReplanResult
 from .state.bounds import RecordBounds, StateBounds
-from .state.capsule_file import read_capsule_file
+from .state.capsule_file import check_stamp_ns, read_capsule_file
 from .state.capsule_store import CapsuleInfo, CapsuleInUse, CapsuleStore, StoreUsage, UnknownCapsule, write_capsule_file
 from .state.history import ObsHistory
 from .state.kv_log import KvLog
@@ -172,6 +172,7 @@ class Session:
         so a robot can actuate first. A step whose action (or chunk) comes out non-finite is refused:
         NonFiniteAction, nothing published, the live state as before the step."""
         o = as_observations(obs, (self.cfg.obs_dim,))
+        stamp_ns = check_stamp_ns(stamp_ns)
         with self.lock:
             t0 = time.perf_counter()
             undo = StepUndo.before_step(self)
@@ -210,6 +211,7 @@ class Session:
 
     def snapshot(self, label: str = "", pin: bool = False, stamp_ns: int = 0) -> CapsuleInfo:
         check_label(label)
+        stamp_ns = check_stamp_ns(stamp_ns)
         with self._beside_no_replan() if pin else self.lock:  # a pin takes pages a replan may need
             if pin and self.persistence is not None:
                 self.persistence.check_pin_room(0)  # before anything changes

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..state.capsule_file import MAX_LABEL_CHARS, check_meta
+from ..state.capsule_file import MAX_LABEL_CHARS, MAX_STAMP_NS, check_meta
 
 SEGMENT_MAGIC = b"FRTLOG01"
 SEGMENT_FORMAT = "flashrt-capsule-log/1"
@@ -162,6 +162,8 @@ def _decode(path: Path, blob, at: int, layout: LogLayout, meta_of: Callable[[np.
         raise LogCorrupt(path, at, "record checksum mismatch")
     cid, parent, step, stamp, pinned, n_entries, label_len = INFO.unpack_from(payload, 0)
     off = INFO.size
+    if not 0 <= stamp <= MAX_STAMP_NS:  # it goes out as a ROS Time (list_capsules, a replica's stream)
+        raise LogCorrupt(path, at, f"record stamp {stamp} ns is out of range")
     if kind == RESET:  # a marker: the live row went back to zeros at step 0; nothing else
         if n != off or cid or parent or step or n_entries or label_len or pinned:
             raise LogCorrupt(path, at, "a reset marker holds its stamp only")

@@ -33,6 +33,18 @@ OLD_FORMATS = {"flashrt-capsule/1": "written by flashrt_ros 0.1 (full-row store,
 MAX_HEADER_BYTES = 1 << 20  # the JSON header of a capsule is a few KiB
 MAX_LABEL_CHARS = 256
 INT64_MAX = 2**63 - 1
+# the latest stamp a ROS builtin_interfaces/Time holds (int32 seconds): every capsule's stamp goes out in one
+# (list_capsules, the stream), so a later one, from a file, a record or a caller, is refused on arrival
+MAX_STAMP_NS = (2**31 - 1) * 1_000_000_000 + 999_999_999
+
+
+def check_stamp_ns(stamp_ns) -> int:
+    """stamp_ns as an int in [0, MAX_STAMP_NS]; ValueError naming the range otherwise."""
+    if isinstance(stamp_ns, bool) or not isinstance(stamp_ns, (int, np.integer)) \
+            or not 0 <= stamp_ns <= MAX_STAMP_NS:
+        raise ValueError(f"stamp_ns must be an integer in [0, {MAX_STAMP_NS}] (a ROS Time from 1970 on), "
+                         f"got {stamp_ns!r}")
+    return int(stamp_ns)
 MIN_KEY_BYTES = 16
 MAC_DOMAIN = b"flashrt-capsule-hmac\0"  # the MAC of a capsule's checksum is never valid for anything else
 TEMP_NAME = re.compile(r"^\.(.+)\.(\d+)\.tmp$")  # write_capsule_file's temporary: .<name>.<pid>.tmp
@@ -210,7 +222,7 @@ def validate_info(info) -> dict:
     if not isinstance(info, dict):
         raise ValueError(f"info must be a JSON object, got {type(info).__name__}")
     out = {"id": _int_field(info, "id", 0), "parent_id": _int_field(info, "parent_id", 0),
-           "step": _int_field(info, "step", 0), "stamp_ns": _int_field(info, "stamp_ns", 0)}
+           "step": _int_field(info, "step", 0), "stamp_ns": _int_field(info, "stamp_ns", 0, MAX_STAMP_NS)}
     label = info.get("label", "")
     if not isinstance(label, str) or len(label) > MAX_LABEL_CHARS:
         raise ValueError(f"info.label must be a string of at most {MAX_LABEL_CHARS} characters")
@@ -251,7 +263,9 @@ def read_capsule_file(path: str | Path, specs, fingerprint: str, kv_window: int,
     try:
         header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
         meta = header.get("__metadata__") or {}
-    except (ValueError, AttributeError) as e:
+        if not isinstance(meta, dict):
+            raise ValueError(f"__metadata__ is a {type(meta).__name__}, not a mapping")
+    except (ValueError, AttributeError, RecursionError) as e:  # RecursionError: JSON nested past the stack
         raise CorruptCapsule(f"{path}: unreadable safetensors header ({e})") from None
     fmt = meta.get("format")
     if fmt in OLD_FORMATS:
