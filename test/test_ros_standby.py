@@ -148,6 +148,24 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
         assert planner.spin_until(lambda: all("no such node" in p.output() for p in (primary, standby, replica)), 20.0)
         planner.spin(1.1)
         forger.publish(Leader(epoch=2**63, node="/robot1/flashrt_x", capsule_id=0))  # would overflow epoch + 1
+        # forged records on the primary's stream: one at the last epoch (refused for its timeline 0; before, its
+        # epoch was taken anyway, the takeover's came out past the last, and the standby broke halfway into
+        # leading) and one past it (refused for its epoch)
+        from flashrt_interfaces.msg import CapsuleRecord
+        from flashrt_ros.ros.capsule_stream import stream_qos
+        from flashrt_ros.runtime.persist.replica import MAX_EPOCH
+        records = planner.node.create_publisher(CapsuleRecord, "/robot1/flashrt/capsule_stream", stream_qos(100.0))
+        t_forged = time.monotonic()
+        refusals = ("capsule record 1000000000 from /robot1/flashrt refused: timeline 0",
+                    f"capsule record 1000000001 from /robot1/flashrt refused: epoch {2**63} outside 1..{MAX_EPOCH}")
+        forged = [CapsuleRecord(seq=10**9, epoch=MAX_EPOCH, record=[1, 2, 3], fingerprint="forged"),
+                  CapsuleRecord(seq=10**9 + 1, epoch=2**63, record=[1, 2, 3], fingerprint="forged")]
+        n = 0  # one a second, in turn: the refusal's log line is throttled to one a second
+        while not planner.spin_until(lambda: all(r in standby.output() for r in refusals), 1.1):  # DDS matching
+            assert time.monotonic() < t_forged + 30.0, standby.output()[-3000:]
+            records.publish(forged[n % 2])
+            n += 1
+        planner.node.destroy_publisher(records)  # its liveliness gone before the primary's: not a loss
         for client, proc in ((remote, standby), (ws, replica)):
             _wait_held(planner, client, planner.steps[-1].capsule_id, primary, proc)
         os.kill(primary.proc.pid, signal.SIGKILL)

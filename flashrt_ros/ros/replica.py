@@ -18,7 +18,7 @@ from std_srvs.srv import Trigger
 
 from flashrt_interfaces.msg import CapsuleRecord
 
-from ..runtime.persist.replica import LOCAL_IDS_FROM, RecordRefused, StreamReplica
+from ..runtime.persist.replica import LOCAL_IDS_FROM, MAX_EPOCH, RecordRefused, StreamReplica
 from .capsule_stream import stream_qos
 from .leader import LEADER_TOPIC, LeaderWatch
 
@@ -106,14 +106,16 @@ class ReplicaLink:
                                        f"the {len(gone)} capsules held; starting over from its keyframe")
 
     def _on_record(self, msg) -> None:
-        self.epoch = max(self.epoch, msg.epoch)
         try:
+            if not 1 <= msg.epoch <= MAX_EPOCH:  # a standby's takeover takes the epoch after it
+                raise RecordRefused(f"epoch {msg.epoch} outside 1..{MAX_EPOCH}")
             applied = self.replica.apply(msg.seq, msg.fingerprint, msg.record.tobytes(), msg.timeline)
         except RecordRefused as e:
             self.node.get_logger().error(f"capsule record {msg.seq} from {self.primary} refused: {e}",
                                          throttle_duration_sec=1.0)
             applied = False
-        if applied:
+        if applied:  # only a record it applied says which term the primary is in (a refused one may be forged)
+            self.epoch = max(self.epoch, msg.epoch)
             lag = time.time() * 1e3 - (msg.stamp.sec * 1e3 + msg.stamp.nanosec / 1e6)
             with self._lock:
                 self._lags.append(lag)

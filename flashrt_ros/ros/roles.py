@@ -9,6 +9,7 @@ import time
 
 from rclpy.lifecycle import TransitionCallbackReturn
 
+from ..runtime.persist.replica import MAX_EPOCH
 from .capsule_stream import StreamPublisher
 from .replica import REPLICA_SERVICES, ReplicaLink, replica_refusal
 from .standby import StandbyLink
@@ -56,6 +57,10 @@ class NodeRoles:
             self.get_logger().error(f"{link.primary} stopped before this standby held any capsule of its timeline: "
                                     "not taking over (start the standby before the primary steps, or restart the "
                                     "primary)")
+            return
+        if not 2 <= epoch <= MAX_EPOCH:  # checked while this is still a standby: lead() would refuse it midway
+            self.get_logger().error(f"not taking over from {link.primary}: epoch {epoch} is past the last a leader "
+                                    f"can have ({MAX_EPOCH}); restart the robot's nodes with a fresh timeline")
             return
         link.destroy()
         self._replica = None
