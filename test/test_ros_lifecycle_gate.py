@@ -86,6 +86,7 @@ def test_services_and_replan_refuse_while_not_active_and_change_nothing(ros_doma
         planner.close()
         assert proc.stop() == 0
     assert "Traceback" not in proc.output()
+    assert "never counted as scheduled" not in proc.output()  # each refused goal's answer was counted
 
 
 def test_every_transition_logs_one_line(ros_domain, tmp_path):

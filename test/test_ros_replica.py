@@ -116,6 +116,12 @@ def test_a_replica_of_another_fingerprint_refuses_every_record_and_holds_nothing
         _wait(lambda: "refused" in replica.output() and "fingerprint" in replica.output(), 15.0, planner,
               "the replica never said it refused a record")
         assert _capsules(remote) == {}
+        # a commit through it has nothing to start from: its row 0 is not the primary's live state
+        live = planner.steps[-1].capsule_id
+        out = remote.replan(np.stack([OBS[30:33]]), commit_branch=0, deadline_ms=200.0)
+        assert out.result.rejected and "holds no capsule of the primary's timeline" in out.result.message, \
+            out.result.message
+        assert planner.client.list_capsules().live_capsule_id == live  # nothing was committed on the primary
     finally:
         planner.close()
         assert primary.stop() == 0 and replica.stop() == 0, replica.output()[-3000:]

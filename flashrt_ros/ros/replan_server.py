@@ -172,6 +172,8 @@ class ReplanServer:
         with self._state:
             if not reason and self._closing:
                 reason = f"{self._closing}: no new replans"
+            if not reason:  # decided here, with _current: a deactivate that began during _check sees this goal
+                reason = self._refusal_now()
             if not reason and self._current is not None:  # only if goals interleave; _on_goal rejects first
                 reason = BUSY
             if not reason:
@@ -188,6 +190,10 @@ class ReplanServer:
             return
         self._queue.put((goal_handle, args))
 
+    def _refusal_now(self) -> str:
+        """Why a goal may not start right now, beyond the checks above ('' = it may); under _state."""
+        return ""
+
     def _schedule_delivery(self, goal_handle) -> None:
         """Hand the goal to _deliver (a task of the helper executor), counted until it has run."""
         with self._state:
@@ -199,6 +205,9 @@ class ReplanServer:
 
     def _delivery_done(self) -> None:
         with self._state:
+            if self._deliveries == 0:  # an answer not scheduled by _schedule_delivery: destroy() would wait 5 s
+                self.node.get_logger().error("replan: an answer was delivered that was never counted as scheduled")
+                return
             self._deliveries -= 1
 
     def _deliver(self, goal_handle) -> Replan.Result:
@@ -296,6 +305,10 @@ class ReplanServer:
         forward = self.node.commit_forwarder() if commit_branch is not None else None
         if forward is not None:  # a replica: a what-if here, then the primary re-runs and commits the branch
             capsule_id, forwarded, commit_branch = capsule_id or session.live_capsule_id, commit_branch, None
+            if not capsule_id:  # its row 0 is not the primary's live state: the primary would commit another branch
+                return Replan.Result(success=False, rejected=True, live_capsule_id=0, message=(
+                    "rejected: this replica holds no capsule of the primary's timeline yet, so a commit has nothing "
+                    "to start from: wait until list_capsules shows its stream arriving, or name a capsule"))
             run = forward.replica.timeline  # the primary's run that capsule belongs to (checked again at the forward)
         try:
             res = session.replan(capsule_id, obs, commit_branch=commit_branch, deadline_ms=deadline_ms,

@@ -146,6 +146,8 @@ class ReplicaLink:
         that commits it: the primary re-runs it (byte-identical by batch invariance) and no state travels
         back. ``run``: the timeline the what-if ran in. Worker thread; the node's executor delivers the answer.
         Returns the primary's ReplanOutcome."""
+        if not capsule_id:  # 0 is the primary's live state, not what the what-if ran from
+            raise ValueError("a forwarded commit names the capsule its what-if ran from, never 0")
         if capsule_id >= LOCAL_IDS_FROM:
             raise ValueError(f"capsule {capsule_id} is a what-if of this replica: the primary does not hold it; "
                              "commit from one of the primary's capsules")

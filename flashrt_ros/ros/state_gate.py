@@ -80,7 +80,11 @@ class GatedReplanServer(ReplanServer):
         self._results[bytes(goal_handle.goal_id.uuid)] = Replan.Result(
             success=False, rejected=True, message=f"rejected: {refusal}",
             live_capsule_id=session.live_capsule_id if session is not None else 0)
-        goal_handle.execute()
+        self._schedule_delivery(goal_handle)  # counted, so destroy() knows when every answer went out
+
+    def _refusal_now(self) -> str:
+        # again at the moment the goal would start: a deactivate may have begun while its goal was checked
+        return self.node.inactive_refusal()
 
     def stop_running(self, reason: str) -> bool:
         """Stop the running replan, if any (answered ABORTED with `reason`); True once none runs."""
