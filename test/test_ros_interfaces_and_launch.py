@@ -131,6 +131,13 @@ def test_joint_state_conversion_orders_by_joint_names():
         joint_state_to_obs(joint_state(["a"], [float("inf")], [0.0]), 2)
 
 
+def test_a_joint_state_of_many_names_with_one_twice_is_refused_naming_it():
+    # a hostile publisher's 50,000 names: the check is linear (names.count per name took ~25 s here)
+    names = [f"j{i}" for i in range(50_000)] + ["j7"]
+    with pytest.raises(ValueError, match=r"names joints \['j7'\] more than once"):
+        joint_state_to_obs(joint_state(names, [0.0] * len(names), [0.0] * len(names)), 14)
+
+
 @pytest.mark.parametrize("names, pos, vel, match", [
     (["j0", "j1"], [0.0] * 7, [0.0] * 7, "2 names, 7 positions and 7 velocities"),
     ([f"j{i}" for i in range(14)], [0.0] * 14, [], "14 positions and 0 velocities"),
