@@ -43,16 +43,25 @@ PACKAGE = "flashrt_ros"
 EXECUTABLE = "flashrt_node"
 NODE_NAME = "flashrt"
 PARAMS_FILE = "flashrt.yaml"
-# launch arguments that set the node parameter of the same name (its type): only when given, so that a params
-# file's `role: standby` or `persist_dir: /var/lib/flashrt` is not replaced by a launch default
-PARAMETER_ARGUMENTS = {"autostart": bool, "use_sim_time": bool, "persist_dir": str, "resume": bool, "role": str,
-                       "primary": str}
+# launch arguments that set the node parameter of the same name: (its type, what it says). Each is passed only
+# when given, so that a params file's `role: standby` or `persist_dir: /var/lib/flashrt` is not replaced by a
+# launch default
+PARAMETER_ARGUMENTS = {
+    "autostart": (bool, "true (the node's default): the node configures and activates itself; false: it waits for "
+                        "a lifecycle manager or `ros2 lifecycle set <node> configure|activate`"),
+    "use_sim_time": (bool, "true: take time from /clock (stamps of observations without a header)"),
+    "persist_dir": (str, "directory of the capsule log (every step's capsule on disk); the node's default is off"),
+    "resume": (bool, "true: continue from the newest capsule in persist_dir's log"),
+    "role": (str, "primary (the node's default: steps the robot) | replica (rebuilds primary's capsules from its "
+                  "stream, serves list/export/replan) | standby (a replica that takes over)"),
+    "primary": (str, "role replica or standby: the primary node, e.g. /robot1/flashrt"),
+}
 FROM_FILE = " (left out: the params file's value, else the node's default)"
 
 
 def _flashrt_node(context):
     overrides = {name: ParameterValue(LaunchConfiguration(name), value_type=value_type)
-                 for name, value_type in PARAMETER_ARGUMENTS.items() if LaunchConfiguration(name).perform(context)}
+                 for name, (value_type, _) in PARAMETER_ARGUMENTS.items() if LaunchConfiguration(name).perform(context)}
     return [LifecycleNode(
         package=PACKAGE,
         executable=EXECUTABLE,
@@ -73,25 +82,7 @@ def generate_launch_description():
                               description="ROS parameters file (ros__parameters under /**)"),
         DeclareLaunchArgument("log_level", default_value="info",
                               description="debug | info | warn | error | fatal"),
-        DeclareLaunchArgument("autostart", default_value="",
-                              description="true (the node's default): the node configures and activates itself; "
-                                          "false: it waits for a lifecycle manager or `ros2 lifecycle set <node> "
-                                          "configure|activate`" + FROM_FILE),
-        DeclareLaunchArgument("use_sim_time", default_value="",
-                              description="true: take time from /clock (stamps of observations without a header)"
-                                          + FROM_FILE),
-        DeclareLaunchArgument("persist_dir", default_value="",
-                              description="directory of the capsule log (every step's capsule on disk); the node's "
-                                          "default is off" + FROM_FILE),
-        DeclareLaunchArgument("resume", default_value="",
-                              description="true: continue from the newest capsule in persist_dir's log"
-                                          + FROM_FILE),
-        DeclareLaunchArgument("role", default_value="",
-                              description="primary (the node's default: steps the robot) | replica (rebuilds "
-                                          "primary's capsules from its stream, serves list/export/replan) | standby "
-                                          "(a replica that takes over)" + FROM_FILE),
-        DeclareLaunchArgument("primary", default_value="",
-                              description="role replica or standby: the primary node, e.g. /robot1/flashrt"
-                                          + FROM_FILE),
+        *[DeclareLaunchArgument(name, default_value="", description=description + FROM_FILE)
+          for name, (_, description) in PARAMETER_ARGUMENTS.items()],
         OpaqueFunction(function=_flashrt_node),
     ])

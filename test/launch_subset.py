@@ -117,11 +117,19 @@ class NodeAction:
         return cmd
 
 
+def declared(launch_file: Path, share_dirs: dict[str, Path]) -> dict[str, str | None]:
+    """The launch arguments `launch_file` declares: name -> default (None: none)."""
+    return _declared(_description(launch_file, share_dirs))
+
+
+def _declared(entities) -> dict[str, str | None]:
+    return {e.args[0]: e.kwargs.get("default_value") for e in entities if type(e).__name__ == "DeclareLaunchArgument"}
+
+
 def resolve(launch_file: Path, arguments: dict[str, str], share_dirs: dict[str, Path]) -> list[NodeAction]:
     """The nodes `ros2 launch` would start from `launch_file` with `arguments` (name -> value)."""
     entities = _description(launch_file, share_dirs)
-    declared = {e.args[0]: e.kwargs.get("default_value") for e in entities
-                if type(e).__name__ == "DeclareLaunchArgument"}
+    declared = _declared(entities)
     unknown = sorted(set(arguments) - set(declared))
     if unknown:
         raise LaunchError(f"{launch_file.name} declares no argument {', '.join(unknown)} "

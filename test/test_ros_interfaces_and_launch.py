@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from launch_subset import NodeAction, resolve
+from launch_subset import NodeAction, declared, resolve
 
 from conftest import ROOT
 from flashrt_ros.ros.convert import (
@@ -83,9 +83,9 @@ def _effective_parameters(node) -> dict:
 
 def test_launch_file_starts_a_lifecycle_node_with_the_documented_arguments():
     tree = _launch_tree()
-    declared = {c.args[0].value for c in _calls(tree, "DeclareLaunchArgument")}
-    assert declared == {"namespace", "params_file", "autostart", "log_level", "use_sim_time", "persist_dir", "resume",
-                        "role", "primary"}
+    arguments = declared(ROOT / "launch" / "flashrt.launch.py", {"flashrt_ros": ROOT})
+    assert set(arguments) == {"namespace", "params_file", "autostart", "log_level", "use_sim_time", "persist_dir",
+                              "resume", "role", "primary"}
     assert not _calls(tree, "Node"), "a plain Node cannot be driven through lifecycle transitions"
     assert len(_calls(tree, "LifecycleNode")) == 1
     node = _launched({"namespace": "robot1", "log_level": "debug"})
