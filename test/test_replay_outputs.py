@@ -145,6 +145,31 @@ def test_a_negative_header_stamp_is_rejected_by_reason_and_the_rest_is_written(r
     assert len(read_policy_steps(tmp_path / "out", typestore())) == 19
 
 
+def test_a_stamp_past_the_last_ros_time_is_rejected_by_reason_and_the_rest_is_written(run, tmp_path):
+    from flashrt_ros.runtime.state.capsule_file import MAX_STAMP_NS
+    _, _, cfg, _ = run
+    obs = trace(20)
+    stamps = [T0_NS + i * 10_000_000 for i in range(20)]
+    headers = [(s // 10**9, s % 10**9) for s in stamps]
+    headers[7] = (2**31 - 1, 2**32 - 10)  # int32 seconds, a nanosecond field past one second: past the last Time
+    bag = write_joint_messages(tmp_path / "late", obs, stamps, header_stamps=headers)
+    summary, _ = replay(bag, "--config", cfg, "--out", tmp_path / "out")
+    assert summary["steps"] == 19
+    late = (2**31 - 1) * 10**9 + 2**32 - 10
+    assert summary["rejected"] == {"count": 1, "reasons": {
+        f"stamp {late} ns is past the last ROS Time (int32 seconds, {MAX_STAMP_NS} ns, January 2038)": 1}}
+
+
+@pytest.mark.parametrize("where", ["a_directory", "a_missing_directory"])
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_replay(run, tmp_path, where):
+    _, _, cfg, bag = run
+    target = tmp_path / "jdir" if where == "a_directory" else tmp_path / "nowhere" / "s.json"
+    if where == "a_directory":
+        target.mkdir()
+    _, res = replay(bag, "--config", cfg, "--json", target, expect=2)
+    assert "--json" in res.stderr and "offline:" not in res.stderr  # refused before the bag was opened
+
+
 def test_summary_json_file_matches_stdout(run, tmp_path):
     _, _, cfg, bag = run
     summary, res = replay(bag, "--config", cfg, "--json", tmp_path / "s.json")

@@ -54,6 +54,19 @@ def test_a_rewritten_topic_type_in_metadata_is_overruled_by_the_storage(hundred)
     assert "warning: metadata.yaml says" in res.stderr
 
 
+@pytest.mark.parametrize("field, value", [("compression_mode", None), ("compression_mode", 7),
+                                          ("relative_file_paths", [7]), ("relative_file_paths", "x.mcap")])
+def test_a_wrongly_typed_metadata_field_is_ignored_and_the_storage_replays(hundred, field, value):
+    bag, cfg = hundred
+    clean, _ = replay(bag, "--config", cfg)
+
+    def mistype(info):
+        info[field] = value
+    rewrite_metadata(bag, mistype)
+    summary, _ = replay(bag, "--config", cfg)  # exit 0, not 4 (a crash)
+    assert summary["steps"] == 100 and summary["actions_sha256"] == clean["actions_sha256"]
+
+
 def test_a_missing_metadata_yaml_still_replays_the_storage(hundred):
     bag, cfg = hundred
     (bag / "metadata.yaml").unlink()

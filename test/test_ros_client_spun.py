@@ -1,4 +1,5 @@
 """FlashRTClient made on a node that another thread's executor already spins (no flashrt node needed)."""
+import contextlib
 import threading
 import time
 
@@ -174,3 +175,79 @@ def test_an_answered_goal_leaves_no_future_behind_in_the_action_client(stand_in_
     while futures and time.monotonic() < end:  # the last answer's own futures go in the executor's next task
         time.sleep(0.05)
     assert futures == [], f"{len(futures)} futures left after every goal was answered"
+
+
+@contextlib.contextmanager
+def _stand_in_server(goal_callback):
+    """A FlashRTClient (spun by its own waits) of a stand-in Replan server, spun on a thread, that decides each
+    goal with goal_callback and succeeds at once; yielded once its answers reach the client."""
+    import numpy as np
+    import rclpy
+    from rclpy.action import ActionServer
+    from rclpy.executors import SingleThreadedExecutor
+
+    from flashrt_interfaces.action import Replan
+    from flashrt_ros.ros.client import FlashRTClient, FlashRTTimeout
+
+    def execute(goal_handle):
+        goal_handle.succeed()
+        return Replan.Result(success=True)
+
+    server = rclpy.create_node("stand_in", namespace="/stand_in")
+    action_server = ActionServer(server, Replan, "replan", execute_callback=execute, goal_callback=goal_callback)
+    executor = SingleThreadedExecutor()
+    executor.add_node(server)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    caller = rclpy.create_node("caller")
+    try:
+        client = FlashRTClient(caller, "/stand_in")
+        assert client.replan_client.wait_for_server(timeout_sec=10)
+        for _ in range(10):  # until an answer came back (discovery of the response writer)
+            with contextlib.suppress(FlashRTTimeout):
+                client.send_replan(np.zeros((1, 1, 4), np.float32)).get_result(timeout_s=2.0)
+                break
+        else:
+            pytest.fail("the stand-in server's answers never reached the client")
+        yield client
+    finally:
+        executor.shutdown()
+        spinner.join(5)
+        action_server.destroy()
+        caller.destroy_node()
+        server.destroy_node()
+
+
+def test_refused_goals_leave_no_feedback_callback_and_no_observations_behind_in_the_client(ros_domain):
+    # rclpy drops a goal's feedback callback with its result; a goal refused (busy) never gets one, and the
+    # callback held its task and the goal's observations for as long as the planner ran
+    import numpy as np
+    import rclpy
+    from rclpy.action import GoalResponse
+
+    with _stand_in_server(lambda goal: GoalResponse.REJECT) as client:
+        for _ in range(20):
+            out = client.send_replan(np.zeros((4, 8, 14), np.float32)).get_result(timeout_s=5.0)
+            assert not out.accepted and "busy" in out.reason
+        rclpy.spin_once(client.node, timeout_sec=0.1)  # anything still queued for the client
+        assert client.replan_client._feedback_callbacks == {}
+
+
+def test_a_cancel_that_times_out_before_the_goal_response_leaves_the_goal_watchable(ros_domain):
+    # the cancel's wait for the goal response gave the response up: the goal still ran (and could commit),
+    # and get_result() could never see it
+    import numpy as np
+    from rclpy.action import GoalResponse
+
+    from flashrt_ros.ros.client import FlashRTTimeout
+
+    def accept_late(goal):
+        time.sleep(1.0)
+        return GoalResponse.ACCEPT
+
+    with _stand_in_server(accept_late) as client:
+        task = client.send_replan(np.zeros((1, 1, 4), np.float32), commit_branch=0)
+        with pytest.raises(FlashRTTimeout, match="goal response"):
+            task.cancel(timeout_s=0.3)
+        out = task.get_result(timeout_s=10.0)
+        assert out.accepted and out.succeeded

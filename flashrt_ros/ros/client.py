@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,6 +37,7 @@ from action_msgs.msg import GoalStatus
 from rclpy.action import ActionClient
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_srvs.srv import Trigger
+from unique_identifier_msgs.msg import UUID
 
 from flashrt_interfaces.action import Replan
 from flashrt_interfaces.srv import DropCapsule, ExportCapsule, ImportCapsule, ListCapsules, Rollback, Snapshot
@@ -109,7 +111,11 @@ class ReplanTask:
         self._result_future = None
         self._outcome: ReplanOutcome | None = None
         self._done = threading.Event()
-        self._send_future = client.replan_client.send_goal_async(goal, feedback_callback=self._on_feedback)
+        # the goal's id, ours: rclpy drops a goal's feedback callback only once its result came, so a refused or
+        # given-up goal's (and this task, its observations) stayed in the client for good; we drop it by this id
+        self._goal_key = uuid.uuid4().bytes
+        self._send_future = client.replan_client.send_goal_async(goal, feedback_callback=self._on_feedback,
+                                                                 goal_uuid=UUID(uuid=list(self._goal_key)))
         self._send_future.add_done_callback(self._on_goal_response)
 
     def _on_feedback(self, msg) -> None:
@@ -119,9 +125,11 @@ class ReplanTask:
 
     def _on_goal_response(self, future) -> None:
         if future.cancelled():  # the caller gave up waiting (FlashRTTimeout): no answer to record
+            self._client.replan_client.forget_feedback(self._goal_key)
             return
         handle = future.result()
         if handle is None or not handle.accepted:  # the ROS-level rejection only ever means busy (Replan.action)
+            self._client.replan_client.forget_feedback(self._goal_key)
             self._finish(GoalStatus.STATUS_UNKNOWN, Replan.Result(success=False, rejected=True, message=BUSY))
             return
         self._goal_handle = handle
@@ -160,7 +168,8 @@ class ReplanTask:
     def cancel(self, timeout_s: float = 5.0) -> bool:
         """Ask the node to stop the goal after its current batched step (it then never commits).
         Returns whether the node took the request; False if the goal had already ended or was refused."""
-        handle = self._client.wait_for(self._send_future, timeout_s, "the goal response")
+        # not given up on a timeout: the goal may still be accepted, run and commit; get_result() sees it
+        handle = self._client.wait_for(self._send_future, timeout_s, "the goal response", give_up=False)
         if handle is None or not handle.accepted or self._done.is_set():
             return False
         response = self._client.wait_for(handle.cancel_goal_async(), timeout_s, "the cancel response")
@@ -209,6 +218,10 @@ class _ActionClient(ActionClient):
         with self._exchange_lock:
             return super()._cancel_goal_async(*args, **kwargs)
 
+    def forget_feedback(self, goal_key: bytes) -> None:
+        """Drop a goal's feedback callback (rclpy drops it only with a result, which a refused goal never gets)."""
+        getattr(self, "_feedback_callbacks", {}).pop(goal_key, None)
+
 
 class FlashRTClient:
     def __init__(self, node, namespace: str = ""):
@@ -256,8 +269,9 @@ class FlashRTClient:
         executor = self.node.executor
         return executor is not None and self.node in executor.get_nodes()
 
-    def wait_for(self, future, timeout_s: float, what: str = "an answer"):
-        """future's result (an rclpy Future or a threading.Event); FlashRTTimeout after timeout_s."""
+    def wait_for(self, future, timeout_s: float, what: str = "an answer", give_up: bool = True):
+        """future's result (an rclpy Future or a threading.Event); FlashRTTimeout after timeout_s. give_up: on a
+        timeout, cancel the future (the client forgets the request); False leaves it to complete later."""
         end = time.monotonic() + timeout_s
         done = future.is_set if isinstance(future, threading.Event) else future.done
         if not self.spun_elsewhere():  # nobody spins this node: spin it here
@@ -270,7 +284,7 @@ class FlashRTClient:
             future.add_done_callback(lambda _: arrived.set())
             arrived.wait(max(0.0, end - time.monotonic()))
         if not done():
-            if not isinstance(future, threading.Event):
+            if give_up and not isinstance(future, threading.Event):
                 future.cancel()  # no answer will be awaited: the client forgets the request
             raise FlashRTTimeout(f"no answer ({what}) within {timeout_s} s")
         return None if isinstance(future, threading.Event) else future.result()
@@ -279,21 +293,26 @@ class FlashRTClient:
 
     # ---- services: one named method each; the response comes back whatever it says --------
     def call(self, name: str, timeout_s: float = 5.0, **fields):
+        """The service's response; FlashRTTimeout when none came within timeout_s, discovery included (one
+        deadline for every wait here)."""
+        deadline = time.monotonic() + timeout_s
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
         if name in OPTIONAL_SERVICES:
-            cli, srv_type = self._optional_client(name, timeout_s)
+            cli, srv_type = self._optional_client(name, left())
         else:
             cli, srv_type = self.clients[name], SERVICES[name]
-        if not cli.service_is_ready() and not cli.wait_for_service(timeout_sec=timeout_s):
+        if not cli.service_is_ready() and not cli.wait_for_service(timeout_sec=left()):
             raise FlashRTTimeout(f"service '{cli.srv_name}' not available after {timeout_s} s")
         request, what = srv_type.Request(**fields), f"service '{cli.srv_name}'"
-        deadline = time.monotonic() + timeout_s
-        if name in REPEATABLE_SERVICES and timeout_s > RESEND_AFTER_S:
+        if name in REPEATABLE_SERVICES and left() > RESEND_AFTER_S:
             try:
                 return self._ask(cli, request, RESEND_AFTER_S, what)
             except FlashRTTimeout:
                 pass  # perhaps a response dropped in discovery: ask again with the time left
         try:
-            return self._ask(cli, request, max(0.0, deadline - time.monotonic()), what)
+            return self._ask(cli, request, left(), what)
         except FlashRTTimeout:
             raise FlashRTTimeout(f"no answer ({what}) within {timeout_s} s") from None
 
@@ -341,9 +360,10 @@ class FlashRTClient:
 
     def unpin(self, capsule_id: int, timeout_s: float = 5.0):
         """Over the node's 'unpin' service, or 'set_pin' with pin=false; FlashRTTimeout if it has neither."""
+        end = time.monotonic() + timeout_s  # one deadline for finding the service and its answer
         name = self._first_service(("unpin", "set_pin"), timeout_s)
         fields = {"capsule_id": int(capsule_id)} if name == "unpin" else {"capsule_id": int(capsule_id), "pin": False}
-        return self.call(name, timeout_s, **fields)
+        return self.call(name, max(0.0, end - time.monotonic()), **fields)
 
     def _first_service(self, names: tuple[str, ...], timeout_s: float) -> str:
         end = time.monotonic() + timeout_s

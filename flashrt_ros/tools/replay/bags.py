@@ -9,6 +9,7 @@ becomes a BagError with a message.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -101,11 +102,13 @@ def _storage_files(path: Path) -> tuple[list[Path], dict]:
             raise BagError(f"{path}: not a rosbag2 storage file (expected {' or '.join(STORAGE_SUFFIXES)})")
         return [path], {}
     meta = _read_metadata(path)
-    named = [path / Path(p).name for p in meta.get("relative_file_paths") or []]
+    listed = meta.get("relative_file_paths")  # metadata.yaml is a hint: the wrong type of anything is ignored
+    named = [path / Path(p).name for p in (listed if isinstance(listed, list) else []) if isinstance(p, str)]
     files = [p for p in named if p.is_file()] or sorted(p for p in path.iterdir() if p.suffix in STORAGE_SUFFIXES)
     if not files:
         raise BagError(f"{path}: cannot read bag (no .mcap or .db3 file in the directory)")
-    if meta.get("compression_mode", "").lower() in ("file", "message"):
+    mode = meta.get("compression_mode")
+    if isinstance(mode, str) and mode.lower() in ("file", "message"):
         raise BagError(f"{path}: compressed bags are not supported; decompress with "
                        "`rosbags-convert` or `ros2 bag convert` first")
     types = {}
@@ -225,6 +228,20 @@ def check_new_output(path: str | Path) -> Path:
         raise BagError(f"{path}: output exists; choose a new path")
     if not path.parent.is_dir():
         raise BagError(f"{path}: parent directory {path.parent} does not exist")
+    return path
+
+
+def check_json_output(path: str | Path) -> Path:
+    """Refuse a --json that could not be written at the end (a directory, a missing or unwritable directory),
+    before any replay work: a long run must not end in a traceback."""
+    path = Path(path)
+    if path.is_dir():
+        raise BagError(f"--json {path}: is a directory; name a file")
+    parent = path.resolve().parent
+    if not parent.is_dir():
+        raise BagError(f"--json {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise BagError(f"--json {path}: not writable")
     return path
 
 

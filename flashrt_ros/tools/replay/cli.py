@@ -49,6 +49,7 @@ from .bags import (
     BagError,
     OutputBag,
     StepRecord,
+    check_json_output,
     check_new_output,
     iter_policy_steps,
     open_observations,
@@ -257,8 +258,8 @@ def _replay(argv) -> int:
         return corpus_main(args)
     out_path = check_new_output(args.out) if args.out else None  # before any work: never after a long replay
     _check_plot(args.plot)
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise BagError(f"--json {args.json}: directory {Path(args.json).resolve().parent} does not exist")
+    if args.json:
+        check_json_output(args.json)
     ts = typestore()
     cfg = ReplayConfig(args.config)
     args.config = str(cfg.path)  # live mode starts the node with this same file

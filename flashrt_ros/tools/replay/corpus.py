@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from ..common import progress
-from .bags import STORAGE_SUFFIXES, BagError
+from .bags import STORAGE_SUFFIXES, BagError, check_json_output
 from .stream import STOP, Interrupted
 
 RAY_HINT = "--ray needs Ray: pip install 'flashrt_ros[ray]' (or pip install ray)"
@@ -275,8 +275,8 @@ def corpus_main(args) -> int:
     if ref_dir is not None and not ref_dir.is_dir():
         raise BagError(f"--reference {args.reference}: no such directory (it holds the reference output bags, "
                        "one per bag name, as a corpus --output writes them)")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise BagError(f"--json {args.json}: directory {Path(args.json).resolve().parent} does not exist")
+    if args.json:
+        check_json_output(args.json)
     if args.ray:
         try:
             import ray  # noqa: F401 - up front: not after the output directory is made

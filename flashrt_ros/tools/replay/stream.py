@@ -16,6 +16,7 @@ import numpy as np
 
 from ...ros.convert import ObservationReader
 from ...runtime.model.config import PolicyConfig, load_ros_params
+from ...runtime.state.capsule_file import MAX_STAMP_NS
 from ..common import progress
 from .bags import JOINT_STATE, BagError, OutputBag, StepRecord, header_frame_id, header_stamp_ns, iter_messages
 
@@ -211,6 +212,9 @@ class ObservationStream:
         if stamp_ns < 0:  # rosbag2 times are unsigned: such a stamp cannot be recorded in an output bag
             return (f"header stamp is negative (sec={msg.header.stamp.sec}, nanosec={msg.header.stamp.nanosec}); "
                     "rosbag2 stores unsigned times"), None, None
+        if stamp_ns > MAX_STAMP_NS:  # the capsule's stamp goes out as a ROS Time (int32 seconds), as in the node
+            return (f"stamp {stamp_ns} ns is past the last ROS Time (int32 seconds, {MAX_STAMP_NS} ns, "
+                    "January 2038)"), None, None
         return None, obs, stamp_ns
 
 
