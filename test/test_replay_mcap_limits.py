@@ -75,8 +75,9 @@ def test_a_chunk_of_millions_of_empty_messages_is_refused_before_rosbags_reads_t
     assert peak_mb < NORMAL_PEAK_MB, f"peak RSS {peak_mb:.0f} MiB"
 
 
-def test_the_message_count_limit_follows_the_decompression_limit(tmp_path, cfg):
-    many = write_crafted_mcap(tmp_path / "many.mcap", [Chunk(0, 10, empty_messages=50_000)])  # 1.5 MiB
+@pytest.mark.parametrize("compression", ["zstd", "lz4", ""])  # "": stored uncompressed, counted all the same
+def test_the_message_count_limit_follows_the_decompression_limit(tmp_path, cfg, compression):
+    many = write_crafted_mcap(tmp_path / "many.mcap", [Chunk(0, 10, empty_messages=50_000, compression=compression)])
     rc, stderr, _ = replay_with_peak(many, "--max-decompressed-mb", 4, config=cfg)
     assert rc == 2, stderr
     assert "holds more than 32768 message records" in stderr and "--max-decompressed-mb 4 " in stderr, stderr

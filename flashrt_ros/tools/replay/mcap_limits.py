@@ -148,7 +148,16 @@ def _bounded(new_decompressor, data: bytes, size: int) -> bytes:
     return bytes(out)
 
 
-def _check_message_count(chunk: bytearray) -> None:
+def _stored(data: bytes, size: int) -> bytes:
+    """An uncompressed chunk ("" compression): nothing to decompress, the same limits (its size and its
+    message records, each of which rosbags makes an object of)."""
+    if size > _limit_bytes:
+        raise ChunkLimit(f"an MCAP chunk declares {_mib(size)} uncompressed, {_advice()}")
+    _check_message_count(data)
+    return data
+
+
+def _check_message_count(chunk: bytes | bytearray) -> None:
     """Refuse a decompressed chunk whose message records, with those of the chunks rosbags still holds, are
     more than the limit allows at MESSAGE_COST_BYTES each. Walks the record headers (opcode, uint64
     length) and stops at the first one past the limit; a record it cannot follow ends the walk (rosbags
@@ -229,6 +238,8 @@ def _install() -> None:
     for name, new_decompressor in (("zstd", _zstd_decompressor()), ("lz4", _lz4_decompressor())):
         if new_decompressor is not None and name in table:
             table[name] = functools.partial(_bounded, new_decompressor)
+    if "" in table:
+        table[""] = _stored
     msgsrc = getattr(storage_mcap, "msgsrc", None)
     if callable(msgsrc) and not getattr(msgsrc, "flashrt_counted", False):  # else: each chunk on its own
         storage_mcap.msgsrc = _held_counted(msgsrc)
