@@ -143,6 +143,27 @@ def test_a_log_of_another_fingerprint_is_refused_with_a_clear_message(tmp_path):
     assert other.persistence is None
 
 
+def test_fresh_on_mismatch_moves_the_other_log_aside_under_the_lock_and_starts_fresh(tmp_path):
+    from flashrt_ros.runtime.persist.attach import DirLock
+    from flashrt_ros.runtime.persist.format import iter_segment_paths
+    from flashrt_ros.runtime.persist.writer import PersistDirInUse
+    s = Session(cfg())
+    s.enable_persistence(settings(tmp_path))
+    s.step(OBS[0])
+    s.disable_persistence()
+    old = sorted(p.name for p in iter_segment_paths(tmp_path / "log"))
+    other = Session(cfg(seed=1))
+    assert other.enable_persistence(settings(tmp_path), resume=True, fresh_on_mismatch=True) is None
+    moved = other.persistence.mismatch_moved
+    assert moved.parent == tmp_path / "log" and sorted(p.name for p in moved.iterdir()) == old
+    with pytest.raises(PersistDirInUse, match="in use"):  # held from before the move until the node lets go
+        DirLock(tmp_path / "log")
+    other.step(OBS[1])
+    other.disable_persistence()
+    resumed = Session(cfg(seed=1))
+    assert resumed.enable_persistence(settings(tmp_path), resume=True).capsule_id == other.live_capsule_id
+
+
 def test_a_fresh_start_next_to_an_old_log_never_reuses_an_id(tmp_path):
     s = Session(cfg())
     s.enable_persistence(settings(tmp_path))

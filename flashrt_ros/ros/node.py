@@ -34,7 +34,6 @@ from std_msgs.msg import Float32MultiArray, Header
 from flashrt_interfaces.msg import PolicyStep
 
 from ..runtime.errors import CapsuleError, FingerprintMismatch, NonFiniteAction
-from ..runtime.persist.attach import move_aside
 from ..runtime.persist.format import LogCorrupt
 from ..runtime.persist.writer import PersistSettings
 from ..runtime.session import Session
@@ -262,17 +261,17 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         settings = PersistSettings(directory, own["persist_fsync_records"], own["persist_fsync_ms"],
                                    own["persist_segment_mb"], own["persist_budget_mb"], own["persist_queue_mb"])
         try:
-            report = session.enable_persistence(settings, resume=own["resume"])
+            report = session.enable_persistence(settings, resume=own["resume"],
+                                                fresh_on_mismatch=own["resume_fresh_on_mismatch"])
         except FingerprintMismatch as e:
-            if not own["resume_fresh_on_mismatch"]:
-                raise ValueError(f"{e}. Point persist_dir elsewhere, or set resume_fresh_on_mismatch:=true to move "
-                                 "that log aside and start fresh") from None
-            moved = move_aside(directory)
-            self.get_logger().warning(f"persist_dir {directory}: the log was written by another config, weights or "
-                                      f"plan; moved to {moved}, starting fresh")
-            report = session.enable_persistence(settings, resume=False)
+            raise ValueError(f"{e}. Point persist_dir elsewhere, or set resume_fresh_on_mismatch:=true to move "
+                             "that log aside and start fresh") from None
         except LogCorrupt as e:
             raise ValueError(f"resume refused, no torn state is loaded: {e}") from None
+        mismatch_moved = session.persistence.mismatch_moved
+        if mismatch_moved is not None:
+            self.get_logger().warning(f"persist_dir {directory}: the log was written by another config, weights or "
+                                      f"plan; moved to {mismatch_moved}, starting fresh")
         moved = getattr(session.persistence, "moved_aside", None)
         if moved is not None:
             self.get_logger().warning(f"persist_dir {directory}: the old log (resume off, or one this runtime "

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .engine.backend import NumpyBackend, select
-from .errors import NonFiniteAction
+from .errors import FingerprintMismatch, NonFiniteAction
 from .inputs import as_observations, check_label
 from .model.buffers import Arena
 from .model.config import PolicyConfig
@@ -416,17 +416,19 @@ class Session:
             return info
 
     # ---- persistence ----------------------------------------------------------------------
-    def enable_persistence(self, settings, resume: bool = False):
+    def enable_persistence(self, settings, resume: bool = False, fresh_on_mismatch: bool = False):
         """Append every timeline capsule to the log in ``settings.directory`` (persist/attach.py). ``resume``:
         first rebuild the store from the log there and make its newest capsule live; returns the
         ResumeReport (None without resume). Raises FingerprintMismatch / LogCorrupt, touching nothing,
         when the log cannot be resumed; ResumeDoesNotFit, the session left reset, when a sound log needs a
-        bigger capsule store than this one."""
+        bigger capsule store than this one. ``fresh_on_mismatch``: a log of another fingerprint is moved
+        aside instead (``persistence.mismatch_moved`` says where), while the directory's lock is held, and
+        the session starts fresh."""
         with self._beside_no_replan(take_lock=False):  # a resume resets every row and rebuilds the store
-            return self._enable_persistence(settings, resume)
+            return self._enable_persistence(settings, resume, fresh_on_mismatch)
 
-    def _enable_persistence(self, settings, resume: bool):
-        from .persist.attach import DirLock, Persistence, layout_of, start_fresh
+    def _enable_persistence(self, settings, resume: bool, fresh_on_mismatch: bool = False):
+        from .persist.attach import DirLock, Persistence, layout_of, move_aside, start_fresh
         from .persist.attach import resume as resume_from
 
         if self.persistence is not None:
@@ -436,12 +438,18 @@ class Session:
         # made (0700) or checked before a resume resets anything: state untouched when it fails
         lock = DirLock(directory)  # before the log is read: a resume cuts tails, another writer's too
         try:
-            report = moved = None
+            report = moved = mismatch_moved = None
             if resume:
-                report = resume_from(self, settings.directory)
-            else:
+                try:
+                    report = resume_from(self, settings.directory)
+                except FingerprintMismatch:
+                    if not fresh_on_mismatch:
+                        raise
+                    mismatch_moved = move_aside(directory)  # under the lock: no other node takes the log meanwhile
+            if report is None:
                 moved = start_fresh(self, settings.directory)
             persistence = Persistence(self, settings, lock, moved)
+            persistence.mismatch_moved = mismatch_moved
         except BaseException:
             lock.release()
             raise

@@ -42,6 +42,7 @@ class Persistence(RecordTap):
         super().__init__(session, CapsuleLog(settings, layout_of(session), quiet=session.lock, dir_lock=dir_lock,
                                              is_pinned=session.store.is_pinned))
         self.moved_aside = moved_aside  # where start_fresh put a log this session could not continue
+        self.mismatch_moved: Path | None = None  # where a log of another fingerprint went (fresh_on_mismatch)
         try:
             self.ids = IdReservation(self.log.dir, session.store, self.log.record_error)
         except OSError as e:
