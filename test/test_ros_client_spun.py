@@ -69,9 +69,7 @@ def test_a_repeatable_call_left_unanswered_is_sent_again_and_a_state_changing_on
     for name, srv in (("list_capsules", ListCapsules), ("snapshot", Snapshot)):
         server.create_service(srv, name, late_first(name), callback_group=group)
     executor = MultiThreadedExecutor(num_threads=4)
-    executor.add_node(server)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
+    spinner = _spin_on_a_thread(server, executor)
     caller = rclpy.create_node("caller")
     try:
         client = FlashRTClient(caller, "/stand_in")
@@ -87,6 +85,13 @@ def test_a_repeatable_call_left_unanswered_is_sent_again_and_a_state_changing_on
         spinner.join(10)
         caller.destroy_node()
         server.destroy_node()
+
+
+def _spin_on_a_thread(node, executor) -> threading.Thread:
+    executor.add_node(node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    return spinner
 
 
 class LateRegistrations(dict):
@@ -196,9 +201,7 @@ def _stand_in_server(goal_callback):
     server = rclpy.create_node("stand_in", namespace="/stand_in")
     action_server = ActionServer(server, Replan, "replan", execute_callback=execute, goal_callback=goal_callback)
     executor = SingleThreadedExecutor()
-    executor.add_node(server)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
+    spinner = _spin_on_a_thread(server, executor)
     caller = rclpy.create_node("caller")
     try:
         client = FlashRTClient(caller, "/stand_in")
