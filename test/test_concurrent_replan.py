@@ -1,6 +1,7 @@
 """A live step and a replan compute at the same time (the replan takes the session lock for its
 bookkeeping only), and both come out byte for byte as when run one after the other."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -226,6 +227,54 @@ def test_a_call_that_waits_for_replans_raises_from_inside_a_step_instead_of_dead
     s, _ = started(observation_trace(PRE, seed=9), backend, upto=10)
     with pytest.raises(RuntimeError, match="outside the step"):
         s.step(observation_trace(1, seed=3)[0], on_action=lambda action: s.reset())
+
+
+def test_a_replan_from_inside_a_step_raises_instead_of_deadlocking_with_another_threads_replan(backend):
+    trace = observation_trace(PRE + 1, seed=9)
+    s, sources = started(trace, backend)
+    inside, errors = threading.Event(), []
+
+    def on_step(done):  # the other thread's replan holds branch_lock while the step below runs
+        if done == 1:
+            inside.set()
+            time.sleep(0.3)
+    other = threading.Thread(target=lambda: s.replan(sources[PRE], replan_obs(0), on_step=on_step))
+    other.start()
+    assert inside.wait(WAIT_S)
+
+    def replan_in_step(action):
+        try:
+            s.replan(None, replan_obs(1))
+        except RuntimeError as e:
+            errors.append(str(e))
+    s.step(trace[PRE], on_action=replan_in_step)
+    other.join(WAIT_S)
+    assert not other.is_alive() and errors and "outside the step" in errors[0]
+
+
+@pytest.mark.parametrize("call", ["reset", "replan", "import"])
+def test_a_call_that_waits_for_replans_raises_from_inside_a_replans_own_callback(backend, call, tmp_path):
+    """branch_lock is re-entrant: from the replan's own thread such a call ran in the middle of it, rewrote its
+    branch rows (the answer still said ok) and, for a reset under a commit, left the live row inconsistent."""
+    trace = observation_trace(PRE, seed=9)
+    s, sources = started(trace, backend)
+    s.export_capsule(sources[PRE], tmp_path / "c.safetensors")
+    calls = {"reset": s.reset, "replan": lambda: s.replan(None, replan_obs(1)),
+             "import": lambda: s.import_capsule(tmp_path / "c.safetensors")}
+    errors = []
+
+    def on_step(done):
+        if done == 2:
+            try:
+                calls[call]()
+            except RuntimeError as e:
+                errors.append(str(e))
+    before = s.state_host().tobytes(), s.step_count
+    res = s.replan(sources[PRE], replan_obs(0), on_step=on_step)
+    assert errors and "from inside it" in errors[0]
+    assert (s.state_host().tobytes(), s.step_count) == before  # a what-if: the live row as it was
+    ref, ref_sources = started(trace, backend)
+    assert ref.replan(ref_sources[PRE], replan_obs(0)).actions.tobytes() == res.actions.tobytes()
 
 
 def test_without_concurrent_replay_batched_steps_compute_under_the_lock_and_live_steps_run_between_them():

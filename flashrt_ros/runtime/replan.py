@@ -64,7 +64,8 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
     # the whole store (reset, resume) out until the rows are given back.
     concurrent = getattr(session.backend, "concurrent_replay", False)
     compute_lock = contextlib.nullcontext() if concurrent else session.lock
-    with session.branch_lock:
+    # branch_lock, raising instead of deadlocking from a step's callback or re-entering from this replan's own
+    with session._beside_no_replan(take_lock=False), session._replanning_here():
         try:
             with session.lock:  # one section: no live step takes the pages checked or evicts the source meanwhile
                 if capsule_id:

@@ -82,6 +82,7 @@ class Session:
                                   entry_nbytes=sizes.entry_nbytes)
         self.lock = threading.RLock()
         self.branch_lock = threading.RLock()  # before self.lock, never after it (see the module docstring)
+        self._replan_thread: int | None = None  # the thread a replan runs on, while it runs (its callbacks' too)
         self._live = self.backend.bind(self.plan, self.arena, 0, 1)
         self._branch_runners: dict[tuple[int, int], object] = {}
         self._replan_threads = cfg.replan_threads
@@ -151,8 +152,21 @@ class Session:
             raise RuntimeError("this call waits for a running replan, and this thread holds the runtime lock "
                                "(a callback inside a step?): the replan would wait for it in turn; call it "
                                "outside the step")
+        if self._replan_thread == threading.get_ident():  # branch_lock is re-entrant: it would let this in
+            raise RuntimeError("this call waits for the running replan, and was made from inside it (its on_step "
+                               "or cancel callback): it would change the rows the replan computes; call it after "
+                               "the replan returns")
         with self.branch_lock, self.lock if take_lock else contextlib.nullcontext():
             yield
+
+    @contextlib.contextmanager
+    def _replanning_here(self):
+        """Under branch_lock: marks this thread as the running replan's until it returns."""
+        self._replan_thread = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._replan_thread = None
 
     def reset(self) -> None:
         """Every row and the history back to the start (capsules stay); waits for a running replan."""
