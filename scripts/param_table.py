@@ -46,11 +46,11 @@ def rows() -> list[tuple[str, str, str, str, str]]:
         rng = _range(*NODE_RANGES[name]) if name in NODE_RANGES else ""
         out.append((name, _default(name, default), rng, "running" if live else "start-up", description))
     for f in dataclasses.fields(PolicyConfig):
-        lo, choices = f.metadata.get("min"), f.metadata.get("choices")
+        lo, hi, choices = f.metadata.get("min"), f.metadata.get("max"), f.metadata.get("choices")
         if choices:
             rng = " \\| ".join(choices)
         elif lo is not None:
-            rng = f">= {_num(lo)}"
+            rng = _range(lo, hi) if hi is not None else f">= {_num(lo)}"
         else:
             rng = ""
         out.append((f.name, _default(f.name, f.default), rng, "start-up", f.metadata["help"]))

@@ -49,6 +49,59 @@ def test_bad_rollback_is_rejected_and_state_untouched(stepped, kw, match):
     unchanged(stepped, lambda: stepped.rollback(**kw), UnknownCapsule, match)
 
 
+@pytest.mark.parametrize("call, match", [
+    (lambda s: s.rollback(steps_back=1.5), "steps_back: expected an integer"),
+    (lambda s: s.rollback(steps_back="3"), "steps_back: expected an integer"),
+    (lambda s: s.rollback(steps_back=-1), "steps_back: must be >= 0"),
+    (lambda s: s.rollback(capsule_id=2.0), "capsule_id: expected an integer"),
+    (lambda s: s.replan(3.5, np.zeros((1, 1, 14), np.float32)), "capsule_id: expected an integer"),
+    (lambda s: s.pin(None), "capsule_id: expected an integer"),
+    (lambda s: s.unpin("1"), "capsule_id: expected an integer"),
+    (lambda s: s.drop(None), "capsule_id: expected an integer"),
+    (lambda s: s.materialize(None), "capsule_id: expected an integer"),
+    (lambda s: s.export_capsule(1.0, "x.safetensors"), "capsule_id: expected an integer"),
+], ids=["steps_back_float", "steps_back_str", "steps_back_negative", "rollback_id_float", "replan_id_float",
+        "pin_none", "unpin_str", "drop_none", "materialize_none", "export_id_float"])
+def test_an_argument_that_is_not_an_integer_is_refused_naming_it(stepped, call, match):
+    unchanged(stepped, lambda: call(stepped), ValueError, match)
+
+
+def test_a_prefill_longer_than_the_history_kept_is_refused_before_anything_changes():
+    s = Session(small_config(history_limit=10))
+    for o in observation_trace(5):
+        s.step(o)
+    unchanged(s, lambda: s.prefill_from(observation_trace(20)), ValueError, "keeps at most 19")
+    s.prefill_from(observation_trace(19))  # the longest it keeps
+    assert s.step_count == 19
+
+
+def test_a_prefill_that_drives_the_state_non_finite_leaves_the_session_reset_not_non_finite():
+    from flashrt_ros.runtime.errors import NonFiniteAction
+    s = Session(small_config())
+    for o in observation_trace(5):
+        s.step(o)
+    with pytest.raises(NonFiniteAction, match="the session is reset"), np.errstate(all="ignore"):
+        s.prefill_from(np.full((5, 14), 3e38, np.float32))
+    assert s.step_count == 0
+    assert all(np.isfinite(t).all() for t in s.state_tensors(0).values() if t.dtype.kind == "f")
+    assert s.step(observation_trace(1)[0]).step == 1  # and it steps on
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda w, name: w.pop(name), "missing"),
+    (lambda w, name: w.update(bogus=np.zeros(1, np.float32)), "unexpected"),
+    (lambda w, name: w.update({name: np.float32(0.5)}), "expected float32"),
+    (lambda w, name: w[name].__setitem__((0,) * w[name].ndim, np.nan), "non-finite"),
+], ids=["missing", "extra", "a_scalar", "nan"])
+def test_weights_handed_to_a_session_get_the_checks_of_a_weights_file(change, match):
+    from flashrt_ros.runtime.model.weights import WeightsError
+    weights = {n: w.copy() for n, w in Session(small_config()).weights.items()}
+    name = next(n for n, w in weights.items() if w.ndim == 2)
+    change(weights, name)
+    with pytest.raises(WeightsError, match=match):
+        Session(small_config(), weights=weights)
+
+
 def test_evicted_capsule_is_named_as_evicted():
     s = Session(small_config(capsule_capacity=8, max_branches=2))
     for o in observation_trace(20):
@@ -65,6 +118,10 @@ def test_evicted_capsule_is_named_as_evicted():
     (np.full((2, 2, 14), np.nan, np.float32), {}, "non-finite"),
     (np.zeros((2, 2, 14), np.float32), dict(commit_branch=2), "commit_branch"),
     (np.zeros((2, 2, 14), np.float32), dict(deadline_ms=0), "deadline_ms"),
+    # not an integer: refused naming it, not rounded, taken as 1, or failing after every step ran
+    (np.zeros((2, 2, 14), np.float32), dict(commit_branch=1.5), "commit_branch: expected an integer"),
+    (np.zeros((2, 2, 14), np.float32), dict(commit_branch=True), "commit_branch: expected an integer"),
+    (np.zeros((2, 2, 14), np.float32), dict(deadline_ms="5"), "deadline_ms: expected a number"),
 ])
 def test_malformed_replan_is_rejected_and_state_untouched(stepped, obs, kw, match):
     unchanged(stepped, lambda: stepped.replan(0, obs, **kw), ValueError, match)
@@ -111,6 +168,9 @@ def test_pins_are_refused_before_they_could_wedge_the_live_step(trace):
     (dict(d_model=0), "d_model"), (dict(n_heads=3), "n_heads"), (dict(kv_window=-1), "kv_window"),
     (dict(action_noise_std=float("nan")), "action_noise_std"), (dict(obs_dim="14"), "obs_dim"),
     (dict(capsule_every_n_steps=0), "capsule_every_n_steps"), (dict(max_branches=True), "max_branches"),
+    # past what the runtime can hold: inf, past float32 (inf on the device), a seed past the RNG's 32-bit key
+    (dict(capsule_budget_mb=float("inf")), "capsule_budget_mb"), (dict(action_noise_std=1e39), "action_noise_std"),
+    (dict(seed=2**63 + 5), "seed"),
 ])
 def test_bad_config_names_the_field(kw, field):
     with pytest.raises(ValueError, match=field):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
 from pathlib import Path
 
 from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
@@ -26,7 +25,7 @@ from rclpy.exceptions import InvalidParameterValueException
 from rclpy.parameter import Parameter
 
 from ..runtime.engine.backend import BACKENDS
-from ..runtime.model.config import PolicyConfig
+from ..runtime.model.config import FLOAT32_MAX, PolicyConfig
 
 
 def default_capsule_dir() -> str:
@@ -63,7 +62,6 @@ def _joint_names(name: str, v) -> list[str]:
 
 ROLES = ("primary", "replica", "standby")
 INT64_MAX = 2**63 - 1
-FLOAT_MAX = sys.float_info.max
 REPLAN_DEADLINE_CEILING_MS = 600_000.0  # 10 min: the most replan_max_deadline_ms may say, even at start-up
 # name: (from, to), both inclusive: each numeric node parameter's range, in its descriptor and enforced.
 # PolicyConfig fields get theirs from their `min` (config.py), up to the type's largest value.
@@ -269,7 +267,9 @@ def policy_range(f: dataclasses.Field):
     lo = f.metadata.get("min")
     if lo is None:
         return None
-    return (int(lo), INT64_MAX) if f.type in ("int", int) else (float(lo), FLOAT_MAX)
+    if f.type in ("int", int):
+        return int(lo), int(f.metadata.get("max", INT64_MAX))
+    return float(lo), float(f.metadata.get("max", FLOAT32_MAX))
 
 
 def _with_range(descriptor: ParameterDescriptor, lo, hi) -> ParameterDescriptor:

@@ -2,6 +2,8 @@
 raised before anything is touched."""
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 MAX_LABEL_CHARS = 256  # a label is a name, not a payload: bounds what one request can make the node keep
@@ -32,3 +34,24 @@ def check_label(label: str) -> str:
     if len(label) > MAX_LABEL_CHARS:
         raise ValueError(f"label: at most {MAX_LABEL_CHARS} characters, got {len(label)}")
     return label
+
+
+def check_int(name: str, value, lo: int = 0, none_ok: bool = False) -> int | None:
+    """value as an int >= lo (None passes where none_ok); a bool, a float or a string is refused, naming the
+    argument, rather than rounded, taken as 1, or failing deeper in with a TypeError."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}: expected an integer, got {value!r}")
+    if value < lo:
+        raise ValueError(f"{name}: must be >= {lo}, got {value}")
+    return int(value)
+
+
+def check_real(name: str, value, none_ok: bool = False) -> float | None:
+    """value as a float (None passes where none_ok); a bool or a string is refused, naming the argument."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}: expected a number, got {value!r}")
+    return float(value)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import NonFiniteAction
-from .inputs import as_observations
+from .inputs import as_observations, check_int, check_real
 from .model.kernels import KV_PAGE
 
 
@@ -53,6 +53,9 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
     if h < 1:
         raise ValueError("horizon: must be >= 1")
     obs = as_observations(arr, (b, h, session.cfg.obs_dim), "observations")
+    capsule_id = check_int("capsule_id", capsule_id, none_ok=True)
+    commit_branch = check_int("commit_branch", commit_branch, none_ok=True)
+    deadline_ms = check_real("deadline_ms", deadline_ms, none_ok=True)
     if commit_branch is not None and not 0 <= commit_branch < b:
         raise ValueError(f"commit_branch: must be in 0..{b - 1}, got {commit_branch}")
     if deadline_ms is not None and not deadline_ms > 0:

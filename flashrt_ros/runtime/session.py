@@ -27,11 +27,11 @@ import numpy as np
 
 from .engine.backend import NumpyBackend, select
 from .errors import FingerprintMismatch, NonFiniteAction
-from .inputs import as_observations, check_label
+from .inputs import as_observations, check_int, check_label
 from .model.buffers import Arena
 from .model.config import PolicyConfig
 from .model.policy import HybridPolicy
-from .model.weights import fingerprint, load_weights, save_weights, seeded_weights
+from .model.weights import check_weights, fingerprint, load_weights, save_weights, seeded_weights
 from .replan import ReplanResult
 from .state.bounds import RecordBounds, StateBounds
 from .state.capsule_file import check_stamp_ns, read_capsule_file
@@ -66,6 +66,8 @@ class Session:
         wspecs = self.policy.weight_specs()
         if weights is None:
             weights = load_weights(cfg.weights_path, wspecs) if cfg.weights_path else seeded_weights(wspecs, cfg.seed)
+        else:  # from the caller: the checks a weights file gets
+            weights = check_weights(weights, wspecs, "weights")
         self.weights = weights
         for name, w in weights.items():
             self.backend.from_host(self.arena[name], w)
@@ -139,6 +141,7 @@ class Session:
 
     def materialize(self, capsule_id: int) -> dict[str, np.ndarray]:
         """A capsule as the full state row it stands for (the full-copy oracle's view)."""
+        capsule_id = check_int("capsule_id", capsule_id)
         with self.lock:
             return self.store.materialize(capsule_id)
 
@@ -237,6 +240,7 @@ class Session:
 
     # ---- the store, under the session lock (the store itself is not thread-safe) ----------
     def capsule_info(self, capsule_id: int) -> CapsuleInfo:
+        capsule_id = check_int("capsule_id", capsule_id)
         with self.lock:
             return self.store.get(capsule_id)
 
@@ -248,6 +252,7 @@ class Session:
     def pin(self, capsule_id: int) -> CapsuleInfo:
         """Keep a capsule until unpinned; refused (StoreFullOfPins) before pins could starve the live step.
         Waits for a running replan: its room check counted this capsule's pages as evictable."""
+        capsule_id = check_int("capsule_id", capsule_id)
         with self._beside_no_replan():
             if self.persistence is not None:
                 self.persistence.check_pin_room(capsule_id)  # before anything changes
@@ -258,6 +263,7 @@ class Session:
         return info
 
     def unpin(self, capsule_id: int) -> CapsuleInfo:
+        capsule_id = check_int("capsule_id", capsule_id)
         with self.lock:
             info = self.store.unpin(capsule_id)
         if self.persistence is not None:
@@ -266,6 +272,7 @@ class Session:
 
     def drop(self, capsule_id: int) -> None:
         """Forget a capsule. The live capsule cannot be dropped: it anchors rollback(steps_back=...)."""
+        capsule_id = check_int("capsule_id", capsule_id)
         with self.lock:
             if capsule_id and capsule_id == self._live_id:
                 raise CapsuleInUse(f"capsule {capsule_id} is the live capsule: take a newer one (step or "
@@ -282,8 +289,8 @@ class Session:
     def rollback(self, capsule_id: int | None = None, steps_back: int = 0) -> CapsuleInfo:
         """Make a capsule live: ``steps_back`` steps back along the lineage of ``capsule_id`` (None or 0:
         the live capsule). The newest capsule at or before that step is restored."""
-        if steps_back < 0:
-            raise ValueError(f"steps_back must be >= 0, got {steps_back}")
+        capsule_id = check_int("capsule_id", capsule_id, none_ok=True)
+        steps_back = check_int("steps_back", steps_back)
         with self.lock:
             if capsule_id:  # n steps back along that capsule's lineage
                 start = self.store.get(capsule_id)
@@ -380,14 +387,27 @@ class Session:
 
     def prefill_from(self, observations) -> None:
         """Start from a recorded history: reset, then recompute the state after observations[n, obs_dim]
-        with cold_prefill (no capsules are taken)."""
+        with cold_prefill (no capsules are taken). A history longer than the session keeps is refused before
+        anything changes; one that drives the state non-finite raises NonFiniteAction and leaves the session
+        reset (step 0), never non-finite."""
         obs = as_observations(observations, (len(observations), self.cfg.obs_dim), "observations")
+        if len(obs) >= 2 * self.cfg.history_limit:  # the history would drop its oldest before the prefill read them
+            raise ValueError(f"observations: {len(obs)} steps, but this session keeps at most "
+                             f"{2 * self.cfg.history_limit - 1} (history_limit {self.cfg.history_limit}); raise "
+                             "history_limit or prefill from a shorter history")
         with self._beside_no_replan():  # reset takes branch_lock: in the order, never after lock
             self.reset()
             for i, o in enumerate(obs):
                 self.history.push(o, i + 1)
             self._step = len(obs)
             self.cold_prefill()
+            if not all(np.isfinite(t).all() for t in self.state_tensors(0).values() if t.dtype.kind == "f"):
+                written = self.kv.tables[0][self.kv.tables[0] >= 0]  # the prefill's own pages, no capsule's
+                for log in (*self.kv.k, *self.kv.v):  # recycled, their garbage would reach a masked slot's 0 * nan
+                    log[written] = 0
+                self.reset()
+                raise NonFiniteAction(f"prefill_from: the {len(obs)} observations drive the state non-finite "
+                                      "(values past what the policy was trained on?); the session is reset")
 
     def _rewind_history(self, n: int | None) -> np.ndarray:
         """The first n observations of the live branch; the live step becomes n (no capsule is live)."""
@@ -401,6 +421,7 @@ class Session:
         """Write a self-contained capsule file; returns its sha256. Under the lock only its small state is
         copied and its KV pages held; the window is gathered and the file written after the lock is
         released (steps go on meanwhile). Waits for a running replan: held pages count like a pin's."""
+        capsule_id = check_int("capsule_id", capsule_id, none_ok=True)
         with self._beside_no_replan():
             cid = capsule_id or self._live_id
             info = self.store.get(cid)

@@ -28,10 +28,13 @@ NODE_PARAMETERS = frozenset({
 })
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # a float field becomes a float32 on the device: anything past it is inf
+
+
 def _f(default, help: str, **kw):
-    """kw: min (a lower bound), choices (the allowed values); fingerprint=False for a field that does not
-    change what a state row means (capsule bookkeeping, where the weights come from): capsules stay valid
-    across it."""
+    """kw: min (a lower bound), max (an upper bound; a float field's is FLOAT32_MAX), choices (the allowed
+    values); fingerprint=False for a field that does not change what a state row means (capsule bookkeeping,
+    where the weights come from): capsules stay valid across it."""
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -52,7 +55,8 @@ class PolicyConfig:
                     fingerprint=False)  # the plan and the state layout, both fingerprinted, differ per mixer
     chunk_len: int = _f(8, "actions predicted per step (action chunk / multi-token prediction)", min=1)
     action_noise_std: float = _f(0.0, "exploration noise std; 0 = deterministic policy", min=0.0)
-    seed: int = _f(0, "seed for random weights and the counter-based noise RNG", min=0)
+    seed: int = _f(0, "seed for random weights and the counter-based noise RNG (32 bits: the RNG's key)", min=0,
+                   max=2**32 - 1)
     capsule_capacity: int = _f(0, "capsule records to keep; 0 = as many as capsule_budget_mb holds (minutes at "
                                   "100 Hz: a capsule is its small state plus a shared KV log entry)", min=0,
                                fingerprint=False)
@@ -83,9 +87,11 @@ class PolicyConfig:
                 object.__setattr__(self, f.name, v)  # frozen: the one coercion happens here
             if not isinstance(v, want) or isinstance(v, bool):
                 raise ValueError(f"{f.name}: expected {want.__name__}, got {v!r}")
-            lo = f.metadata.get("min")
+            lo, hi = f.metadata.get("min"), f.metadata.get("max", FLOAT32_MAX if want is float else None)
             if lo is not None and not v >= lo:  # `not >=` also rejects NaN
                 raise ValueError(f"{f.name}: must be >= {lo}, got {v!r}")
+            if hi is not None and not v <= hi:  # and inf
+                raise ValueError(f"{f.name}: must be <= {hi:g}, got {v!r}")
             choices = f.metadata.get("choices")
             if choices is not None and v not in choices:
                 raise ValueError(f"{f.name}: must be one of {', '.join(choices)}, got {v!r}")

@@ -59,18 +59,24 @@ def load_weights(path: str | Path, specs: list[BufferSpec]) -> dict[str, np.ndar
         tensors = load_file(str(path))
     except (OSError, SafetensorError, ValueError) as e:
         raise WeightsError(f"weights_path {path}: cannot read safetensors ({e})") from e
+    return check_weights(tensors, specs, f"weights_path {path}")
+
+
+def check_weights(tensors: dict, specs: list[BufferSpec], where: str) -> dict[str, np.ndarray]:
+    """Every weight the specs name, of its shape and dtype and finite, nothing else (the constants are made
+    here, and taken if given: a session's own weights hold them); WeightsError naming ``where`` otherwise."""
     want = {s.name: s for s in specs if not s.name.startswith(CONST_PREFIX)}
     missing = sorted(set(want) - set(tensors))
-    extra = sorted(set(tensors) - set(want))
+    extra = sorted(n for n in set(tensors) - set(want) if not str(n).startswith(CONST_PREFIX))
     if missing or extra:
-        raise WeightsError(f"weights_path {path}: missing {missing[:5]}, unexpected {extra[:5]}")
+        raise WeightsError(f"{where}: missing {missing[:5]}, unexpected {extra[:5]}")
     for name, s in want.items():
         t = tensors[name]
-        if t.shape != s.shape or t.dtype != np.dtype(s.dtype):
-            raise WeightsError(f"weights_path {path}: {name} is {t.dtype}{list(t.shape)}, "
-                               f"expected {s.dtype}{list(s.shape)}")
+        if not isinstance(t, np.ndarray) or t.shape != s.shape or t.dtype != np.dtype(s.dtype):
+            got = f"{t.dtype}{list(t.shape)}" if isinstance(t, np.ndarray) else type(t).__name__
+            raise WeightsError(f"{where}: {name} is {got}, expected {s.dtype}{list(s.shape)}")
         if not np.isfinite(t).all():
-            raise WeightsError(f"weights_path {path}: {name} has non-finite values")
+            raise WeightsError(f"{where}: {name} has non-finite values")
     out = {n: np.ascontiguousarray(tensors[n]) for n in want}
     out.update({s.name: np.ones(s.shape, s.dtype) for s in specs if s.name.startswith(CONST_PREFIX)})
     return out
