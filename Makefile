@@ -10,10 +10,11 @@ DEMO_ARGS ?=
 # processes for the tests that need no ROS graph (pytest-xdist); CI has 2 cores
 TEST_WORKERS ?= 2
 
-# DDS must never leave this machine; every run gets its own domain.
+# DDS must never leave this machine; every run gets its own domain: 20..99 (tests take 1..19; 0..101 keeps every
+# DDS port below the kernel's ephemeral range, ROS docs "About Domain ID").
 export ROS_AUTOMATIC_DISCOVERY_RANGE := LOCALHOST
 ifndef ROS_DOMAIN_ID
-export ROS_DOMAIN_ID := $(shell echo $$(( 20 + $$$$ % 180 )))
+export ROS_DOMAIN_ID := $(shell echo $$(( 20 + $$$$ % 80 )))
 endif
 export PYTHONDONTWRITEBYTECODE := 1
 # One cache of the compiled CPU step for every target and venv (numba names its files by Python version):
@@ -22,6 +23,10 @@ export NUMBA_CACHE_DIR ?= $(CURDIR)/build/numba-cache
 # A throwaway ROS log dir, made only by the recipes that start ROS processes (prefix their command
 # with this), so `make help` and the build steps leave nothing behind in $TMPDIR.
 WITH_ROS_LOG := export ROS_LOG_DIR="$${ROS_LOG_DIR:-$$(mktemp -d -t flashrt-roslog.XXXXXX)}";
+# The same for a test run, removed when the recipe line ends (the tests keep their nodes' logs under pytest's
+# tmp_path); a ROS_LOG_DIR of the caller's is left alone.
+WITH_TEMP_ROS_LOG := if [ -z "$${ROS_LOG_DIR:-}" ]; then ROS_LOG_DIR=$$(mktemp -d -t flashrt-roslog.XXXXXX); \
+  trap 'rm -rf "$$ROS_LOG_DIR"' EXIT; fi; export ROS_LOG_DIR;
 
 # setup.cfg sends console scripts to lib/flashrt_ros, where `ros2 run` looks in a colcon install;
 # in a venv they belong in bin/, so every venv install overrides that with this extra config.
@@ -57,7 +62,8 @@ setup: $(SETUP_STAMP) $(IFACE_STAMP)
 interfaces: $(IFACE_STAMP)
 
 $(SETUP_STAMP): requirements.txt requirements-ros.txt constraints.txt $(PKG_SRC)
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# a venv whose creation was interrupted has a python but no pip: made again, not used
+	@$(PY) -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install $(PIP_Q) -r requirements.txt -r requirements-ros.txt -c constraints.txt
 	$(call venv_install,$(VENV))
 	@touch $@
@@ -77,8 +83,8 @@ test: $(SETUP_STAMP) $(IFACE_STAMP)
 	@# the slowest tests named at the end: the suite's time is watched (about 10 minutes is the aim).
 	@# The tests that need no ROS graph on TEST_WORKERS cores; then the ROS ones one at a time, since they time
 	@# DDS round trips and a node's 100 Hz loop, which a second test beside them would disturb.
-	$(WITH_ROS_LOG) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not ros" --durations=10 --durations-min=5 test
-	$(WITH_ROS_LOG) $(PY) -m pytest -q -m ros --durations=10 --durations-min=5 test
+	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not ros" --durations=10 --durations-min=5 test
+	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -m ros --durations=10 --durations-min=5 test
 
 # ---- the robot's stack: Python 3.10 (JetPack 6 / Humble) with numpy 1.x, no ROS wheels -------------
 COMPAT_VENV := .venv-compat
@@ -87,7 +93,8 @@ COMPAT_STAMP := $(COMPAT_VENV)/.stamp-setup
 BAG_LIBS = $(shell grep -oE '^(rosbags|mcap|mcap-ros2-support)(==[^ ]*)?' requirements-ros.txt)
 
 $(COMPAT_STAMP): requirements.txt requirements-ros.txt constraints-compat.txt scripts/find_python.sh $(PKG_SRC)
-	@test -x $(COMPAT_VENV)/bin/python || { py=$$(scripts/find_python.sh 3.10) && $$py -m venv $(COMPAT_VENV); }
+	@$(COMPAT_VENV)/bin/python -m pip --version >/dev/null 2>&1 || \
+	  { py=$$(scripts/find_python.sh 3.10) && $$py -m venv --clear $(COMPAT_VENV); }
 	$(COMPAT_VENV)/bin/python -m pip install $(PIP_Q) -r requirements.txt $(BAG_LIBS) -c constraints-compat.txt
 	$(call venv_install,$(COMPAT_VENV))
 	@touch $@
@@ -101,10 +108,11 @@ test-compat: $(COMPAT_STAMP)
 JAZZY_VENV := .venv-jazzy
 JAZZY_STAMP := $(JAZZY_VENV)/.stamp-setup
 JAZZY_IFACE_STAMP := $(JAZZY_VENV)/.stamp-interfaces
-JAZZY_TESTS := test/test_ros_*.py test/test_faults.py test/test_demos.py test/test_replay*.py test/test_dead_participants.py
+# every ROS test (-m ros), then the ROS-free tests of the files that run ROS code offline (replay, demos)
+JAZZY_ROS_FREE := test/test_faults.py test/test_demos.py test/test_replay*.py test/test_dead_participants.py
 
 $(JAZZY_STAMP): requirements.txt requirements-jazzy.txt constraints.txt $(PKG_SRC)
-	@test -x $(JAZZY_VENV)/bin/python || $(PYTHON) -m venv $(JAZZY_VENV)
+	@$(JAZZY_VENV)/bin/python -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(JAZZY_VENV)
 	$(JAZZY_VENV)/bin/python -m pip install $(PIP_Q) -r requirements.txt -r requirements-jazzy.txt -c constraints.txt
 	$(call venv_install,$(JAZZY_VENV))
 	@touch $@
@@ -119,7 +127,8 @@ test-jazzy: $(JAZZY_STAMP) $(JAZZY_IFACE_STAMP)
 	@# the compiled CPU step into the shared cache first: on a fresh clone the first node would compile it
 	@# (~30 s) inside a test's 30 s wait for the node (make test compiles it in its earlier, ROS-free tests)
 	$(JAZZY_VENV)/bin/python -c 'from flashrt_ros.runtime.engine.backend import warm_cpu_step; warm_cpu_step("cpu")'
-	$(WITH_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q $(JAZZY_TESTS)
+	$(WITH_TEMP_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q -m ros test
+	$(WITH_TEMP_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q -m "not ros" $(JAZZY_ROS_FREE)
 
 # ruff, then the layer order (.importlinter): a wrong-way import fails here.
 lint: $(SETUP_STAMP)

@@ -4,6 +4,7 @@
 set -euo pipefail
 V="$(cd "$1" && pwd)"
 B="$2"
+mkdir -p "$(dirname "$B")"  # its logs go beside it
 PY="$V/bin/python"
 py_inc="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
 np_inc="$("$PY" -c 'import numpy; print(numpy.get_include())')"

@@ -127,7 +127,7 @@ def spin_until(node, future, timeout: float = 10.0):
     return future.result()
 
 
-TEST_DOMAINS = 19  # tests take ROS_DOMAIN_IDs 1..19; the Makefile, .ci/run and the demo take 20 + pid % 180
+TEST_DOMAINS = 19  # tests take ROS_DOMAIN_IDs 1..19; the Makefile, .ci/run and the demo take 20 + pid % 80
 
 
 class _NextDomain:

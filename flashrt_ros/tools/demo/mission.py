@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 def ros_env() -> dict:
     env = dict(os.environ)
     env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"  # never let discovery leave this machine
-    env.setdefault("ROS_DOMAIN_ID", str(20 + os.getpid() % 180))
+    env.setdefault("ROS_DOMAIN_ID", str(20 + os.getpid() % 80))  # as the Makefile: 20..99
     env.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="flashrt-roslog."))
     env["PYTHONUNBUFFERED"] = "1"
     return env
