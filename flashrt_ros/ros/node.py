@@ -34,10 +34,11 @@ from std_msgs.msg import Float32MultiArray, Header
 from flashrt_interfaces.msg import PolicyStep
 
 from ..runtime.errors import CapsuleError, FingerprintMismatch, NonFiniteAction
+from ..runtime.inputs import check_stamp_ns
 from ..runtime.persist.format import LogCorrupt
 from ..runtime.persist.writer import PersistSettings
 from ..runtime.session import Session
-from ..runtime.state.capsule_file import check_stamp_ns, load_hmac_key
+from ..runtime.state.capsule_file import load_hmac_key
 from .capsule_dir import CapsuleDir
 from .capsule_stream import StreamPublisher
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns

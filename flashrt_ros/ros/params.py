@@ -64,7 +64,7 @@ ROLES = ("primary", "replica", "standby")
 INT64_MAX = 2**63 - 1
 REPLAN_DEADLINE_CEILING_MS = 600_000.0  # 10 min: the most replan_max_deadline_ms may say, even at start-up
 # name: (from, to), both inclusive: each numeric node parameter's range, in its descriptor and enforced.
-# PolicyConfig fields get theirs from their `min` (config.py), up to the type's largest value.
+# PolicyConfig fields get theirs from their `min` and `max` (config.py; a float's max is FLOAT32_MAX).
 NODE_RANGES = {
     "replan_deadline_ms": (0.001, REPLAN_DEADLINE_CEILING_MS),
     "replan_max_deadline_ms": (0.001, REPLAN_DEADLINE_CEILING_MS),

@@ -6,6 +6,8 @@ import numbers
 
 import numpy as np
 
+from .state.capsule_file import MAX_STAMP_NS
+
 MAX_LABEL_CHARS = 256  # a label is a name, not a payload: bounds what one request can make the node keep
 
 
@@ -36,16 +38,23 @@ def check_label(label: str) -> str:
     return label
 
 
-def check_int(name: str, value, lo: int = 0, none_ok: bool = False) -> int | None:
-    """value as an int >= lo (None passes where none_ok); a bool, a float or a string is refused, naming the
-    argument, rather than rounded, taken as 1, or failing deeper in with a TypeError."""
+def check_int(name: str, value, lo: int = 0, none_ok: bool = False, hi: int | None = None) -> int | None:
+    """value as an int in [lo, hi] (None passes where none_ok); a bool, a float or a string is refused, naming
+    the argument, rather than rounded, taken as 1, or failing deeper in with a TypeError."""
     if value is None and none_ok:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name}: expected an integer, got {value!r}")
     if value < lo:
         raise ValueError(f"{name}: must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name}: must be <= {hi}, got {value}")
     return int(value)
+
+
+def check_stamp_ns(stamp_ns) -> int:
+    """A capsule's stamp: a ROS Time from 1970 on (every stamp goes out in one: list_capsules, the stream)."""
+    return check_int("stamp_ns", stamp_ns, 0, hi=MAX_STAMP_NS)
 
 
 def check_real(name: str, value, none_ok: bool = False) -> float | None:

@@ -27,14 +27,14 @@ import numpy as np
 
 from .engine.backend import NumpyBackend, select
 from .errors import FingerprintMismatch, NonFiniteAction
-from .inputs import as_observations, check_int, check_label
+from .inputs import as_observations, check_int, check_label, check_stamp_ns
 from .model.buffers import Arena
 from .model.config import PolicyConfig
 from .model.policy import HybridPolicy
 from .model.weights import check_weights, fingerprint, load_weights, save_weights, seeded_weights
 from .replan import ReplanResult
 from .state.bounds import RecordBounds, StateBounds
-from .state.capsule_file import check_stamp_ns, read_capsule_file
+from .state.capsule_file import read_capsule_file
 from .state.capsule_store import CapsuleInfo, CapsuleInUse, CapsuleStore, StoreUsage, UnknownCapsule, write_capsule_file
 from .state.history import ObsHistory
 from .state.kv_log import KvLog

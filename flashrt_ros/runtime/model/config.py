@@ -15,7 +15,7 @@ import yaml
 
 # Parameters of the ROS node that are not PolicyConfig fields: a params file may hold them. The node
 # declares these (ros/params.py NODE_PARAMS, plus rclpy's use_sim_time); kept here, below the ROS layer, so
-# the ROS-free tools accept the same files (test_config.py checks the two lists agree).
+# the ROS-free tools accept the same files (test_ros_params.py checks the two lists agree).
 NODE_PARAMETERS = frozenset({
     "backend", "observation_type", "observation_reliable", "joint_names", "capsule_dir", "capsule_hmac_key_file",
     "diagnostics_period_s",

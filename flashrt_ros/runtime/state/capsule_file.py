@@ -37,14 +37,6 @@ INT64_MAX = 2**63 - 1
 # (list_capsules, the stream), so a later one, from a file, a record or a caller, is refused on arrival
 MAX_STAMP_NS = (2**31 - 1) * 1_000_000_000 + 999_999_999
 
-
-def check_stamp_ns(stamp_ns) -> int:
-    """stamp_ns as an int in [0, MAX_STAMP_NS]; ValueError naming the range otherwise."""
-    if isinstance(stamp_ns, bool) or not isinstance(stamp_ns, (int, np.integer)) \
-            or not 0 <= stamp_ns <= MAX_STAMP_NS:
-        raise ValueError(f"stamp_ns must be an integer in [0, {MAX_STAMP_NS}] (a ROS Time from 1970 on), "
-                         f"got {stamp_ns!r}")
-    return int(stamp_ns)
 MIN_KEY_BYTES = 16
 MAC_DOMAIN = b"flashrt-capsule-hmac\0"  # the MAC of a capsule's checksum is never valid for anything else
 TEMP_NAME = re.compile(r"^\.(.+)\.(\d+)\.tmp$")  # write_capsule_file's temporary: .<name>.<pid>.tmp

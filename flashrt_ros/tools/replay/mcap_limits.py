@@ -131,8 +131,7 @@ def set_limit(limit_bytes: int) -> None:
 def _bounded(new_decompressor, data: bytes, size: int) -> bytes:
     """Decompress every frame of `data`, stopping with ChunkLimit one byte past `size` (the chunk's
     declared uncompressed size) or past the limit."""
-    if size > _limit_bytes:
-        raise ChunkLimit(f"an MCAP chunk declares {_mib(size)} uncompressed, {_advice()}")
+    _check_declared(size)
     out = bytearray()
     rest = data
     while rest:
@@ -148,11 +147,15 @@ def _bounded(new_decompressor, data: bytes, size: int) -> bytes:
     return bytes(out)
 
 
+def _check_declared(size: int) -> None:
+    if size > _limit_bytes:
+        raise ChunkLimit(f"an MCAP chunk declares {_mib(size)} uncompressed, {_advice()}")
+
+
 def _stored(data: bytes, size: int) -> bytes:
     """An uncompressed chunk ("" compression): nothing to decompress, the same limits (its size and its
     message records, each of which rosbags makes an object of)."""
-    if size > _limit_bytes:
-        raise ChunkLimit(f"an MCAP chunk declares {_mib(size)} uncompressed, {_advice()}")
+    _check_declared(size)
     _check_message_count(data)
     return data
 
