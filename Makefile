@@ -40,13 +40,14 @@ IFACE_SRC := $(wildcard flashrt_interfaces/*.txt flashrt_interfaces/*.xml flashr
                         flashrt_interfaces/srv/* flashrt_interfaces/action/*)
 PKG_SRC := setup.py setup.cfg scripts/venv_scripts.cfg
 
-.PHONY: help setup interfaces demo test test-compat test-jazzy lint bench bench-ros bench-persist bench-stream plots reproduce gpu-check mutate clean
+.PHONY: help setup interfaces demo test test-compat test-jazzy test-train lint bench bench-ros bench-persist bench-stream plots reproduce gpu-check mutate clean
 help:
 	@echo "make demo        run the main demo on the CPU default (creates .venv on first use);"
 	@echo "                 DEMO_ARGS=\"--duration 5\" for a short one"
 	@echo "make test        run the full test suite"
 	@echo "make test-compat the tests that need no ROS wheels on Python 3.10 + numpy 1.x (Humble's stack)"
 	@echo "make test-jazzy  the ROS, demo and replay tests against ROS 2 Jazzy wheels (.venv-jazzy)"
+	@echo "make test-train  the PyTorch reference module and flashrt-train (.venv-train, PyTorch CPU)"
 	@echo "make bench       runtime benchmark -> out/bench_runtime.json"
 	@echo "make bench-ros   latency through ROS 2 -> out/bench_ros.json"
 	@echo "make bench-persist  capsule log: step overhead, MiB/s, resume, kill -9 -> out/bench_persist.json"
@@ -83,7 +84,7 @@ test: $(SETUP_STAMP) $(IFACE_STAMP)
 	@# the slowest tests named at the end: the suite's time is watched (about 10 minutes is the aim).
 	@# The tests that need no ROS graph on TEST_WORKERS cores; then the ROS ones one at a time, since they time
 	@# DDS round trips and a node's 100 Hz loop, which a second test beside them would disturb.
-	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not ros" --durations=10 --durations-min=5 test
+	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not ros and not train" --durations=10 --durations-min=5 test
 	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -m ros --durations=10 --durations-min=5 test
 
 # ---- the robot's stack: Python 3.10 (JetPack 6 / Humble) with numpy 1.x, no ROS wheels -------------
@@ -102,7 +103,7 @@ $(COMPAT_STAMP): requirements.txt requirements-ros.txt constraints-compat.txt sc
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c 'import sys, numpy; print("test-compat: Python", sys.version.split()[0], \
 	  "numpy", numpy.__version__); sys.exit(sys.version_info[:2] != (3, 10) or numpy.__version__ >= "2")'
-	$(COMPAT_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not ros" test
+	$(COMPAT_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not ros and not train" test
 
 # ---- ROS 2 Jazzy wheels in a second venv --------------------------------------------------------------
 JAZZY_VENV := .venv-jazzy
@@ -129,6 +130,21 @@ test-jazzy: $(JAZZY_STAMP) $(JAZZY_IFACE_STAMP)
 	$(JAZZY_VENV)/bin/python -c 'from flashrt_ros.runtime.engine.backend import warm_cpu_step; warm_cpu_step("cpu")'
 	$(WITH_TEMP_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q -m ros test
 	$(WITH_TEMP_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q -m "not ros" $(JAZZY_ROS_FREE)
+
+# ---- PyTorch (optional: pip install .[train]) in its own venv, Python 3.11 -----------------------------
+TRAIN_VENV := .venv-train
+TRAIN_STAMP := $(TRAIN_VENV)/.stamp-setup
+
+$(TRAIN_STAMP): requirements.txt requirements-train.txt constraints.txt $(PKG_SRC)
+	@$(TRAIN_VENV)/bin/python -m pip --version >/dev/null 2>&1 || \
+	  { py=$$(scripts/find_python.sh 3.11) && $$py -m venv --clear $(TRAIN_VENV); }
+	$(TRAIN_VENV)/bin/python -m pip install $(PIP_Q) -r requirements.txt -r requirements-train.txt -c constraints.txt
+	$(call venv_install,$(TRAIN_VENV))
+	@touch $@
+
+test-train: $(TRAIN_STAMP)
+	$(TRAIN_VENV)/bin/python -c 'import torch; print("test-train: torch", torch.__version__)'
+	$(TRAIN_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m train --durations=10 test
 
 # ruff, then the layer order (.importlinter): a wrong-way import fails here.
 lint: $(SETUP_STAMP)

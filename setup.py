@@ -21,7 +21,9 @@ setup(
     python_requires=">=3.10",
     install_requires=["setuptools", "numpy>=1.21,<3", "pyyaml>=5.4", "safetensors>=0.4"],
     extras_require={"cuda": ["cupy-cuda12x"], "replay": ["rosbags>=0.11"], "plot": ["matplotlib>=3.5"],
-                    "ray": ["ray>=2.9"]},
+                    "ray": ["ray>=2.9"],
+                    # flashrt-train and the PyTorch reference module (flashrt_ros.train); the runtime never imports it
+                    "train": ["torch>=2.1", "rosbags>=0.11", "matplotlib>=3.5"]},
     classifiers=[f"Programming Language :: Python :: 3.{minor}" for minor in range(10, 14)],
     zip_safe=True,
     maintainer="flashrt maintainers",
@@ -35,6 +37,7 @@ setup(
             "flashrt-bench = flashrt_ros.tools.bench.cli:main",
             "flashrt-demo = flashrt_ros.tools.demo.cli:main",
             "flashrt-replay = flashrt_ros.tools.replay.cli:main",
+            "flashrt-train = flashrt_ros.train.cli:main",
         ],
     },
 )

@@ -31,10 +31,13 @@ from flashrt_ros.runtime import PolicyConfig, Session  # noqa: E402
 def pytest_collection_modifyitems(items):
     """The `ros` marker (tests that need the ROS 2 wheels) also goes on every test in a test_ros_*.py
     file and every test that starts rclpy (the ros_domain fixture), so `-m "not ros"` (make
-    test-compat, a venv without ROS) selects exactly the tests that need no ROS wheels."""
+    test-compat, a venv without ROS) selects exactly the tests that need no ROS wheels. The `train` marker
+    (PyTorch, make test-train) goes on every test in a test_train_*.py file."""
     for item in items:
         if item.path.name.startswith("test_ros_") or "ros_domain" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ros)
+        if item.path.name.startswith("test_train_"):
+            item.add_marker(pytest.mark.train)
 
 
 CPU_BACKENDS = ["numpy", "cpu"]  # the reference and the compiled CPU step: one contract
