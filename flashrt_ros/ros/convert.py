@@ -27,6 +27,9 @@ def joint_state_to_obs(msg, obs_dim: int, joint_names: Sequence[str] = ()) -> np
     names = list(msg.name)
     pos = np.asarray(msg.position, dtype=np.float64)
     vel = np.asarray(msg.velocity, dtype=np.float64)
+    if len(vel) == 0 and len(pos):  # a real driver's message: zero-filled velocities would be a robot at rest
+        raise ValueError(f"JointState has {len(names)} names, {len(pos)} positions and 0 velocities: it carries "
+                         "no velocities, and an observation is positions then velocities (not zero-filled)")
     if not (len(names) == len(pos) == len(vel)):
         raise ValueError(f"JointState has {len(names)} names, {len(pos)} positions and {len(vel)} velocities; "
                          "they must match one per joint")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -174,6 +175,63 @@ def open_observations(path: str | Path, topic: str | None = None,
     return ObservationSource(path, topic, topics[topic], files, notes)
 
 
+def decode_cdr(ts, raw: bytes | memoryview, typename: str):
+    """``ts.deserialize_cdr(raw, typename)``, which also accepts the trailing bytes rclpy leaves: its
+    serialize_message (rmw_fastrtps) sizes the buffer by Fast-CDR's estimate, which aligns an empty
+    float64/int64 sequence to 8 as if it had items, so a JointState with an empty `effort` ends 4 to 12
+    bytes past its last field, where rosbags allows 3. Those bytes are uninitialised memory, not zeros:
+    only their number is checked, against that estimate. A truncated message, or more bytes than the
+    estimate (rounded up to 4, DDS's own padding), is refused with rosbags' SerdeError."""
+    from rosbags.serde import SerdeError
+
+    if len(raw) < 4 or bytes(raw[:2]) not in (b"\x00\x00", b"\x00\x01"):
+        raise SerdeError("Invalid or unsupported CDR encapsulation.")
+    msgdef = ts.get_msgdef(typename)
+    func = msgdef.deserialize_cdr_le if raw[1] else msgdef.deserialize_cdr_be
+    payload = raw[4:]
+    try:
+        msg, end = func(payload, 0, msgdef.cls, ts)
+    except (struct.error, UnicodeDecodeError, ValueError, IndexError) as e:
+        raise SerdeError(f"Could not deserialize {typename!r}: {e}") from e
+    extra = len(payload) - end
+    if extra > 3 and len(payload) > _align(fastcdr_estimate(ts, msg, typename), 4):
+        raise SerdeError(f"CDR message size mismatch for {typename!r}: {extra} bytes after the message")
+    return msg
+
+
+def _align(pos: int, size: int) -> int:
+    return pos + (-pos % size)
+
+
+def fastcdr_estimate(ts, msg, typename: str) -> int:
+    """The payload size (encapsulation excluded) rclpy's serialize_message gives ``msg`` with rmw_fastrtps:
+    the CDR layout, except that an empty sequence of 8-byte items is still aligned to 8."""
+    from rosbags.interfaces import Nodetype
+    from rosbags.serde.utils import SIZEMAP
+
+    def end(pos: int, value, desc) -> int:
+        kind, arg = desc
+        if kind == Nodetype.NAME:
+            for name, sub in ts.get_msgdef(arg).fields:
+                pos = end(pos, getattr(value, name), sub)
+            return pos
+        if kind == Nodetype.BASE:
+            if arg[0] == "string":
+                return _align(pos, 4) + 4 + len(value.encode()) + 1
+            return _align(pos, SIZEMAP[arg[0]]) + SIZEMAP[arg[0]]
+        sub = arg[0]
+        if kind == Nodetype.SEQUENCE:
+            pos = _align(pos, 4) + 4
+        if sub[0] == Nodetype.BASE and sub[1][0] != "string":
+            size = SIZEMAP[sub[1][0]]
+            return _align(pos, size) + len(value) * size  # aligned even when empty: the quirk
+        for item in value:
+            pos = end(pos, item, sub)
+        return pos
+
+    return end(0, msg, (Nodetype.NAME, typename))
+
+
 def iter_messages(src: ObservationSource, ts, start_ns: int | None = None) -> Iterator[tuple[int, object | None,
                                                                                              str | None]]:
     """(bag timestamp ns, message or None, deserialisation error or None), in storage order, one at a time;
@@ -186,7 +244,7 @@ def iter_messages(src: ObservationSource, ts, start_ns: int | None = None) -> It
                 conns = [c for c in reader.connections if c.topic == src.topic]
                 for conn, stamp, raw in reader.messages(connections=conns, start=start_ns):
                     try:
-                        msg = ts.deserialize_cdr(raw, conn.msgtype)
+                        msg = decode_cdr(ts, raw, conn.msgtype)
                     except Exception as e:  # noqa: BLE001 - one bad message is counted, not fatal
                         yield stamp, None, f"undecodable {conn.msgtype} ({type(e).__name__})"
                         continue
@@ -341,7 +399,7 @@ def iter_policy_steps(path: str | Path, ts) -> Iterator:
             with Reader(f) as reader:
                 conns = [c for c in reader.connections if c.msgtype == POLICY_STEP]
                 for _, _, raw in reader.messages(connections=conns):
-                    yield ts.deserialize_cdr(raw, POLICY_STEP)
+                    yield decode_cdr(ts, raw, POLICY_STEP)
         except ChunkLimit as e:
             raise BagError(f"{f}: {e}") from None
         except Exception as e:  # noqa: BLE001
@@ -366,7 +424,7 @@ def iter_capsule_records(path: str | Path, ts, start_ns: int | None = None,
             with Reader(f) as reader:
                 conns = [c for c in reader.connections if c.topic == streams[0]]
                 for _, stamp, raw in reader.messages(connections=conns, start=start_ns, stop=stop_ns):
-                    yield stamp, ts.deserialize_cdr(raw, CAPSULE_RECORD)
+                    yield stamp, decode_cdr(ts, raw, CAPSULE_RECORD)
         except ChunkLimit as e:
             raise BagError(f"{f}: {e}") from None
         except BagError:
