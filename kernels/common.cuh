@@ -18,9 +18,9 @@
   #include <cmath>
 #endif
 
-// The constants shared with Python (META_*, ACT_*, KV_PAGE, ATTN_*, GRU_SCAN_MAX_H, RMS_EPS, SCORE_FLOOR,
-// ENSEMBLE_DECAY) are defined once, in runtime/model/kernel_spec.py, and passed as -D flags (cuda_defines()).
-#if !defined(META_STEP) || !defined(ACT_SILU) || !defined(KV_PAGE) || !defined(ENSEMBLE_DECAY)
+// The constants shared with Python (META_*, ACT_*, KV_PAGE, ATTN_*, GRU_SCAN_MAX_H, RMS_EPS, SCORE_FLOOR)
+// are defined once, in runtime/model/kernel_spec.py, and passed as -D flags (cuda_defines()).
+#if !defined(META_STEP) || !defined(ACT_SILU) || !defined(KV_PAGE) || !defined(SCORE_FLOOR)
 #error "kernel constants missing: compile with flashrt_ros.runtime.model.kernel_spec.cuda_defines() as flags"
 #endif
 

@@ -2,13 +2,16 @@
 #include "common.cuh"
 
 // Ring-write this step's chunk into mtp_state[b, step % K], then blend the pending predictions for
-// this step: action[b, a] = sum_age w(age) * ring[(step - age) % K][age * A + a] / sum w(age).
+// this step and map them to the robot's units:
+// action[b, a] = (sum_age w(age) * ring[(step - age) % K][age * A + a] / sum w(age)) * scale[a] + offset[a],
+// w(age) = exp(-decay * age) (decay > 0: the newest chunk counts most; < 0: the oldest, as ACT).
 // One block per row (the ring write must be visible to the blend).
 extern "C" __global__ void temporal_ensemble_f32(const float* __restrict__ chunk, i64 chunk_rs,
                                                  float* __restrict__ mtp_state, i64 mtp_state_rs,
                                                  const i64* __restrict__ meta, i64 meta_rs,
+                                                 const float* __restrict__ scale, const float* __restrict__ offset,
                                                  float* __restrict__ action, i64 action_rs, int B, int K,
-                                                 int A) {
+                                                 int A, float decay) {
   const int b = blockIdx.x;
   if (b >= B) return;
   // unsigned (as the NumPy twin's step % 2^62): a corrupt negative step can never index before the ring
@@ -21,11 +24,12 @@ extern "C" __global__ void temporal_ensemble_f32(const float* __restrict__ chunk
     const int n = (int)(step + 1 < (unsigned long long)K ? step + 1 : K);
     float acc = 0.0f, wsum = 0.0f;
     for (int age = 0; age < n; ++age) {
-      float w = expf(-ENSEMBLE_DECAY * (float)age);
+      float w = expf(-decay * (float)age);
       acc += ring[((step - age) % K) * KA + age * A + a] * w;
       wsum += w;
     }
-    action[b * action_rs + a] = acc * (1.0f / wsum);
+    // __fmul_rn / __fadd_rn: no contraction into an fma, so the rounding is the twins' (product, then sum)
+    action[b * action_rs + a] = __fadd_rn(__fmul_rn(acc * (1.0f / wsum), scale[a]), offset[a]);
   }
 }
 

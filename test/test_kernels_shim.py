@@ -88,8 +88,11 @@ def case(name, rng, B, n):
         return attn_case(rng, B, n, H, d)
     Kc, A = 5, n
     if name == "temporal_ensemble":
+        # both blends (decay < 0: the oldest weighs most) and the robot's units (scale, offset)
         return dict(chunk=rows(rng, B, (Kc * A,)), mtp_state=rows(rng, B, (Kc, Kc * A)), meta=meta_rows(B, 2 + n, 0),
-                    action=rows(rng, B, (A,), fill=np.nan), tmp=rows(rng, B, (A,))), {}
+                    scale=(1.0 + 3.0 * rng.random(A)).astype(np.float32), offset=f(A).astype(np.float32),
+                    action=rows(rng, B, (A,), fill=np.nan), tmp=rows(rng, B, (A,))), \
+            dict(decay=0.25 if (n + B) % 2 else -0.3)
     if name == "rng_noise":
         return dict(action=rows(rng, B, (A,)), meta=meta_rows(B, 123, 0)), dict(seed=2**31 + 5, std=0.3)
     if name == "meta_advance":
@@ -283,8 +286,9 @@ def test_hostile_meta_and_page_table_never_index_outside_a_buffer(pos, kv_len, p
         chunk_acc=np.zeros((B, H, P, hd), np.float32), attn_max=np.zeros((B, H, 1, 1), np.float32),
         attn_den=np.zeros((B, H, 1, 1), np.float32), part=rows(rng, B, (H, P, hd + 2)),
         ones=np.ones((K.KV_PAGE, 1), np.float32), n_heads=H, kv_window=W)
-    launches += LAUNCHERS["temporal_ensemble"](rows(rng, B, (5 * 3,)), mtp, meta, rows(rng, B, (3,)),
-                                               rows(rng, B, (3,)))
+    launches += LAUNCHERS["temporal_ensemble"](rows(rng, B, (5 * 3,)), mtp, meta, np.ones(3, np.float32),
+                                               np.zeros(3, np.float32), rows(rng, B, (3,)), rows(rng, B, (3,)),
+                                               decay=0.25)
     for la in launches:
         module(la.source).get_function(la.function)(la.grid, la.block, la.args)
     assert np.isnan(log_base[:, :guard]).all() and np.isnan(log_base[:, -guard:]).all(), "wrote outside the log"

@@ -99,7 +99,7 @@ def test_config_from_yaml_rejects_bad_layout(tmp_path: Path):
 
 def test_weights_round_trip_and_strict_loading(tmp_path):
     s = Session(small_config(seed=3))
-    s.save_weights(tmp_path / "w.safetensors")
+    s.save_policy(tmp_path / "w.safetensors")
     loaded = Session(small_config(seed=3, weights_path=str(tmp_path / "w.safetensors")))
     assert loaded.fingerprint == Session(small_config(seed=3)).fingerprint
     from safetensors.numpy import load_file, save_file
@@ -108,7 +108,7 @@ def test_weights_round_trip_and_strict_loading(tmp_path):
     save_file(w, str(tmp_path / "short.safetensors"))
     with pytest.raises(WeightsError, match="head.b"):
         Session(small_config(weights_path=str(tmp_path / "short.safetensors")))
-    with pytest.raises(WeightsError, match="cannot read"):
+    with pytest.raises(WeightsError, match="cannot open"):
         Session(small_config(weights_path=str(tmp_path / "nope.safetensors")))
 
 

@@ -26,6 +26,7 @@ from rclpy.parameter import Parameter
 
 from ..runtime.engine.backend import BACKENDS
 from ..runtime.model.config import FLOAT32_MAX, PolicyConfig
+from ..runtime.model.policy_file import read_policy, resolve_policy_config
 
 
 def default_capsule_dir() -> str:
@@ -350,7 +351,11 @@ def read_config(node) -> tuple[PolicyConfig, dict]:
         if rng is not None and isinstance(v, type(rng[0])) and not isinstance(v, bool):
             _number_in(f.name, v, *rng)
     cfg = PolicyConfig(**values)  # checks types and ranges field by field, naming the field
+    cfg = resolve_policy_config(cfg)  # policy_path: the file's architecture (obs_dim, action_dim, ...) from here on
     own = {n: check_node_param(n, _value(node, n)) for n in NODE_PARAMS}
+    policy_file = cfg.policy_path or cfg.weights_path
+    if policy_file and not own["action_joint_names"]:  # a policy file names its action channels: the joints
+        own["action_joint_names"] = list(read_policy(policy_file).action_names)
     ceiling = _declared_range(node, "replan_max_deadline_ms")
     if ceiling is not None:
         _number_in("replan_max_deadline_ms", own["replan_max_deadline_ms"], *ceiling)

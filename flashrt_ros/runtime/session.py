@@ -31,7 +31,8 @@ from .inputs import as_observations, check_int, check_label, check_stamp_ns
 from .model.buffers import Arena
 from .model.config import PolicyConfig
 from .model.policy import HybridPolicy
-from .model.weights import check_weights, fingerprint, load_weights, save_weights, seeded_weights
+from .model.policy_file import load_policy_weights, resolve_policy_config, save_policy
+from .model.weights import check_weights, fingerprint, seeded_weights
 from .replan import ReplanResult
 from .state.bounds import RecordBounds, StateBounds
 from .state.capsule_file import read_capsule_file
@@ -57,7 +58,7 @@ def _as_bytes(tensors: dict[str, np.ndarray]) -> np.ndarray:
 
 class Session:
     def __init__(self, cfg: PolicyConfig | None = None, backend="numpy", weights: dict | None = None):
-        self.cfg = cfg = cfg or PolicyConfig()
+        self.cfg = cfg = resolve_policy_config(cfg or PolicyConfig())  # policy_path: the file's architecture
         self.backend = select(backend) if isinstance(backend, str) else backend
         self.rows = 1 + cfg.max_branches
         self.sizes = sizes = StoreSizes.plan(cfg)
@@ -65,7 +66,9 @@ class Session:
         self.arena = Arena(self.policy.buffer_specs(), self.rows, self.backend)
         wspecs = self.policy.weight_specs()
         if weights is None:
-            weights = load_weights(cfg.weights_path, wspecs) if cfg.weights_path else seeded_weights(wspecs, cfg.seed)
+            key, path = ("policy_path", cfg.policy_path) if cfg.policy_path else ("weights_path", cfg.weights_path)
+            weights = load_policy_weights(path, cfg, wspecs, f"{key} {path}") if path else \
+                seeded_weights(wspecs, cfg.seed)
         else:  # from the caller: the checks a weights file gets
             weights = check_weights(weights, wspecs, "weights")
         self.weights = weights
@@ -530,8 +533,9 @@ class Session:
         if stream is not None:
             stream.close()
 
-    def save_weights(self, path: str | Path) -> None:
-        save_weights(path, self.weights)
+    def save_policy(self, path: str | Path, obs_names=(), action_names=()) -> None:
+        """This session's weights as a policy file (policy_file.py): loads with policy_path or weights_path."""
+        save_policy(path, self.cfg, self.weights, obs_names, action_names)
 
 
 __all__ = ["Session", "StepResult", "ReplanResult", "as_observations", "NumpyBackend"]

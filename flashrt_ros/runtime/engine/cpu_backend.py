@@ -142,7 +142,7 @@ def _dims(op, arena) -> tuple[list[int], float]:
     if k == "ssm_step":
         return list(shape["h"]), 0.0
     if k == "temporal_ensemble":
-        return [shape["mtp_state"][0], shape["action"][0]], 0.0
+        return [shape["mtp_state"][0], shape["action"][0]], float(c["decay"])
     if k == "rng_noise":
         return [shape["action"][0], int(c["seed"])], float(c["std"])
     if k == "meta_advance":

@@ -20,7 +20,6 @@ from numba import njit
 
 from ..model.kernel_spec import (
     ACT_SILU,
-    ENSEMBLE_DECAY,
     META_KV_LEN,
     META_POS,
     META_RNG,
@@ -102,7 +101,7 @@ def ssm_step(x, xn, h, proj, a_log, d_skip, d, N):
 
 
 @njit(cache=True, nogil=True)
-def temporal_ensemble(chunk, mtp, meta, action, K, A):
+def temporal_ensemble(chunk, mtp, meta, scale, offset, action, K, A, decay):
     KA = K * A
     step = meta[META_STEP] % _WRAP
     slot = step % K
@@ -112,14 +111,14 @@ def temporal_ensemble(chunk, mtp, meta, action, K, A):
         action[a] = _F0
     wsum = 0.0
     for age in range(min(step + 1, K)):
-        w = np.float32(np.exp(-ENSEMBLE_DECAY * age))
+        w = np.float32(np.exp(-decay * age))
         base = ((step - age) % K) * KA + age * A
         for a in range(A):
             action[a] += mtp[base + a] * w
         wsum += np.float64(w)
     inv = np.float32(1.0 / wsum)
     for a in range(A):
-        action[a] *= inv
+        action[a] = action[a] * inv * scale[a] + offset[a]
 
 
 @njit(cache=True, nogil=True)
@@ -208,7 +207,8 @@ def run_program(prog, fconst, sf, si, wf, gf, lf, rows):
                     x[i] = (obs[i] - mean[i]) * inv[i]
             elif k == K_ENSEMBLE:
                 temporal_ensemble(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _i(si, op, 2, b),
-                                  _f(sf, wf, gf, lf, op, 3, b), dims[0], dims[1])
+                                  _f(sf, wf, gf, lf, op, 3, b), _f(sf, wf, gf, lf, op, 4, b),
+                                  _f(sf, wf, gf, lf, op, 5, b), dims[0], dims[1], fconst[o])
             elif k == K_NOISE:
                 rng_noise(_f(sf, wf, gf, lf, op, 0, b), _i(si, op, 1, b), dims[0], dims[1], fconst[o])
             elif k == K_META:

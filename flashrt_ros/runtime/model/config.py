@@ -54,6 +54,11 @@ class PolicyConfig:
                            "state-space model, Mamba-style)", choices=("gru", "ssm"),
                     fingerprint=False)  # the plan and the state layout, both fingerprinted, differ per mixer
     chunk_len: int = _f(8, "actions predicted per step (action chunk / multi-token prediction)", min=1)
+    chunk_blend: str = _f("newest", "temporal ensemble of the pending chunks: newest weighs the newest prediction "
+                                    "most, oldest the oldest (ACT's temporal ensemble)", choices=("newest", "oldest"))
+    chunk_blend_decay: float = _f(0.25, "the blend's weight per step of age: exp(-decay * age) (newest) or "
+                                        "exp(-decay * (K-1-age)) (oldest); 0 = a plain mean; ACT uses 0.01 with "
+                                        "oldest", min=0.0, max=80.0)
     action_noise_std: float = _f(0.0, "exploration noise std; 0 = deterministic policy", min=0.0)
     seed: int = _f(0, "seed for random weights and the counter-based noise RNG (32 bits: the RNG's key)", min=0,
                    max=2**32 - 1)
@@ -72,8 +77,11 @@ class PolicyConfig:
                                 "on a Jetson Orin", min=1, fingerprint=False)
     history_limit: int = _f(100_000, "observations kept for the cold-recompute baselines (~17 min at 100 Hz); "
                                "older ones are dropped", min=1, fingerprint=False)
-    weights_path: str = _f("", "safetensors weights (float32; backend cpu reads a matrix of bf16 values at 16 bits); "
-                              "empty = seeded random weights, bf16 values", fingerprint=False)
+    weights_path: str = _f("", "a policy file (or bare safetensors weights) for the configured architecture: a "
+                              "file's architecture must match, f16/bf16 tensors widen exactly; empty = seeded random "
+                              "weights (bf16 values)", fingerprint=False)
+    policy_path: str = _f("", "a policy file whose architecture IS the config: its sizes, mixer, window, chunk and "
+                              "blend replace these fields (set either this or weights_path)", fingerprint=False)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,6 +107,17 @@ class PolicyConfig:
             raise ValueError(f"n_heads: must divide d_model ({self.d_model}), got {self.n_heads}")
         if self.head_dim > 64:
             raise ValueError(f"n_heads: head_dim = d_model / n_heads must be <= 64, got {self.head_dim}")
+        if self.chunk_blend_decay * (self.chunk_len - 1) > 80.0:  # exp(80) is the largest blend weight float32 holds
+            raise ValueError(f"chunk_blend_decay: decay x (chunk_len - 1) must be <= 80, got "
+                             f"{self.chunk_blend_decay} x {self.chunk_len - 1}")
+        if self.weights_path and self.policy_path:
+            raise ValueError("policy_path: set either policy_path (the file is the architecture) or weights_path "
+                             "(the config is), not both")
+
+    @property
+    def blend_decay(self) -> float:
+        """The ensemble kernel's signed decay: w(age) = exp(-blend_decay * age); < 0 weighs the oldest most."""
+        return self.chunk_blend_decay if self.chunk_blend == "newest" else -self.chunk_blend_decay
 
     @property
     def head_dim(self) -> int:

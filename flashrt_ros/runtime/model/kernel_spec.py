@@ -28,12 +28,11 @@ SSM_MAX_N = 16  # most states per channel the SSM scan keeps in registers
 ACT_NONE, ACT_SILU, ACT_TANH, ACT_RELU = 0, 1, 2, 3
 RMS_EPS = np.float32(1e-5)
 SCORE_FLOOR = np.float32(-60.0)  # softmax logits below max - 60 weigh < 1e-26: clamp, don't underflow
-ENSEMBLE_DECAY = 0.25  # weight exp(-decay * age): the newest chunk counts most
 
 CUDA_CONSTANTS = ("META_STEP", "META_POS", "META_KV_LEN", "META_RNG", "META_LEN", "KV_PAGE", "ATTN_THREADS",
                   "ATTN_MAX_HD", "GRU_SCAN_MAX_H", "SSM_MAX_N", "ACT_NONE", "ACT_SILU", "ACT_TANH", "ACT_RELU",
-                  "RMS_EPS", "SCORE_FLOOR", "ENSEMBLE_DECAY")
-_FLOAT_CONSTANTS = {"RMS_EPS", "SCORE_FLOOR", "ENSEMBLE_DECAY"}
+                  "RMS_EPS", "SCORE_FLOOR")
+_FLOAT_CONSTANTS = {"RMS_EPS", "SCORE_FLOOR"}
 
 
 def cuda_defines() -> tuple[str, ...]:
@@ -278,10 +277,12 @@ spec("attn_decode", _LOG.format(a="") + " out:f32[B,d]:w scores:f32[B,n_heads,P,
       blocks("B * n_heads", "max(32, cdiv(hd, 32) * 32)")),
      consts="n_heads:i32 kv_window:i32", derive="hd=d//n_heads",
      require=("d % n_heads == 0", "hd <= ATTN_MAX_HD", "P * KV_PAGE >= kv_window + KV_PAGE"))
-spec("temporal_ensemble", "chunk:f32[B,K*A] mtp_state:f32[B,K,K*A]:rw meta:i64[B,META_LEN] action:f32[B,A]:w "
-     "tmp:f32[B,A]:w",
-     ("head.cu", "temporal_ensemble_f32", "chunk chunk_rs mtp_state mtp_state_rs meta meta_rs action action_rs B K A",
-      blocks("B", 64)))
+# the chunk blend, then the robot's units: action = blend * scale + offset
+spec("temporal_ensemble", "chunk:f32[B,K*A] mtp_state:f32[B,K,K*A]:rw meta:i64[B,META_LEN] scale:f32[A] "
+     "offset:f32[A] action:f32[B,A]:w tmp:f32[B,A]:w",
+     ("head.cu", "temporal_ensemble_f32", "chunk chunk_rs mtp_state mtp_state_rs meta meta_rs scale offset action "
+      "action_rs B K A decay", blocks("B", 64)),
+     consts="decay:f32")
 spec("rng_noise", "action:f32[B,A]:rw meta:i64[B,META_LEN]",
      ("head.cu", "rng_noise_f32", "action action_rs meta meta_rs B A seed std", items("B * A", 64)),
      consts="seed:u32 std:f32")

@@ -25,7 +25,6 @@ from .kernel_spec import (  # noqa: F401 - re-exported: the constants shared wit
     ACT_RELU,
     ACT_SILU,
     ACT_TANH,
-    ENSEMBLE_DECAY,
     KV_PAGE,
     META_KV_LEN,
     META_LEN,
@@ -322,11 +321,12 @@ def attn_decode_ref(qkv, k_log, v_log, meta, kv_pages, out, scores, chunk_m, chu
 
 
 @kernel
-def temporal_ensemble_ref(chunk, mtp_state, meta, action, tmp):
-    """Blend the pending predictions for this step (ACT-style temporal ensemble).
+def temporal_ensemble_ref(chunk, mtp_state, meta, scale, offset, action, tmp, decay):
+    """Blend the pending predictions for this step (ACT-style temporal ensemble), then map to the robot's units.
 
     chunk[B,K*A] is this step's prediction of actions t..t+K-1. mtp_state[B,K,K*A] is a ring of
-    the last K chunks, slot = step % K. action[B,A] = sum_age w(age) * chunk_{t-age}[age] / sum w.
+    the last K chunks, slot = step % K. action[B,A] = (sum_age w(age) * chunk_{t-age}[age] / sum w) * scale
+    + offset, w(age) = exp(-decay * age): decay > 0 weighs the newest chunk most, < 0 the oldest (ACT).
     """
     K = mtp_state.shape[1]
     A = action.shape[1]
@@ -335,11 +335,13 @@ def temporal_ensemble_ref(chunk, mtp_state, meta, action, tmp):
     action[...] = 0.0
     wsum = 0.0
     for age in range(min(step + 1, K)):
-        w = np.float32(np.exp(-ENSEMBLE_DECAY * age))
+        w = np.float32(np.exp(-float(decay) * age))
         np.multiply(mtp_state[:, (step - age) % K, age * A:(age + 1) * A], w, out=tmp)
         action += tmp
         wsum += float(w)
     action *= np.float32(1.0 / wsum)
+    action *= scale
+    action += offset
 
 
 def _mix32(h: np.ndarray) -> np.ndarray:

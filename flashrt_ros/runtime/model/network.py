@@ -230,7 +230,8 @@ class Mlp(Op):
 # ---- outputs -------------------------------------------------------------------------------------
 class ChunkHead(Op):
     """chunk = tanh(head(rmsnorm(x))): the next chunk_len actions; mtp_state keeps the last K chunks and the
-    temporal ensemble blends them into this step's action."""
+    temporal ensemble blends them into this step's action, then action = blend * action_scale + action_offset
+    (the robot's units: the head's tanh alone never leaves (-1, 1))."""
 
     def state(self, cfg, layer):
         K = cfg.chunk_len
@@ -238,12 +239,14 @@ class ChunkHead(Op):
 
     def weights(self, cfg, layer):
         KA = cfg.chunk_len * cfg.action_dim
-        return [("head_norm.g", (cfg.d_model,)), ("head.w", (cfg.d_model, KA)), ("head.b", (KA,))]
+        return [("head_norm.g", (cfg.d_model,)), ("head.w", (cfg.d_model, KA)), ("head.b", (KA,)),
+                ("action_scale", (cfg.action_dim,)), ("action_offset", (cfg.action_dim,))]
 
     def step(self, plan, cfg, layer):
         plan.add("rmsnorm", "x", "head_norm.g", "xn", "ms", label="head_norm")
         plan.add("linear", "xn", "head.w", "head.b", "chunk", "chunk_tmp", act=ACT_TANH, label="chunk_head")
-        plan.add("temporal_ensemble", "chunk", "mtp_state", "meta", "action", "act_tmp")
+        plan.add("temporal_ensemble", "chunk", "mtp_state", "meta", "action_scale", "action_offset", "action",
+                 "act_tmp", decay=cfg.blend_decay)
 
     def sequence(self, seq, x, layer):
         xp, w = seq.xp, seq.w

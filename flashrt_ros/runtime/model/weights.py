@@ -1,4 +1,4 @@
-"""Weights: seeded init, safetensors load/save with every name/shape/dtype checked, fingerprint."""
+"""Weights: seeded init, every name/shape/dtype checked, save, fingerprint (files: policy_file.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +14,9 @@ from .config import PolicyConfig
 CONST_PREFIX = "const."  # constants live beside weights but are never loaded or saved
 # Fields that do not change what a state row means (config.py marks them)
 _FINGERPRINT_EXCLUDE = {f.name for f in dataclasses.fields(PolicyConfig) if not f.metadata.get("fingerprint", True)}
+
+
+UNIT_DEFAULTS = {"action_scale": 1.0, "action_offset": 0.0}  # action = blend * scale + offset
 
 
 class WeightsError(ValueError):
@@ -41,7 +44,9 @@ def seeded_weights(specs: list[BufferSpec], seed: int) -> dict[str, np.ndarray]:
             continue
         key = int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
         rng = np.random.default_rng(key)
-        if name == "obs_mean" or name.endswith((".b", ".b1", ".b2", "b_ih", "b_hh")):
+        if name in UNIT_DEFAULTS:  # the robot's units: identity unless a policy file says otherwise
+            w = np.full(s.shape, UNIT_DEFAULTS[name])
+        elif name == "obs_mean" or name.endswith((".b", ".b1", ".b2", "b_ih", "b_hh")):
             w = rng.standard_normal(s.shape) * 0.02
         elif name == "obs_inv_std" or name.endswith(".g"):
             w = np.ones(s.shape)
@@ -49,17 +54,6 @@ def seeded_weights(specs: list[BufferSpec], seed: int) -> dict[str, np.ndarray]:
             w = rng.standard_normal(s.shape) / np.sqrt(s.shape[0])
         out[name] = bf16_values(w) if np.dtype(s.dtype) == np.float32 else w.astype(s.dtype)
     return out
-
-
-def load_weights(path: str | Path, specs: list[BufferSpec]) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    try:
-        tensors = load_file(str(path))
-    except (OSError, SafetensorError, ValueError) as e:
-        raise WeightsError(f"weights_path {path}: cannot read safetensors ({e})") from e
-    return check_weights(tensors, specs, f"weights_path {path}")
 
 
 def check_weights(tensors: dict, specs: list[BufferSpec], where: str) -> dict[str, np.ndarray]:
@@ -80,13 +74,6 @@ def check_weights(tensors: dict, specs: list[BufferSpec], where: str) -> dict[st
     out = {n: np.ascontiguousarray(tensors[n]) for n in want}
     out.update({s.name: np.ones(s.shape, s.dtype) for s in specs if s.name.startswith(CONST_PREFIX)})
     return out
-
-
-def save_weights(path: str | Path, weights: dict[str, np.ndarray]) -> None:
-    from safetensors.numpy import save_file
-
-    save_file({k: np.ascontiguousarray(v) for k, v in weights.items() if not k.startswith(CONST_PREFIX)},
-              str(path))
 
 
 def fingerprint(cfg: PolicyConfig, weights: dict[str, np.ndarray], plan_text: str, layout_text: str) -> str:
