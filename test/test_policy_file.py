@@ -10,8 +10,8 @@ import struct
 
 import numpy as np
 import pytest
-from conftest import CPU_BACKENDS, observation_trace, small_config
 
+from conftest import CPU_BACKENDS, observation_trace, small_config
 from flashrt_ros.runtime import PolicyConfig, Session
 from flashrt_ros.runtime.model.policy_file import (
     ARCH_FIELDS,

@@ -3,8 +3,8 @@ trajectory's joints from the file's action channels, and publishes the file's ac
 import numpy as np
 import pytest
 from ros_harness import FAST
-from test_ros_outputs import Outputs
 from test_policy_file import trained_like_weights
+from test_ros_outputs import Outputs
 
 from conftest import observation_trace
 from flashrt_ros.runtime import PolicyConfig, Session
