@@ -13,6 +13,7 @@ import pytest
 
 from conftest import CPU_BACKENDS, observation_trace, small_config
 from flashrt_ros.runtime import PolicyConfig, Session
+from flashrt_ros.runtime.model.policy import HybridPolicy
 from flashrt_ros.runtime.model.policy_file import (
     ARCH_FIELDS,
     config_from_policy,
@@ -206,3 +207,20 @@ def test_a_replan_branch_acts_in_the_robots_units_like_the_live_policy(tmp_path)
     res = s.replan(cap, np.stack([obs[20:28], obs[20:28] + 0.5]))
     assert res.actions[0].tobytes() == live.tobytes()
     assert not np.array_equal(res.actions[1], live)
+
+
+def test_the_documented_weight_table_is_the_codes():
+    """docs/policy.md's table (layer 0 of the default config, both mixers) is what the op list declares."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "docs" / "policy.md").read_text()
+    table = text.split("<!-- weight table -->")[1].split("<!-- end of weight table -->")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.strip().splitlines()[2:]]
+    documented = [(name.strip("`"), shape, mixer) for name, shape, mixer in rows]
+    declared = {}
+    for mixer in ("gru", "ssm"):
+        for s in HybridPolicy(PolicyConfig(mixer=mixer)).weight_specs():
+            if s.name.startswith("const.") or (s.name.startswith("layers.") and not s.name.startswith("layers.0.")):
+                continue
+            declared.setdefault(s.name, (f"[{', '.join(map(str, s.shape))}]", set()))[1].add(mixer)
+    want = [(n, shape, "" if len(m) == 2 else m.pop()) for n, (shape, m) in declared.items()]
+    assert sorted(documented) == sorted(want) and len(documented) == len(want)
