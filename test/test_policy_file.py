@@ -224,3 +224,27 @@ def test_the_documented_weight_table_is_the_codes():
             declared.setdefault(s.name, (f"[{', '.join(map(str, s.shape))}]", set()))[1].add(mixer)
     want = [(n, shape, "" if len(m) == 2 else m.pop()) for n, (shape, m) in declared.items()]
     assert sorted(documented) == sorted(want) and len(documented) == len(want)
+
+
+def test_flashrt_replay_runs_a_policy_file_given_as_policy_path_alone(tmp_path):
+    """The ROS-free replay takes the file's sizes too (obs_dim before the Session exists), and its actions
+    are the file's policy's."""
+    from fixtures.make_bags import write_joint_bag
+    from fixtures.replay_cli import TINY_CONFIG, config_with, replay
+
+    made_for = PolicyConfig(d_model=16, n_layers=1, n_heads=2, kv_window=8, chunk_len=3, conv_kernel=2)
+    save_policy(tmp_path / "p.safetensors", made_for, trained_like_weights(made_for))
+    base = "\n".join(line for line in TINY_CONFIG.splitlines()
+                     if line.split(":")[0].strip() not in {"d_model", "n_layers", "n_heads", "conv_kernel", "kv_window",
+                                                          "chunk_len"})
+    cfg = config_with(tmp_path, base=base, policy_path=str(tmp_path / "p.safetensors"))
+    bag = write_joint_bag(tmp_path / "in", "mcap", steps=40)
+    summary, _ = replay(bag, "--config", cfg, "--out", tmp_path / "out")
+    assert summary["steps"] == 40 and summary["rejected"]["count"] == 0
+    from flashrt_ros.tools.replay.bags import read_policy_steps, typestore
+    got = np.stack([np.asarray(m.action, np.float32) for m in read_policy_steps(tmp_path / "out", typestore())])
+    ref = Session(made_for.replace(capsule_budget_mb=1.0, capsule_capacity=4, max_branches=1, history_limit=16,
+                                   weights_path=str(tmp_path / "p.safetensors")))
+    from fixtures.make_bags import trace
+    want = np.stack([ref.step(o).action for o in trace(40)])
+    np.testing.assert_array_equal(got, want)

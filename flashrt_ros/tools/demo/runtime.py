@@ -28,6 +28,7 @@ def run(args) -> dict:
         raise ValueError(f"--steps must be at least {MIN_STEPS} (a rollback needs a step to go back to), got {n}")
     back = rollback_depth(n)
     s = Session(cfg, args.backend)
+    cfg = s.cfg  # policy_path: the file's architecture
     obs = synthetic_trace(n + 64, cfg.obs_dim)
     progress(f"backend {s.backend.name}: stepping {n} observations, a capsule after each")
     results = [s.step(o) for o in obs[:n]]

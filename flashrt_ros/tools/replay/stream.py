@@ -16,6 +16,7 @@ import numpy as np
 
 from ...ros.convert import ObservationReader
 from ...runtime.model.config import PolicyConfig, load_ros_params
+from ...runtime.model.policy_file import resolve_policy_config
 from ...runtime.state.capsule_file import MAX_STAMP_NS
 from ..common import progress
 from .bags import JOINT_STATE, BagError, OutputBag, StepRecord, header_frame_id, header_stamp_ns, iter_messages
@@ -119,7 +120,9 @@ class ReplayConfig:
             params = load_ros_params(self.path)
             # the file also holds the node's own parameters (joint_names, backend, ...): the policy takes its fields
             fields = {f.name for f in dataclasses.fields(PolicyConfig)}
-            self.policy = PolicyConfig.from_dict({k: v for k, v in params.items() if k in fields})
+            # policy_path: the file's architecture, so obs_dim is the policy's before the Session exists
+            self.policy = resolve_policy_config(PolicyConfig.from_dict({k: v for k, v in params.items()
+                                                                        if k in fields}))
         except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
             raise BagError(f"--config {self.path}: {' '.join(str(e).split())}") from None
         self.keyframe_s = float(params.get("stream_keyframe_s", 10.0))  # the node's, for the --out stream
