@@ -17,9 +17,9 @@ ifndef ROS_DOMAIN_ID
 export ROS_DOMAIN_ID := $(shell echo $$(( 20 + $$$$ % 80 )))
 endif
 export PYTHONDONTWRITEBYTECODE := 1
-# One cache of the compiled CPU step for every target and venv (numba names its files by Python version):
-# `make demo` after `make test` starts without compiling.
-export NUMBA_CACHE_DIR ?= $(CURDIR)/build/numba-cache
+# The compiled CPU step's cache is the one the installed tools use (NUMBA_CACHE_DIR, else
+# ~/.cache/flashrt_ros/numba; numba names its files by Python version), filled by `make setup`: `make demo`,
+# `make test` and a tool run afterwards start without compiling.
 # A throwaway ROS log dir, made only by the recipes that start ROS processes (prefix their command
 # with this), so `make help` and the build steps leave nothing behind in $TMPDIR.
 WITH_ROS_LOG := export ROS_LOG_DIR="$${ROS_LOG_DIR:-$$(mktemp -d -t flashrt-roslog.XXXXXX)}";
@@ -60,6 +60,8 @@ help:
 	@echo "make mutate      break the code on purpose, one named mutation at a time; each must be caught"
 
 setup: $(SETUP_STAMP) $(IFACE_STAMP)
+	@# the compiled CPU step into its cache (1-3 min the first time, a second after)
+	$(PY) -c 'from flashrt_ros.runtime.engine.backend import warm_cpu_step; warm_cpu_step("cpu")'
 interfaces: $(IFACE_STAMP)
 
 $(SETUP_STAMP): requirements.txt requirements-ros.txt constraints.txt $(PKG_SRC)

@@ -20,8 +20,7 @@ sys.path.insert(0, str(ROOT / "test"))
 # Never let DDS discovery leave this machine, even for a test started by hand.
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 os.environ.setdefault("ROS_LOG_DIR", "/tmp/flashrt-test-roslog")
-# The compiled CPU backend compiles once into build/ and every later test run (and node) reads that cache.
-os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / "build" / "numba-cache"))
+# The compiled CPU backend reads the cache every entry point uses (numba_cache.py; `make setup` fills it).
 
 from hang_guard import hang_guard, pytest_configure  # noqa: E402, F401  a hung test ends the run, stacks shown
 

@@ -685,6 +685,17 @@ MUTATIONS = [
              'SOURCES = (_ENGINE / "cpu_kernels.py",)',
              ["test/test_numba_cache.py"],
              "an edit to cpu_attention.py alone keeps running the old attention read from numba's cache"),
+    # issue 44.4 (files from outside never run)
+    Mutation("numba_cache_used_whoever_can_write_it", RT + "engine/numba_cache.py",
+             "REFUSED = check_cache_dir(CACHE_DIR)\n", "REFUSED = \"\"\n",
+             ["test/test_numba_cache.py::test_a_planted_index_in_a_cache_others_can_write_never_runs"],
+             "numba unpickles the index another local user planted in a world-writable cache: their code runs in "
+             "the node"),
+    Mutation("numba_cache_check_skips_the_folders_above", RT + "engine/numba_cache.py",
+             "            if who and not st.st_mode & stat.S_ISVTX:\n",
+             "            if False:\n",
+             ["test/test_numba_cache.py::test_a_cache_root_under_a_directory_others_can_write_is_refused"],
+             "a cache under a folder anyone can write: another user renames it away and puts theirs in its place"),
     # issue 17 (h17gemv)
     Mutation("cpu_gemv_row_block_sums_inputs_backwards", RT + "engine/cpu_simd.py",
              "                i = loop.index\n",
