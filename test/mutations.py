@@ -1188,4 +1188,16 @@ MUTATIONS = [
              ["test/test_ros_step_log.py"],
              "the planner's and the ROS bench's full collections would grow with the run and hold the answers "
              "they time behind them"),
+    Mutation("stream_queue_fixed_at_16_mb", RT + "session.py",
+             "keyframe_s: float = 10.0, queue_mb: float | None = None, clock=None):",
+             "keyframe_s: float = 10.0, queue_mb: float | None = 16.0, clock=None):",
+             ["test/test_stream_limits.py::test_the_default_queue_holds_the_whole_window_records_of_every_"
+              "documented_window", "test/test_ros_stream_limits.py"],
+             "the stream's queue a fixed 16 MiB: a node at kv_window 4096 or 16384 fails to activate"),
+    Mutation("resync_requests_unlimited", RT + "persist/stream.py",
+             "            asked = self._requested and time.monotonic() - self._last_keyframe_at >= RESEND_MIN_S\n",
+             "            asked = self._requested\n",
+             ["test/test_stream_limits.py::test_a_resync_flood_adds_at_most_two_keyframes_per_resend_interval"],
+             "every resync request inside RESEND_MIN_S turns the next record into a keyframe: a client in a loop "
+             "makes every record a whole window"),
 ]

@@ -514,10 +514,11 @@ class Session:
         return [tap for tap in (self.persistence, self.stream) if tap is not None]
 
     # ---- the capsule stream ---------------------------------------------------------------
-    def enable_stream(self, publish, keyframe_s: float = 10.0, queue_mb: float = 16.0, clock=None):
+    def enable_stream(self, publish, keyframe_s: float = 10.0, queue_mb: float | None = None, clock=None):
         """Hand every timeline capsule record to ``publish(StreamRecord)`` on a thread of its own
         (persist/stream.py), a whole-window record at least every ``keyframe_s`` by ``clock(info)`` (seconds;
-        default time.monotonic(); a replay passes the record's stamp: bag time). Returns the stream."""
+        default time.monotonic(); a replay passes the record's stamp: bag time). ``queue_mb`` None: sized from
+        the window (stream.queue_mb_for). Returns the stream."""
         from .persist.stream import CapsuleStream
 
         with self.lock:  # the taps are only ever used under it (a step's capsule, a commit's bookkeeping)

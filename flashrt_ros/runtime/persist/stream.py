@@ -27,6 +27,8 @@ from .tap import RecordTap, layout_of
 
 MB = 2**20
 QUIET_WAIT_S = 0.003  # as the disk writer: publish between steps, not mid-step, when the runtime allows
+QUEUE_MIN_MB = 16.0  # the stream queue's default size at small windows
+QUEUE_WINDOWS = 3  # whole-window records the default queue holds (a keyframe, a resend and a jump's)
 RESEND_MIN_S = 0.5  # whole-window resends on request at most this often (each gathers the window under the lock)
 
 
@@ -54,8 +56,14 @@ class StreamStats:
     seq: int  # the last sequence number published
 
 
+def queue_mb_for(layout) -> float:
+    """The stream queue's default size: QUEUE_MIN_MB, raised to hold QUEUE_WINDOWS whole-window records."""
+    whole_window = 4 * layout.entry_floats * layout.kv_window + layout.row_nbytes
+    return max(QUEUE_MIN_MB, math.ceil(QUEUE_WINDOWS * whole_window / MB))
+
+
 class StreamQueue(RecordQueue):
-    def __init__(self, layout, publish: Callable[[StreamRecord], None], keyframe_s: float, queue_mb: float,
+    def __init__(self, layout, publish: Callable[[StreamRecord], None], keyframe_s: float, queue_mb: float | None,
                  timeline: Callable[[], int], quiet=None, clock: Callable[[object], float] | None = None):
         """``timeline()``: the session's timeline, read as a record is queued. ``clock(info)``: the time of a capsule
         record in seconds, for keyframes; default time.monotonic() when it is published (a replay passes the
@@ -63,16 +71,21 @@ class StreamQueue(RecordQueue):
         if not 0 < keyframe_s < math.inf:
             raise ValueError(f"stream_keyframe_s: must be > 0 and finite, got {keyframe_s!r}")
         whole_window = 4 * layout.entry_floats * layout.kv_window + layout.row_nbytes
+        if queue_mb is None:  # sized from the window: every kv_window activates (64 MiB records at 16384)
+            queue_mb = queue_mb_for(layout)
         if queue_mb * MB < 2 * whole_window:
-            raise ValueError(f"stream_queue_mb: {queue_mb:g} cannot hold two whole-window records of "
-                             f"{whole_window / MB:.2f} MiB (kv_window {layout.kv_window})")
+            raise ValueError(f"stream queue_mb: {queue_mb:g} cannot hold two whole-window records of "
+                             f"{whole_window / MB:.2f} MiB (kv_window {layout.kv_window}); leave it unset "
+                             f"to size it from the window")
         super().__init__(layout, int(queue_mb * MB), timeline)
         self.publish, self.keyframe_s, self.quiet = publish, keyframe_s, quiet
         self.clock = clock or (lambda info: time.monotonic())
         # stream-thread state
         self._seq = 0
         self._resync_next = True
+        self._requested = False  # a subscriber asked for a keyframe (request_keyframe)
         self._last_keyframe = -math.inf
+        self._last_keyframe_at = -math.inf  # time.monotonic() of the last RESYNC published
         self._taken: tuple | None = None  # the item being published (its age counts in lag_ms)
         self._thread = threading.Thread(target=self._run, name="flashrt-stream", daemon=True)
         self._thread.start()
@@ -80,6 +93,12 @@ class StreamQueue(RecordQueue):
     def resync_next(self) -> None:
         """The next capsule record goes out as a RESYNC (from the mirror: the step pays nothing)."""
         self._resync_next = True
+
+    def request_keyframe(self) -> None:
+        """A subscriber asked for a keyframe: the next capsule record at least RESEND_MIN_S after the last
+        keyframe goes out as a RESYNC. However often it is asked (a client in a loop, many clients), requests
+        add at most one keyframe per RESEND_MIN_S this way: each costs a whole-window record's encode."""
+        self._requested = True
 
     def stats(self) -> StreamStats:
         with self._lock:
@@ -114,7 +133,8 @@ class StreamQueue(RecordQueue):
     def _publish(self, kind: int, info, small: np.ndarray, kv: np.ndarray, n: int, timeline: int) -> None:
         if kind not in MARKERS:
             self._apply_to_mirror(kind, info.step, kv, n)
-            due = self._resync_next or self.clock(info) - self._last_keyframe >= self.keyframe_s
+            asked = self._requested and time.monotonic() - self._last_keyframe_at >= RESEND_MIN_S
+            due = self._resync_next or asked or self.clock(info) - self._last_keyframe >= self.keyframe_s
             if kind == DELTA and due:
                 kind, kv, n = RESYNC, self._mirror, min(info.step, self.layout.kv_window)
         self._send(kind, info, small, kv, n, timeline)
@@ -127,6 +147,7 @@ class StreamQueue(RecordQueue):
             return
         if kind == RESYNC:
             self._last_keyframe = self.clock(info)
+            self._last_keyframe_at, self._requested = time.monotonic(), False
         self._resync_next = False
         with self._lock:
             self._written += 1
@@ -143,7 +164,7 @@ class CapsuleStream(RecordTap):
     """The Session's stream (Session.enable_stream): the tap on its timeline, and the queue's thread."""
 
     def __init__(self, session, publish: Callable[[StreamRecord], None], keyframe_s: float = 10.0,
-                 queue_mb: float = 16.0, clock: Callable[[object], float] | None = None):
+                 queue_mb: float | None = None, clock: Callable[[object], float] | None = None):
         super().__init__(session, StreamQueue(layout_of(session), publish, keyframe_s, queue_mb,
                                               lambda: session.timeline, quiet=session.lock, clock=clock))
         self.fingerprint = session.fingerprint
@@ -152,15 +173,16 @@ class CapsuleStream(RecordTap):
     def request_resync(self) -> bool:
         """A subscriber lost records. The live capsule goes out as a RESYNC now (queued behind what is
         waiting), so a replica catches up even while the robot stands still; True when it did. Within
-        RESEND_MIN_S of the last such resend (a client asking in a loop), only the next record is one."""
+        RESEND_MIN_S of the last such resend (a client asking in a loop), a later record is one, at least
+        RESEND_MIN_S after the last keyframe: a flood of requests adds at most two keyframes per RESEND_MIN_S."""
         s, now = self.session, time.monotonic()
         if now - self._resent_at < RESEND_MIN_S:
-            self.log.resync_next()
+            self.log.request_keyframe()
             return False
         with s.lock:
             live = s.live_capsule_id
             if not live or live not in s.store:  # reset, or nothing stepped: the next capsule stands alone
-                self.log.resync_next()
+                self.log.request_keyframe()
                 return False
             self._resent_at = now
             self.resend(s.store.get(live))
