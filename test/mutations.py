@@ -1188,6 +1188,13 @@ MUTATIONS = [
              ["test/test_ros_step_log.py"],
              "the planner's and the ROS bench's full collections would grow with the run and hold the answers "
              "they time behind them"),
+    Mutation("reference_exports_a_square_matrix_transposed", "flashrt_ros/train/reference.py",
+             "                out[name] = t.detach().to(\"cpu\", torch.float32).numpy().copy()\n",
+             "                t = t.t() if t.dim() == 2 and t.shape[0] == t.shape[1] else t\n"
+             "                out[name] = t.detach().to(\"cpu\", torch.float32).numpy().copy()\n",
+             ["test/test_train_reference.py::test_a_trained_policy_file_steps_in_the_runtime_as_the_reference_steps"],
+             "a torch [out, in] matrix exported as it is: a square one (attention's out.w) still has the right "
+             "shape, so only the actions show it (needs torch: run with .venv-train/bin/python scripts/mutate.py)"),
     Mutation("stream_queue_fixed_at_16_mb", RT + "session.py",
              "keyframe_s: float = 10.0, queue_mb: float | None = None, clock=None):",
              "keyframe_s: float = 10.0, queue_mb: float | None = 16.0, clock=None):",
