@@ -8,9 +8,20 @@ A primary claims epoch 1; a standby that takes over claims the newest epoch it h
 sees another node claim a newer epoch (or the same epoch, claimed earlier) is deposed: it stops stepping and
 publishing, and says so. A primary frozen for longer than the liveliness lease (SIGSTOP, a stalled machine)
 and then resumed therefore goes quiet instead of publishing beside the standby that replaced it.
+
+The lease (issue 44, docs/leadership.md): a leader publishes its actions only while it can prove its lease is
+current. The executor thread, the one that steps and publishes, renews it every LEASE_RENEW leases by
+publishing a heartbeat on ``<robot namespace>/flashrt_lease`` (the claim again, volatile); the proof is the
+time taken just before that publish. An action, trajectory or policy_step goes out only within
+``lease - margin`` of the last proof (``current()``). Past that (a stall of any length longer than that), the
+node holds its observations and outputs, renews, and resumes only after REPROVE_LEASES leases in which no
+newer claim came; a standby takes over only ``lease + margin`` after the last heartbeat it heard
+(standby.py). Same machine, one monotonic clock: the leader's window closes 2 margins before the standby's
+opens.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +35,15 @@ from ..runtime.persist.replica import MAX_EPOCH
 from .slow_publish import SLOW_PUBLISH_MS
 
 LEADER_TOPIC = "flashrt_leader"
+LEASE_TOPIC = "flashrt_lease"
+LEASE_MARGIN = 0.25  # of the lease: the leader stops this much before it, a standby waits this much after it
+LEASE_RENEW = 0.25  # of the lease: how often the leader renews (a late tick leaves it 0.5 lease of slack)
+# After a stall past its lease: how long a leader listens for a newer claim after renewing, before it resumes.
+# A standby decides before it hears the renewal, and its claim lands within the delivery bound (docs/leadership.md).
+REPROVE_LEASES = 1.0
+# A primary's first claim: held this long (at least) before it steps, so a node of the same name that already
+# leads (a launch file started twice) is heard first: longer than discovery on one machine takes.
+START_HOLD_S = 1.0
 
 
 def leader_qos(depth: int = 1) -> QoSProfile:
@@ -34,6 +54,16 @@ def leader_qos(depth: int = 1) -> QoSProfile:
 
 
 READER_DEPTH = 16
+
+
+def lease_qos() -> QoSProfile:
+    """Heartbeats: only the newest counts, and a late joiner needs none from before it joined."""
+    return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=ReliabilityPolicy.BEST_EFFORT,
+                      durability=DurabilityPolicy.VOLATILE)
+
+
+def stamp_of(msg: Leader) -> int:
+    return msg.stamp.sec * 10**9 + msg.stamp.nanosec
 
 
 def outranks(theirs: Leader, epoch: int, stamp_ns: int) -> bool:
@@ -59,27 +89,114 @@ def well_formed(node, claim: Leader) -> bool:
 
 
 class LeaderGuard:
-    def __init__(self, node, topic: str, on_deposed: Callable[[Leader], None]):
-        self.node, self.on_deposed = node, on_deposed
+    def __init__(self, node, topic: str, on_deposed: Callable[[Leader], None], lease_ms: float = 100.0,
+                 on_proven: Callable[[], None] = lambda: None):
+        """``on_proven()``: the lease is current again after a hold (executor thread): publish what was held."""
+        self.node, self.on_deposed, self.on_proven = node, on_deposed, on_proven
         self.name = node.get_fully_qualified_name()
         self.epoch = 0  # 0: not claimed
         self.newest_seen = 0  # the newest epoch any node claimed
         self._stamp_ns = 0
         self._claimer: threading.Thread | None = None
+        self.lease_s = lease_ms / 1e3
+        self.margin_s = LEASE_MARGIN * self.lease_s
+        self.proof = -math.inf  # monotonic time taken just before the last heartbeat (or claim) went out
+        self.holding = False  # the lease lapsed (or was never proven): outputs wait for a clean check
+        self.holds = 0  # holds begun (a stall past lease - margin, or the start)
+        self.heard: dict[str, float] = {}  # node -> monotonic time its newest heartbeat arrived
+        self._hold_timers: list = []
+        self._claim: Leader | None = None
         self.pub = node.create_publisher(Leader, topic, leader_qos())
         self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
+        lease_topic = f"{topic.rsplit('/', 1)[0]}/{LEASE_TOPIC}" if "/" in topic else LEASE_TOPIC
+        self.lease_pub = node.create_publisher(Leader, lease_topic, lease_qos())
+        self.lease_sub = node.create_subscription(Leader, lease_topic, self._on_heartbeat, lease_qos())
+        self._renewer = node.create_timer(LEASE_RENEW * self.lease_s, self.renew)
 
-    def claim(self, epoch: int, step: int, capsule_id: int) -> None:
+    def claim(self, epoch: int, step: int, capsule_id: int, hold_s: float = 0.0) -> None:
+        """``hold_s``: publish nothing for that long (at least), listening for a newer claim (a primary's start)."""
         now = self.node.get_clock().now()
         self.epoch, self._stamp_ns = epoch, now.nanoseconds
         self.newest_seen = max(self.newest_seen, epoch)
-        msg = Leader(stamp=now.to_msg(), epoch=epoch, node=self.name, step=step, capsule_id=capsule_id)
+        self.proof = time.monotonic()
+        msg = self._claim_msg(step, capsule_id, now.to_msg())
+        self._claim = msg
         # From a thread of its own: after a kill -9 the dead primary's reader of this topic is still matched, and
         # a send to its shared-memory port can wait out Fast DDS's health check (1 s) inside publish; the
         # takeover's held steps and first actions must not wait behind it (the claim's order vs them is free:
         # a deposed node learns of the claim whenever it lands).
         self._claimer = threading.Thread(target=self._publish, args=(msg,), name="flashrt_leader_claim", daemon=True)
         self._claimer.start()
+        if hold_s > 0:
+            self._hold(hold_s, "")
+
+    def _claim_msg(self, step: int, capsule_id: int, stamp) -> Leader:
+        return Leader(stamp=stamp, epoch=self.epoch, node=self.name, step=step, capsule_id=capsule_id)
+
+    # ---- the lease ------------------------------------------------------------------------
+    def current(self) -> bool:
+        """This node leads and may publish now: its last proof is within lease - margin."""
+        return bool(self.epoch) and not self.holding and time.monotonic() - self.proof < self.lease_s - self.margin_s
+
+    def renew(self) -> None:
+        """Executor thread (a timer, and on a lapse seen at a publish): a heartbeat; a lapsed lease is held."""
+        if not self.epoch:
+            return
+        lapsed_s = time.monotonic() - self.proof
+        self._heartbeat()
+        if lapsed_s >= self.lease_s - self.margin_s and not self.holding:
+            self._hold(REPROVE_LEASES * self.lease_s,
+                       f"lease lapsed ({lapsed_s * 1e3:.0f} ms since its last proof, lease "
+                       f"{self.lease_s * 1e3:.0f} ms): holding outputs and observations while checking that no "
+                       "newer leader exists")
+
+    def _heartbeat(self) -> None:
+        t0, msg = time.monotonic(), self._claim
+        if msg is None:
+            return
+        try:
+            self.lease_pub.publish(msg)
+        except Exception as e:  # noqa: BLE001 - deactivating meanwhile: no proof
+            self.node.get_logger().warning(f"lease not renewed: {e}", throttle_duration_sec=1.0)
+            return
+        self.proof = max(self.proof, t0)  # taken before the publish: no standby heard it earlier
+
+    def _hold(self, wait_s: float, why: str) -> None:
+        self.holding = True
+        self.holds += 1
+        if why:
+            self.node.get_logger().warning(why)
+        self._cancel_hold()
+        self._hold_timers.append(self.node.create_timer(wait_s, self._hold_waited))
+
+    def _hold_waited(self) -> None:
+        """The wait is over. One more pass of the executor first, so a claim that arrived with this timer's
+        wake-up is taken before the outputs go out."""
+        self._cancel_hold()
+        self._hold_timers.append(self.node.create_timer(0.0, self._hold_over))
+
+    def _hold_over(self) -> None:
+        self._cancel_hold()
+        if not self.epoch:  # deposed meanwhile: what was held is dropped by the node
+            return
+        self._heartbeat()
+        self.holding = False
+        self.on_proven()
+
+    def _cancel_hold(self) -> None:
+        for t in self._hold_timers:
+            self.node.destroy_timer(t)
+        self._hold_timers = []
+
+    def heard_at(self, node: str) -> float:
+        """Monotonic time the newest heartbeat of ``node`` arrived (-inf: none)."""
+        return self.heard.get(node, -math.inf)
+
+    def _on_heartbeat(self, msg: Leader) -> None:
+        if msg.node == self.name and stamp_of(msg) == self._stamp_ns:
+            return  # our own
+        self.heard[msg.node] = time.monotonic()
+        self._on_leader(msg)  # a newer leader's heartbeat deposes as its claim does
 
     def _publish(self, msg: Leader) -> None:
         t0 = time.monotonic()
@@ -97,15 +214,25 @@ class LeaderGuard:
         if not well_formed(self.node, msg):
             return
         self.newest_seen = max(self.newest_seen, msg.epoch)
-        if msg.node != self.name and self.epoch and outranks(msg, self.epoch, self._stamp_ns):
+        # ours is the claim of this name at our stamp: another process of the same name (a launch file started
+        # twice) is another claimant, and the earlier claim of an epoch wins
+        ours = msg.node == self.name and stamp_of(msg) == self._stamp_ns
+        if not ours and self.epoch and outranks(msg, self.epoch, self._stamp_ns):
             self.epoch = 0
+            self.holding = False
+            self._cancel_hold()
             self.on_deposed(msg)
 
     def destroy(self) -> None:
+        self.epoch = 0
+        self._cancel_hold()
+        self.node.destroy_timer(self._renewer)
         if self._claimer is not None:
             self._claimer.join(timeout=2.0)  # a claim still waiting on a dead port: longer than its health check
-        self.node.destroy_subscription(self.sub)
-        self.node.destroy_publisher(self.pub)
+        for sub in (self.sub, self.lease_sub):
+            self.node.destroy_subscription(sub)
+        for pub in (self.pub, self.lease_pub):
+            self.node.destroy_publisher(pub)
 
 
 class LeaderWatch:

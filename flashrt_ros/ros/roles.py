@@ -11,6 +11,7 @@ from rclpy.lifecycle import TransitionCallbackReturn
 
 from ..runtime.persist.replica import MAX_EPOCH
 from .capsule_stream import StreamPublisher
+from .leader import REPROVE_LEASES, START_HOLD_S
 from .replica import REPLICA_SERVICES, ReplicaLink, replica_refusal
 from .standby import StandbyLink
 
@@ -40,8 +41,11 @@ class NodeRoles:
         return TransitionCallbackReturn.SUCCESS
 
     def _lead(self, epoch: int) -> None:
-        """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread)."""
-        self._leader.claim(epoch, self.session.step_count, self.session.live_capsule_id)
+        """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread). Nothing is
+        published before START_HOLD_S has passed without a claim that outranks this one (a node of the same
+        name that leads already: a launch file started twice)."""
+        self._leader.claim(epoch, self.session.step_count, self.session.live_capsule_id,
+                           hold_s=max(START_HOLD_S, REPROVE_LEASES * self._leader.lease_s))
         self._start_stream(epoch)
 
     def _start_stream(self, epoch: int) -> None:
@@ -85,8 +89,11 @@ class NodeRoles:
             f"{self.robot_topic('action')}")
 
     def _on_deposed(self, leader) -> None:
-        self._deposed = (f"deposed: {leader.node} leads the robot since epoch {leader.epoch} (a standby took over); "
-                         "this node steps and publishes nothing more")
+        same = leader.node == self._leader.name if self._leader is not None else False
+        self._deposed = (f"deposed: {leader.node} leads the robot since epoch {leader.epoch} "
+                         f"({'another process of this name claimed it first' if same else 'a standby took over'}); "
+                         f"this node steps and publishes nothing more ({self._drop_held()} held observations and "
+                         "outputs dropped)")
         if self._stream is not None:
             self._stream.destroy()
             self._stream = None

@@ -16,6 +16,10 @@ It follows whoever leads the robot (LeaderWatch, as a replica does): after anoth
 leader's stream and liveliness are the ones watched, its silence counting as a lapse until it is seen alive,
 and a takeover before its first keyframe continues from the capsule its claim names (StreamReplica.newest).
 ``standby_takeover_delay_ms`` lets a second standby leave the takeover to the first.
+
+The lease (issue 44, docs/leadership.md): whatever the rule above says, the standby takes over only once
+``lease + margin`` (LEASE_MARGIN) of its own running time has passed since the last heartbeat of the followed
+leader arrived (leader.py): by then that leader has stopped publishing for 2 margins.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import time
 from .capsule_stream import stream_qos
 from .convert import stamp_to_ns
 from .held_observations import HeldObservations
+from .leader import LEASE_MARGIN
 from .replica import ReplicaLink
 from .stall_clock import STALL_TICK_S, StallClock
 
@@ -47,15 +52,18 @@ IDLE_LEASES = 5.0
 
 
 class StandbyLink(ReplicaLink):
-    def __init__(self, node, session, primary: str, lease_ms: float, on_primary_lost, takeover_delay_ms: float = 0.0):
+    def __init__(self, node, session, primary: str, lease_ms: float, on_primary_lost, takeover_delay_ms: float = 0.0,
+                 heard_at=lambda node: -float("inf")):
+        """``heard_at(node)``: when the newest heartbeat of ``node``'s lease arrived (LeaderGuard.heard_at)."""
         self.lease_s = lease_ms / 1e3
+        self.heard_at = heard_at
         self.delay_s = takeover_delay_ms / 1e3  # on top of the rule: a second standby lets the first take over
         self.on_primary_lost = on_primary_lost
         self.buffer = HeldObservations()
         self._alive_seen = self._lapsed = False
         self._unconfirmed = False  # following a new leader not yet seen alive: its silence counts as a lapse
         self._recheck = None  # a one-shot timer: the lapse looked at again
-        self._record_at = self._lapsed_at = time.monotonic()
+        self._record_at = self._lapsed_at = self._watched_at = time.monotonic()
         self.lost_at = 0.0  # monotonic time the primary was judged lost (0: not yet)
         self.stall = StallClock(time.monotonic())
         # follows whoever leads the robot, as a replica does: after another standby took over, its stream and
@@ -118,6 +126,15 @@ class StandbyLink(ReplicaLink):
         if waited_s < need:  # look again when it would be enough (sooner if an observation comes)
             self._recheck_in(need - waited_s)
             return
+        # the lease: the leader stops publishing lease - margin after its last proof; its heartbeat left no
+        # earlier than that proof, so lease + margin after it arrived here (this node's own stalls not counted)
+        # the leader has been silent for 2 margins
+        proof_at = max(self.heard_at(self.primary), self._watched_at)
+        silent_s = now - proof_at - self.stall.stalled_s(proof_at, now)
+        lease_need = (1.0 + LEASE_MARGIN) * self.lease_s
+        if silent_s < lease_need:
+            self._recheck_in(lease_need - silent_s)
+            return
         self.lost_at = now
         still = f" (and {stalled_s * 1e3:.0f} ms this node stood still)" if stalled_s else ""
         seen = "not seen alive since it claimed the robot: " if self._unconfirmed else ""
@@ -133,7 +150,7 @@ class StandbyLink(ReplicaLink):
         self._cancel_recheck()
         self._alive_seen = self._lapsed = self._unconfirmed = True
         self.lost_at = 0.0
-        self._record_at = self._lapsed_at = time.monotonic()
+        self._record_at = self._lapsed_at = self._watched_at = time.monotonic()
         self._check_lapse()
         return True
 
