@@ -33,7 +33,12 @@ def scratch_copy(dst: Path) -> None:
 
 def run_tests(scratch: Path, tests: list[str], timeout: float) -> tuple[bool, str]:
     env = dict(os.environ, PYTHONPATH=str(scratch), PYTHONDONTWRITEBYTECODE="1", FLASHRT_HYPOTHESIS_PROFILE="mutate")
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    python = sys.executable
+    if any(Path(t.split("::")[0]).name.startswith("test_train_") for t in tests):
+        python = str(ROOT / ".venv-train" / "bin" / "python")  # PyTorch lives there alone (make test-train)
+        if not Path(python).exists():
+            return False, "needs .venv-train (run make test-train once): not run, so not caught"
+    cmd = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     try:
         res = subprocess.run(cmd, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

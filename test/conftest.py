@@ -1,6 +1,7 @@
 """Shared fixtures. ROS-touching tests get their own ROS_DOMAIN_ID and log dir (see ros_env)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import threading
@@ -25,6 +26,11 @@ os.environ.setdefault("ROS_LOG_DIR", "/tmp/flashrt-test-roslog")
 from hang_guard import hang_guard, pytest_configure  # noqa: E402, F401  a hung test ends the run, stacks shown
 
 from flashrt_ros.runtime import PolicyConfig, Session  # noqa: E402
+
+# PyTorch lives in .venv-train alone (make test-train): elsewhere its test files are not collected at all, so a
+# venv without it neither fails on their imports nor reports them skipped.
+if importlib.util.find_spec("torch") is None:
+    collect_ignore_glob = ["test_train_*.py"]
 
 
 def pytest_collection_modifyitems(items):

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch  # noqa: E402 - collected only where PyTorch is installed (conftest.py)
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
 from conftest import CPU_BACKENDS, observation_trace, small_config
 from flashrt_ros.runtime import PolicyConfig, Session
 from flashrt_ros.runtime.model import kernels, network
 from flashrt_ros.runtime.model.policy import HybridPolicy
 from flashrt_ros.runtime.model.policy_file import read_policy
-
-torch = pytest.importorskip("torch")  # make test (no torch) collects this file and skips it
-
-from safetensors import safe_open  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
 from flashrt_ros.train.reference import (  # noqa: E402
     NORMALISATION,
     TORCH_FORMS,
