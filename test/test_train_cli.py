@@ -6,6 +6,7 @@ Small sizes throughout (a few seconds of 100 Hz episodes, d_model 32, one layer,
 thread). The torch-free tests run in any venv; the rest need PyTorch (make test-train)."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -247,3 +248,32 @@ def test_ctrl_c_checkpoints_exits_130_and_resume_finishes_the_run(expert_bags, t
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "report.json").read_text())["steps"] == r["steps"] + 5
+
+
+def test_the_weights_kept_are_the_best_by_validation_loss_not_the_last(tmp_path):
+    torch = pytest.importorskip("torch")
+    from flashrt_ros.train import fit
+
+    class Drifting(torch.nn.Module):
+        """Its output moves away from every target with each training step: validation only gets worse."""
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward_sequence(self, obs):
+            if self.training:
+                self.calls += 1
+            return (self.w * 0 + 0.05 * self.calls).expand(*obs.shape[:2], 2, 1)
+
+    rng = np.random.default_rng(0)
+    eps = [_episode(f"b{i}", rng.normal(size=(40, 3)), rng.uniform(-1, 1, (40, 1))) for i in range(3)]
+    norm = data.fit_normalization(eps[:2])
+    model = Drifting()
+    opts = fit.FitOptions(steps=30, window=8, batch=2, eval_every=10)
+    res = fit.fit(model, fit.prepare(eps[:2], norm, 2), fit.prepare(eps[2:], norm, 2), opts, tmp_path, {},
+                  progress=fit.Progress(30, stream=io.StringIO()))
+    losses = [h["val_loss"] for h in res.history]
+    assert losses == sorted(losses) and res.best_step == 10 and res.best_val == losses[0]
+    assert float(model.calls) == 10  # the weights (and buffers) of step 10 are what the policy file gets

@@ -161,8 +161,9 @@ def _read_obs(src, ts, stamp: str, counts: dict) -> tuple[np.ndarray, np.ndarray
         stamps.append(_stamp(msg, bag_ns, stamp, f"{src.path} {src.topic}"))
         rows.append(o)
     if not rows:
+        why = f"; the first refused: {counts['first_rejection']}" if "first_rejection" in counts else ""
         raise BagError(f"{src.path}: no usable observation on {src.topic} "
-                       f"({counts['obs_undecodable']} undecodable, {counts['obs_rejected']} rejected)")
+                       f"({counts['obs_undecodable']} undecodable, {counts['obs_rejected']} refused{why})")
     obs_names = [f"{n}.position" for n in names] + [f"{n}.velocity" for n in names] if names else []
     return np.asarray(stamps, np.int64), np.stack(rows).astype(np.float32), obs_names
 
@@ -183,8 +184,9 @@ def _read_actions(src, ts, stamp: str, counts: dict) -> tuple[np.ndarray, np.nda
         stamps.append(_stamp(msg, bag_ns, stamp, f"{src.path} {src.topic}"))
         rows.append(a)
     if not rows:
+        why = f"; the first refused: {counts['first_rejection']}" if "first_rejection" in counts else ""
         raise BagError(f"{src.path}: no usable action on {src.topic} "
-                       f"({counts['actions_undecodable']} undecodable, {counts['actions_rejected']} rejected)")
+                       f"({counts['actions_undecodable']} undecodable, {counts['actions_rejected']} refused{why})")
     return np.asarray(stamps, np.int64), np.stack(rows).astype(np.float32), reader.names or []
 
 

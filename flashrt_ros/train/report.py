@@ -62,9 +62,11 @@ def plot(path: Path, history: list, baseline: float, bag: str, period_s: float, 
         a.plot(t, predicted[:, c], lw=1.0, ls="--", label="policy")
         a.set_title(action_names[c] if c < len(action_names) else f"action {c}", fontsize=9)
         a.tick_params(labelsize=7)
+        if c >= chans - 2:
+            a.set_xlabel("s", fontsize=8)
         if c == 0:
             a.legend(fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.suptitle(f"held-out bag {bag}: actions in robot units, the policy run from the bag's start", fontsize=10)
-    fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
