@@ -1224,4 +1224,16 @@ MUTATIONS = [
              ["test/test_stream_limits.py::test_a_resync_flood_adds_at_most_two_keyframes_per_resend_interval"],
              "every resync request inside RESEND_MIN_S turns the next record into a keyframe: a client in a loop "
              "makes every record a whole window"),
+    Mutation("train_split_leaks_a_validation_bag", "flashrt_ros/train/data.py",
+             "    train = [e for i, e in enumerate(episodes) if i not in held]\n",
+             "    train = list(episodes)\n",
+             ["test/test_train_cli.py::test_the_split_holds_out_whole_bags_never_one_on_both_sides"],
+             "the held-out bags trained on as well: the validation loss (and the best checkpoint) would flatter the "
+             "policy"),
+    Mutation("train_action_offset_left_out_of_the_policy", "flashrt_ros/train/cli.py",
+             "    model.set_normalization(norm.obs_mean, norm.obs_std, norm.action_scale, norm.action_offset)\n",
+             "    model.set_normalization(norm.obs_mean, norm.obs_std, norm.action_scale, 0 * norm.action_offset)\n",
+             ["test/test_train_cli.py::test_the_policy_file_runs_in_a_session_and_its_actions_are_in_the_robots_units"],
+             "targets normalised around the fitted offset, a policy file without it: every action off by the "
+             "offset on the robot"),
 ]
