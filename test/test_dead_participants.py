@@ -21,6 +21,7 @@ from flashrt_ros.ros.dead_participants import (
     dead_participant_ids,
     hold_dead_participant_ids,
     metatraffic_port,
+    planted_port_files,
     shm_port,
 )
 
@@ -212,3 +213,38 @@ def test_a_node_started_after_a_kill_keeps_off_the_dead_id_and_says_so(ros_domai
         assert took not in dead and _bound_by_someone(metatraffic_port(domain, took)), held[0]
     finally:
         node.stop()
+
+
+def test_a_fifo_at_a_port_lock_name_is_skipped_never_opened_and_named(tmp_path):
+    """Issue 44.4: a FIFO planted in /dev/shm at a port's lock file name hung the node's start-up for good (the
+    scan opened it, waiting for a writer), before rclpy was even started."""
+    from test_shm_segments import _never_blocks, _unblock
+    _lock_file(tmp_path, 0)
+    fifo = tmp_path / f"fastdds_port{shm_port(DOMAIN, 1)}_el"
+    os.mkfifo(fifo)
+    os.utime(fifo, (0, 0))
+    (tmp_path / f"fastdds_port{shm_port(DOMAIN, 2)}_el").symlink_to(tmp_path / "elsewhere")
+    _lock_file(tmp_path, 3)
+    skipped = []
+    try:
+        ended, ids = _never_blocks(dead_participant_ids, DOMAIN, tmp_path, skipped=skipped)
+    finally:
+        _unblock(fifo)
+    assert ended, "dead_participant_ids waited on the FIFO"
+    assert ids == [0, 3] and skipped == [f"{fifo} is a FIFO"]
+
+
+def test_files_planted_at_this_domains_port_names_are_found_others_not(tmp_path):
+    """Fast DDS itself waits on a FIFO at its port's lock name, inside rclpy where no signal handler runs: the
+    node refuses to start on them (node.main), naming them."""
+    port = shm_port(DOMAIN, 5)
+    for name in (f"fastdds_port{port}_el", f"fastrtps_port{port}", f"sem.fastdds_port{port}_mutex"):
+        os.mkfifo(tmp_path / name)
+    (tmp_path / f"fastdds_port{port + 2}_sl").symlink_to(tmp_path / "x")  # a link: also not a regular file
+    os.mkfifo(tmp_path / f"fastdds_port{shm_port(DOMAIN + 1, 5)}_el")  # another domain's: not ours to refuse
+    os.mkfifo(tmp_path / "fastdds_0123456789abcdef_el")  # a segment's: the scan skips it (no Fast DDS open)
+    _lock_file(tmp_path, 6)  # a regular one
+    assert planted_port_files(DOMAIN, tmp_path) == sorted(
+        str(tmp_path / n) for n in (f"fastdds_port{port}_el", f"fastrtps_port{port}", f"sem.fastdds_port{port}_mutex",
+                                    f"fastdds_port{port + 2}_sl"))
+    assert planted_port_files(DOMAIN, tmp_path / "absent") == []

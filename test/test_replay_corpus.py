@@ -15,6 +15,7 @@ import pytest
 from fixtures.make_bags import PERIOD_NS, T0_NS, trace, write_joint_bag
 from fixtures.replay_cli import replay
 
+from flashrt_ros.tools.replay import bags
 from flashrt_ros.tools.replay.bags import write_joint_trace
 
 STEPS = 80
@@ -43,8 +44,8 @@ def corpus(tmp_path_factory):
     return d
 
 
-def run_corpus(spec, *args, expect, tmp_path, name="s.json"):
-    _, res = replay(spec, *args, "--json", tmp_path / name, expect=expect)
+def run_corpus(spec, *args, expect, tmp_path, name="s.json", timeout=300):
+    _, res = replay(spec, *args, "--json", tmp_path / name, expect=expect, timeout=timeout)
     return json.loads((tmp_path / name).read_text()), res
 
 
@@ -186,3 +187,27 @@ def test_sigterm_stops_every_running_worker_and_leaves_no_unfinished_output(tmp_
     assert all(not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
                for pid in workers)  # every worker ended with the corpus
     assert not [p for p in out.iterdir() if p.is_dir()]  # their unfinished output bags were removed
+
+
+def test_a_fifo_or_a_link_loop_in_a_corpus_is_one_failed_row_never_a_hang(tmp_path):
+    """Issue 44.4: a FIFO named as a bag once hung the corpus (no exit in 150 s: its worker waited on the FIFO
+    for a writer), and a link loop ended it with exit 4 (an internal error)."""
+    d = tmp_path / "corpus"
+    d.mkdir()
+    staging = write_joint_trace(d / ".staging", "mcap", trace(20), T0_NS, PERIOD_NS)
+    next(staging.glob("*.mcap")).rename(d / "good.mcap")
+    shutil.rmtree(staging)
+    os.mkfifo(d / "fifo.mcap")
+    (d / "loop.mcap").symlink_to("loop.mcap")
+    (d / "fifo_dir").mkdir()  # a bag directory whose storage file is a FIFO
+    (d / "fifo_dir" / "metadata.yaml").write_text("rosbag2_bagfile_information: {relative_file_paths: [x.mcap]}\n")
+    os.mkfifo(d / "fifo_dir" / "x.mcap")
+    os.mkfifo(tmp_path / "metadata.yaml")  # a FIFO as metadata.yaml is read as no metadata, not waited on
+    assert bags._read_metadata(tmp_path) == {}
+    s, res = run_corpus(d, "--jobs", 2, expect=1, tmp_path=tmp_path, timeout=120)
+    rows = {r["bag"]: r for r in s["rows"]}
+    assert sorted(rows) == ["fifo", "fifo_dir", "good", "loop"] and s["failed"] == ["fifo", "fifo_dir", "loop"]
+    assert rows["good"]["exit_code"] == 0 and rows["good"]["steps"] == 20
+    assert rows["fifo"]["exit_code"] == 2 and "fifo.mcap: a FIFO, not a bag file" in rows["fifo"]["error"]
+    assert rows["fifo_dir"]["exit_code"] == 2 and "x.mcap: a FIFO, not a bag file" in rows["fifo_dir"]["error"]
+    assert rows["loop"]["exit_code"] == 2 and "symbolic links" in rows["loop"]["error"], rows["loop"]

@@ -28,7 +28,8 @@ def node_params(tmp_path):
 
 def test_a_node_given_only_policy_path_runs_the_file_and_commands_in_robot_units(flashrt, tmp_path):
     _, planner = flashrt
-    outputs = Outputs(planner)
+    units = trained_like_weights(PolicyConfig(**ARCH), seed=7)
+    outputs = Outputs(planner, units=(units["action_scale"], units["action_offset"]))  # the file's
     obs = observation_trace(30)
     outputs.linked(obs[:3])
     n0 = len(planner.steps)  # linked() steps until the outputs flow: 1 to 3 observations
@@ -40,3 +41,8 @@ def test_a_node_given_only_policy_path_runs_the_file_and_commands_in_robot_units
     assert outputs.wait(len(obs) - n0)
     assert list(outputs.trajectories[-1].joint_names) == JOINTS  # named by the file's action channels
     assert len(outputs.trajectories[-1].points) == ARCH["chunk_len"]
+    # the trajectory in the robot's units too (issue 44.5): the chunk with action_scale / action_offset applied
+    chunk = np.asarray(planner.steps[-1].action_chunk, np.float32).reshape(ARCH["chunk_len"], 7)
+    positions = np.array([p.positions for p in outputs.trajectories[-1].points])
+    assert positions.tobytes() == (chunk * units["action_scale"].astype(np.float64) + units["action_offset"]).tobytes()
+    assert np.abs(positions).max() > 1.0

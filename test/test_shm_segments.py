@@ -6,7 +6,7 @@ import fcntl
 import os
 import time
 
-from flashrt_ros.ros.shm_segments import MIN_AGE_S, removal_line, remove_dead_segments
+from flashrt_ros.ros.shm_segments import MIN_AGE_S, removal_line, remove_dead_segments, skipped_line
 
 
 def _segment(shm, name: str, age_s: float, size: int = 1 << 20) -> None:
@@ -55,3 +55,44 @@ def test_other_files_are_never_touched(tmp_path):
 
 def test_a_missing_directory_is_nothing_to_do(tmp_path):
     assert remove_dead_segments(tmp_path / "absent") == (0, 0)
+
+
+def _never_blocks(fn, *args, **kw):
+    """fn(*args, **kw) in a thread that must end within 10 s (opening a FIFO for reading waits for a writer)."""
+    import threading
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", fn(*args, **kw)), daemon=True)
+    t.start()
+    t.join(10.0)
+    return not t.is_alive(), out.get("r")
+
+
+def _unblock(path):
+    """Let a reader stuck opening the FIFO go (a writer appears)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def test_a_fifo_or_a_link_planted_at_a_lock_file_name_is_skipped_never_opened(tmp_path):
+    """Issue 44.4: anyone can create files in /dev/shm; a FIFO at a dead segment's lock name hung the node's
+    start-up for good (open waited for a writer)."""
+    _segment(tmp_path, "fastdds_0123456789abcdef", MIN_AGE_S + 10)  # a real dead one beside them
+    fifo = tmp_path / "fastdds_00000000000000aa_el"
+    os.mkfifo(fifo)
+    (tmp_path / "fastdds_00000000000000bb_el").symlink_to(tmp_path / "fastdds_0123456789abcdef_el")
+    for name in ("fastdds_00000000000000aa_el", "fastdds_00000000000000bb_el"):
+        os.utime(tmp_path / name, (0, 0), follow_symlinks=False)
+    skipped = []
+    try:
+        ended, result = _never_blocks(remove_dead_segments, tmp_path, skipped=skipped)
+    finally:
+        _unblock(fifo)
+    assert ended, "remove_dead_segments waited on the FIFO"
+    assert result[0] == 1
+    assert sorted(os.listdir(tmp_path)) == ["fastdds_00000000000000aa_el", "fastdds_00000000000000bb_el"]
+    assert skipped == [f"{fifo} is a FIFO"]
+    line = skipped_line(skipped)
+    assert "not regular files (planted? not opened)" in line and str(fifo) in line
+    assert skipped_line([]) == ""

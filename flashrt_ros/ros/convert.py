@@ -4,6 +4,7 @@ classes alike); raises ValueError with a reason a robot engineer can act on.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -126,6 +127,22 @@ def replan_observations(flat: Sequence[float], branches: int, horizon: int, obs_
         raise ValueError(f"observations has {arr.size} values, expected branches x horizon x obs_dim = "
                          f"{branches} x {horizon} x {obs_dim} = {want}")
     return _finite(arr).reshape(branches, horizon, obs_dim)
+
+
+JOINT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_controller_joint_names(what: str, names: Sequence[str]) -> list[str]:
+    """``names`` when each is a ROS name token a controller takes: ASCII letters, digits and underscores, not
+    starting with a digit (ros2_control names a joint's interfaces ``<joint>/<interface>``, so a '/' splits
+    one; a controller matches its ``joints`` parameter, a ROS string array, exactly). ValueError naming
+    ``what`` and the first name that is not."""
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not JOINT_NAME.fullmatch(name):
+            raise ValueError(f"{what}: {name!r} (index {i}) is not a joint name a controller takes: ASCII "
+                             "letters, digits and underscores, not starting with a digit (no '/', spaces, dots "
+                             "or other characters)")
+    return list(names)
 
 
 FILE_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")

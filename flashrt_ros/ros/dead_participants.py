@@ -16,10 +16,13 @@ without a graph (and with real participants in test_dead_participants.py).
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .shm_segments import NotRegularFile, open_regular
 
 try:
     import fcntl
@@ -44,13 +47,15 @@ def shm_port(domain_id: int, participant_id: int) -> int:
     return PORT_BASE + DOMAIN_GAIN * domain_id + USER_UNICAST + PARTICIPANT_GAIN * participant_id
 
 
-def dead_participant_ids(domain_id: int, shm_dir: Path = SHM_DIR, min_age_s: float = MIN_AGE_S) -> list[int]:
+def dead_participant_ids(domain_id: int, shm_dir: Path = SHM_DIR, min_age_s: float = MIN_AGE_S,
+                         skipped: list[str] | None = None) -> list[int]:
     """Ids below MAX_IDS whose shared-memory port has a lock file nobody holds (its listener died and no sender
     has opened the port anew), ascending. All of them: Fast DDS takes the lowest free id, so any dead one left
     unheld below the first free id is taken (with only the 8 newest held, the 13th restart of the 20-kill resume
     test took an older one, and was "discovered but does not answer" for 60 s). Held ids above the first free
     one cost a socket each and move nothing; if every id below MAX_IDS is dead or live, the node gets one past
-    them, as Fast DDS would give it anyway once they were live."""
+    them, as Fast DDS would give it anyway once they were live. A lock file that is not a regular file (a FIFO
+    planted in /dev/shm, a link) is never opened, never waited on, and is named in ``skipped``."""
     if fcntl is None:
         return []
     found: list[int] = []
@@ -62,16 +67,49 @@ def dead_participant_ids(domain_id: int, shm_dir: Path = SHM_DIR, min_age_s: flo
         for prefix in PORT_PREFIXES:
             lock = shm_dir / f"{prefix}_port{port}_el"
             try:
-                started = lock.stat().st_mtime
+                started = os.lstat(lock).st_mtime
                 if now - started < min_age_s:
                     continue
-                with open(lock, "rb") as held:
+                held = open_regular(lock)
+                try:
                     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on close
+                finally:
+                    os.close(held)
+            except NotRegularFile as e:
+                if skipped is not None:
+                    skipped.append(str(e))
+                continue
             except OSError:
-                continue  # absent, or its listener lives
+                continue  # absent, a link, or its listener lives
             found.append(pid)
             break
     return found
+
+
+PORT_FILE = re.compile(r"^(?:sem\.)?(?:fastdds|fastrtps)_port(\d+)(?:_el|_sl|_mutex)?$")
+
+
+def planted_port_files(domain_id: int, shm_dir: Path = SHM_DIR) -> list[str]:
+    """Files named as Fast DDS names the shared-memory ports of ``domain_id`` (the port, its locks, its mutex)
+    that are not regular files, sorted. Fast DDS opens them while the participant starts and waits for good on
+    a FIFO (inside rclpy, where no signal handler runs); anyone can create files in /dev/shm. [] when none."""
+    lo = PORT_BASE + DOMAIN_GAIN * domain_id
+    planted = []
+    try:
+        entries = list(os.scandir(shm_dir))
+    except OSError:
+        return []
+    for entry in entries:
+        m = PORT_FILE.match(entry.name)
+        if m is None or not lo <= int(m.group(1)) < lo + DOMAIN_GAIN:
+            continue
+        try:
+            regular = entry.is_file(follow_symlinks=False)
+        except OSError:
+            continue
+        if not regular:
+            planted.append(entry.path)
+    return sorted(planted)
 
 
 def own_participant_ids(domain_id: int, fd_dir: Path = Path("/proc/self/fd"), shm_dir: Path = SHM_DIR) -> list[int]:
@@ -104,6 +142,7 @@ class HeldIds:
     participant exists."""
     domain_id: int
     ids: list[int] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # lock files that are not regular files, never opened
     _sockets: list[socket.socket] = field(default_factory=list, repr=False)
 
     def release(self) -> None:
@@ -131,7 +170,7 @@ def hold_dead_participant_ids(environ=os.environ, shm_dir: Path = SHM_DIR) -> He
     if not 0 <= domain_id <= MAX_DOMAIN_ID:  # rclpy refuses it anyway; its ports would be someone else's
         return HeldIds(domain_id)
     held = HeldIds(domain_id)
-    for pid in dead_participant_ids(domain_id, shm_dir):
+    for pid in dead_participant_ids(domain_id, shm_dir, skipped=held.skipped):
         try:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         except OSError:  # out of file descriptors: start on whatever id Fast DDS gives
@@ -147,4 +186,4 @@ def hold_dead_participant_ids(environ=os.environ, shm_dir: Path = SHM_DIR) -> He
 
 
 __all__ = ["PORT_PREFIXES", "HeldIds", "dead_participant_ids", "hold_dead_participant_ids", "metatraffic_port",
-           "own_participant_ids", "shm_port"]
+           "own_participant_ids", "planted_port_files", "shm_port"]

@@ -74,6 +74,7 @@ def diagnostics_message(name: str, lifecycle_state: str, hardware_id: str, stats
         "replans_rejected": stats.replans_rejected,
         "replan_deadline_misses": stats.replan_deadline_misses,
         "stamps_from_node_clock": stats.stamps_from_clock,
+        "stamps_in_future": stats.stamps_in_future,
     }
     if usage is not None:
         rate = observed_step_rate_hz(step_times)

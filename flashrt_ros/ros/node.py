@@ -44,7 +44,7 @@ from .capsule_dir import CapsuleDir
 from .capsule_stream import StreamPublisher
 from .convert import JointNamesMismatch, ObservationReader, stamp_to_ns
 from .dds_profile import default_fast_dds_ports, use_shipped_profile
-from .dead_participants import HeldIds, hold_dead_participant_ids, own_participant_ids
+from .dead_participants import HeldIds, hold_dead_participant_ids, own_participant_ids, planted_port_files
 from .diagnostics import device_name, diagnostics_message
 from .freed_memory import keep_freed_memory
 from .gc_freeze import GcFreezer, collect_and_freeze, thaw
@@ -57,7 +57,7 @@ from .qos import resolve_profiles
 from .realtime import apply_thread_priority
 from .replica import ReplicaLink, role_diagnostics
 from .roles import NodeRoles
-from .shm_segments import removal_line, remove_dead_segments
+from .shm_segments import removal_line, remove_dead_segments, skipped_line
 from .standby import StandbyLink
 from .state_gate import GatedCapsuleServices, GatedReplanServer, inactive_refusal
 
@@ -199,7 +199,8 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         # Lifecycle publishers: nothing goes out on them unless the node is active. policy_step is made on
         # activate instead (see _renew_policy_step_writer).
         self._outputs = ActionOutputs(self, cfg.action_dim, cfg.chunk_len, out_names, own["publish_trajectory"],
-                                      own["control_period_s"], qos, self.robot_topic)
+                                      own["control_period_s"], qos, self.robot_topic,
+                                      units=(session.weights["action_scale"], session.weights["action_offset"]))
         if own["publish_trajectory"] and not own["action_joint_names"]:
             self.get_logger().warning(f"action_joint_names is unset: 'action_trajectory' names the joints "
                                       f"{out_names[0]} .. {out_names[-1]}, which no controller knows; set "
@@ -523,15 +524,27 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             return
         header = getattr(msg, "header", None)
         stamp = header.stamp if header is not None else None
+        now = self.get_clock().now()
         if stamp is None or (stamp.sec == 0 and stamp.nanosec == 0):  # none (a float array) or never set
-            stamp = self.get_clock().now().to_msg()
+            stamp = now.to_msg()
             self.stats.count("stamps_from_clock")
         try:  # a stamp before 1970 would make capsules no file or record can carry; the state is untouched
-            self.last_stamp_ns = check_stamp_ns(stamp_to_ns(stamp))
+            stamp_ns = check_stamp_ns(stamp_to_ns(stamp))
         except ValueError as e:
             self.stats.count("rejected")
             self.get_logger().warning(f"observation rejected: {e}", throttle_duration_sec=1.0)
             return
+        ahead_ms = (stamp_ns - now.nanoseconds) / 1e6
+        # a wrong clock: refused, the state untouched (a sim clock still at 0, before /clock: nothing to compare)
+        if now.nanoseconds > 0 and ahead_ms > self._own["max_future_stamp_ms"]:
+            self.stats.count("rejected")
+            self.stats.count("stamps_in_future")
+            self.get_logger().warning(f"observation rejected: stamped {ahead_ms:.0f} ms ahead of this node's clock "
+                                      f"(max_future_stamp_ms {self._own['max_future_stamp_ms']:g}): the sensor's "
+                                      "clock is wrong, or not synchronised with this computer's",
+                                      throttle_duration_sec=1.0)
+            return
+        self.last_stamp_ns = stamp_ns
 
         outputs = self._outputs
         if outputs is None:  # cleaned up meanwhile
@@ -650,19 +663,42 @@ def spin_until_stopped(executor, node, stop: threading.Event) -> None:
 # would never exit, and a launch file or systemd would wait on it. Past this limit after the runtime is released
 # (the capsule log flushed), every thread's stack goes to stderr and the process exits 1 without the rest.
 TEARDOWN_LIMIT_S = 20.0
+# SIGINT / SIGTERM end the node within this, whatever it is doing: a start-up blocked in a system call (a FIFO
+# planted where a file was expected once hung it for good, SIGTERM ignored), a configure still compiling, or
+# the teardown above. Past it every thread's stack goes to stderr and the process exits 1 (the capsule log is
+# safe against that, as against kill -9). Under 5 s: systemd's and launch's SIGKILL come later.
+SIGNAL_EXIT_LIMIT_S = 4.5
 
 
 def main(args=None) -> int:
-    # SIGINT / SIGTERM only ask the loop to stop, from the start: shutdown then runs in order
-    # (replan worker, services, node, context) and exits 0, even mid-configure or mid-replan.
-    stop = threading.Event()
+    # Until the node exists, SIGINT / SIGTERM end the process at once (the default action): there is nothing to
+    # shut down in order yet, and a start-up stuck inside rclpy (Fast DDS waiting on a file planted in /dev/shm)
+    # runs no Python signal handler. From then on they only ask the loop to stop: shutdown runs in order
+    # (replan worker, services, node, context) and exits 0, even mid-configure or mid-replan, within
+    # SIGNAL_EXIT_LIMIT_S (else exit 1 with every thread's stack).
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, signal.SIG_DFL)
+    stop = threading.Event()
+    exit_by: list[float] = []  # when a signal came: the process ends by exit_by[0]
+
+    def on_signal(*_):
+        stop.set()
+        if not exit_by:  # a C-level watchdog: it fires even while this thread is stuck in a call
+            exit_by.append(time.monotonic() + SIGNAL_EXIT_LIMIT_S)
+            faulthandler.dump_traceback_later(SIGNAL_EXIT_LIMIT_S, exit=True)
+
     if hasattr(signal, "SIGUSR1"):  # kill -USR1: every thread's stack to stderr, the node runs on (a hung node)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     # before rclpy.init: the participant takes its id, and Fast DDS reads its profile, when it starts
     port_formula = default_fast_dds_ports()  # else the ids cannot be told from the ports
     held_ids = hold_dead_participant_ids() if port_formula else HeldIds(0)
+    planted = planted_port_files(held_ids.domain_id) if port_formula else []
+    if planted:
+        held_ids.release()
+        print(f"flashrt: cannot start: {', '.join(planted)} named as Fast DDS shared-memory port files of domain "
+              f"{held_ids.domain_id} but not regular files (planted?): Fast DDS would wait on them for good; remove "
+              "them", file=sys.stderr)
+        return 2
     dds_line = use_shipped_profile()
     try:
         _init_ros(args if args is not None else sys.argv)
@@ -674,6 +710,8 @@ def main(args=None) -> int:
     node = executor = None
     try:
         node = FlashRTNode(argv=args if args is not None else sys.argv)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, on_signal)
         held_ids.release()  # the participant exists
         node.get_logger().info(dds_line)
         participant_line = held_ids.line(own_participant_ids(held_ids.domain_id) if port_formula else [])
@@ -681,10 +719,13 @@ def main(args=None) -> int:
             node.get_logger().info(participant_line)
         if check_node_param("keep_freed_memory", node.get_parameter("keep_freed_memory").value):
             node.get_logger().info(keep_freed_memory())  # before configure's large allocations
+        skipped = list(held_ids.skipped)
         if check_node_param("clean_dead_shm_segments", node.get_parameter("clean_dead_shm_segments").value):
-            removed_line = removal_line(*remove_dead_segments())
+            removed_line = removal_line(*remove_dead_segments(skipped=skipped))
             if removed_line:
                 node.get_logger().info(removed_line)
+        if skipped:
+            node.get_logger().warning(skipped_line(skipped))
         # SingleThreaded, not EventsExecutor: rclpy 9.1's EventsExecutor hung at 100% CPU serving an
         # action goal here (even a plain synchronous one); see README. Humble has no EventsExecutor anyway.
         executor = SingleThreadedExecutor()
@@ -706,7 +747,9 @@ def main(args=None) -> int:
         held_ids.release()
         if node is not None:
             node.release()  # the replan worker stops while the context still works
-        faulthandler.dump_traceback_later(TEARDOWN_LIMIT_S, exit=True)  # C-level: covers interpreter exit too
+        # C-level: covers interpreter exit too; never later than a signal's limit
+        limit = TEARDOWN_LIMIT_S if not exit_by else max(0.1, exit_by[0] - time.monotonic())
+        faulthandler.dump_traceback_later(limit, exit=True)
         if executor is not None:
             executor.shutdown()
         if node is not None:

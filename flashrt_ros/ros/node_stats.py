@@ -30,6 +30,7 @@ class NodeStats:
     steps_refused_reported: int = 0  # seen by the last /diagnostics
     step_refused_why: str = ""  # the last refusal; "" once a step succeeds again
     stamps_from_clock: int = 0  # observations without a stamp (zero or none): stamped with the node's clock
+    stamps_in_future: int = 0  # observations stamped past max_future_stamp_ms ahead: refused (also in rejected)
     latencies_ms: list = field(default_factory=list)
     step_times: deque = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

@@ -2,10 +2,15 @@
 
 - 'action' (std_msgs/Float64MultiArray): the step's action, one value per joint in action_joint_names
   order, layout filled (one dimension: label, size, stride), as forward_command_controller takes it.
-- 'action_trajectory' (trajectory_msgs/JointTrajectory, with publish_trajectory): the whole action chunk
-  for joint_trajectory_controller. header.stamp is the observation's stamp; point k holds chunk[k] as
-  positions, time_from_start (k + 1) * control_period_s: the controller reaches chunk[k] at the end of the
-  k-th control period after the observation.
+- 'action_trajectory' (trajectory_msgs/JointTrajectory, with publish_trajectory): the step's whole action chunk
+  for joint_trajectory_controller, as the chunk head gives it: not the temporal ensemble that 'action' carries
+  (the blend of the last chunk_len chunks), but in the same units (action_scale, action_offset applied).
+  Point k: positions chunk[k], time_from_start (k + 1) * control_period_s, velocities the central finite
+  differences of the chunk's positions over control_period_s (one-sided at point 0, zero at the last point:
+  the chunk ends at rest). header.stamp is zero, as MoveIt Servo sends it: the controller starts the
+  trajectory when it arrives. The observation's stamp would be ~10 ms old by then (a step, DDS), so point 0
+  would already be past on arrival, and a controller on another computer would add its clock offset;
+  header.frame_id stays the observation's. policy_step carries the observation's stamp.
 
 Both are lifecycle publishers: nothing goes out unless the node is active.
 """
@@ -15,6 +20,8 @@ import numpy as np
 from builtin_interfaces.msg import Duration
 from std_msgs.msg import Float64MultiArray, MultiArrayDimension, MultiArrayLayout
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from .convert import check_controller_joint_names
 
 ACTION_LAYOUT_LABEL = "joints"
 
@@ -30,7 +37,17 @@ def action_joint_names(configured: list[str], action_dim: int) -> list[str]:
     if len(configured) != action_dim:
         raise ValueError(f"action_joint_names: {len(configured)} names for action_dim {action_dim}; give one "
                          "name per action value, in the policy's output order")
-    return list(configured)
+    return check_controller_joint_names("action_joint_names", configured)  # a policy file's names too
+
+
+def trajectory_points(chunk: np.ndarray, scale, offset, period_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, velocities) [chunk_len, action_dim] float64 of a chunk: chunk * scale + offset, and the
+    central differences of consecutive positions over period_s (one-sided at point 0, zero at the last)."""
+    pos = chunk.astype(np.float64) * np.asarray(scale, np.float64) + np.asarray(offset, np.float64)
+    vel = np.zeros_like(pos)
+    if len(pos) > 1:
+        vel[:-1] = np.gradient(pos, period_s, axis=0)[:-1]
+    return pos, vel
 
 
 def duration_of(seconds: float) -> Duration:
@@ -40,9 +57,11 @@ def duration_of(seconds: float) -> Duration:
 
 class ActionOutputs:
     def __init__(self, node, action_dim: int, chunk_len: int, joint_names: list[str], trajectory: bool,
-                 control_period_s: float, profiles: dict, topic=lambda name: name):
-        """``topic(name)``: the name to publish ``name`` on (a standby publishes on the primary's)."""
+                 control_period_s: float, profiles: dict, topic=lambda name: name, units=(1.0, 0.0)):
+        """``topic(name)``: the name to publish ``name`` on (a standby publishes on the primary's). ``units``:
+        the policy's (action_scale, action_offset), which the trajectory's positions get as 'action' does."""
         self.node, self.joint_names = node, joint_names
+        self._units, self._period_s = units, control_period_s
         layout = MultiArrayLayout(dim=[MultiArrayDimension(label=ACTION_LAYOUT_LABEL, size=action_dim,
                                                            stride=action_dim)], data_offset=0)
         self._layout = layout
@@ -59,10 +78,11 @@ class ActionOutputs:
         """``header``: the step's (the observation's stamp and frame_id)."""
         if self.trajectory_pub is None:
             return
-        rows = chunk.astype(np.float64).tolist()
+        pos, vel = trajectory_points(chunk, *self._units, self._period_s)
         msg = JointTrajectory(joint_names=self.joint_names, points=[
-            JointTrajectoryPoint(positions=row, time_from_start=t) for row, t in zip(rows, self._times)])
-        msg.header = header
+            JointTrajectoryPoint(positions=p, velocities=v, time_from_start=t)
+            for p, v, t in zip(pos.tolist(), vel.tolist(), self._times)])
+        msg.header.frame_id = header.frame_id  # stamp zero: started on arrival (see above)
         self.trajectory_pub.publish(msg)
 
     def destroy(self) -> None:

@@ -27,6 +27,7 @@ from rclpy.parameter import Parameter
 from ..runtime.engine.backend import BACKENDS
 from ..runtime.model.config import FLOAT32_MAX, PolicyConfig
 from ..runtime.model.policy_file import read_policy, resolve_policy_config
+from .convert import check_controller_joint_names
 
 
 def default_capsule_dir() -> str:
@@ -58,6 +59,8 @@ def _joint_names(name: str, v) -> list[str]:
     if len(set(v)) != len(v):
         dup = sorted({j for j in v if list(v).count(j) > 1})
         raise ValueError(f"{name}: duplicate joint names {dup}")
+    if name == "action_joint_names":  # what a controller is sent (joint_names keeps the robot's own names)
+        check_controller_joint_names(name, v)
     return list(v)
 
 
@@ -78,6 +81,7 @@ NODE_RANGES = {
     "persist_budget_mb": (0.001, 1_073_741_824.0),
     "persist_queue_mb": (0.0, 1_048_576.0),
     "control_period_s": (0.0001, 3600.0),
+    "max_future_stamp_ms": (0.0, 3_600_000.0),
     "thread_priority": (0, 99),
     "replan_nice": (0, 19),
     "gc_freeze_period_s": (0.0, 3600.0),
@@ -173,13 +177,19 @@ NODE_PARAMS = {
     # output for ros2_control (outputs.py); QoS overrides: qos.py
     "publish_trajectory": (False, "also publish the action chunk as trajectory_msgs/JointTrajectory on "
                            "'action_trajectory' (for joint_trajectory_controller): point k = chunk[k] as positions "
-                           "at time_from_start (k+1) * control_period_s, stamped with the observation's stamp",
+                           "(in action units, not blended), finite-difference velocities, at time_from_start "
+                           "(k+1) * control_period_s; header.stamp zero: the controller starts it on arrival",
                            _bool, False),
     "action_joint_names": (None, "names of the action's values, in the policy's output order (one per action_dim): "
-                           "the JointTrajectory's joint_names. Unset: action_0 .. action_<action_dim-1> (a "
-                           "controller will not match them: set this)", _joint_names, False),
+                           "the JointTrajectory's joint_names; ASCII letters, digits and underscores, not starting "
+                           "with a digit. Unset: action_0 .. action_<action_dim-1> (a controller will not match "
+                           "them: set this)", _joint_names, False),
     "control_period_s": (0.01, "time between two actions of the chunk, in s (> 0; 0.01 = 100 Hz): the spacing "
                          "of the JointTrajectory's time_from_start", _ranged, False),
+    "max_future_stamp_ms": (500.0, "an observation stamped more than this ahead of the node's clock is refused, "
+                            "its state untouched, and counted (stamps_in_future on /diagnostics): a stamp years "
+                            "ahead would go into the step's capsule, policy_step and history. Covers the clock "
+                            "offset between the sensor's computer and this one", _ranged, False),
     # real-time scheduling (realtime.py), as ros2_control's controller_manager offers it
     "thread_priority": (0, "SCHED_FIFO priority (1..99) of the thread that steps observations; 0 = normal "
                         "scheduling. Needs CAP_SYS_NICE or an rtprio limit (ulimit -r); where it is not allowed "

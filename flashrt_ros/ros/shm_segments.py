@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -23,9 +24,36 @@ SEGMENT_LOCK = re.compile(r"^(fastdds|fastrtps)_[0-9a-z]{16}_el$")  # Fast DDS 3
 MIN_AGE_S = 60.0
 
 
-def remove_dead_segments(shm_dir: Path = SHM_DIR, min_age_s: float = MIN_AGE_S) -> tuple[int, int]:
+class NotRegularFile(OSError):
+    pass
+
+
+def open_regular(path: Path) -> int:
+    """A read-only descriptor of ``path``, which must be a regular file: never through a symbolic link and never
+    blocking (anyone can create files in /dev/shm; opening a FIFO planted at a lock file's name would wait for a
+    writer forever). NotRegularFile names what it is instead; other OSErrors as os.open raises them."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise NotRegularFile(f"{path} is {kind}")
+    return fd
+
+
+def skipped_line(skipped: list[str]) -> str:
+    """One line for the node's log naming what was skipped ('' when nothing was)."""
+    if not skipped:
+        return ""
+    return (f"skipped {len(skipped)} files in /dev/shm named like Fast DDS lock files that are not regular files "
+            f"(planted? not opened): {'; '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''}")
+
+
+def remove_dead_segments(shm_dir: Path = SHM_DIR, min_age_s: float = MIN_AGE_S,
+                         skipped: list[str] | None = None) -> tuple[int, int]:
     """Remove the segments (and their lock files) no process holds; returns (segments removed, bytes of RAM
-    they held). Anything that cannot be read, locked or removed is left alone."""
+    they held). Anything that cannot be read, locked or removed is left alone; a lock file that is not a
+    regular file (a FIFO, a link) is never opened, and is named in ``skipped``."""
     if fcntl is None:
         return 0, 0
     try:
@@ -39,18 +67,28 @@ def remove_dead_segments(shm_dir: Path = SHM_DIR, min_age_s: float = MIN_AGE_S) 
             continue
         lock, segment = shm_dir / name, shm_dir / name[:-len("_el")]
         try:
-            if now - lock.stat().st_mtime < min_age_s:
+            if now - os.lstat(lock).st_mtime < min_age_s:
                 continue
-            with open(lock, "rb") as held:
-                try:
-                    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
-                    continue  # its owner lives
-                size = segment.stat().st_blocks * 512 if segment.exists() else 0
-                segment.unlink(missing_ok=True)
-                lock.unlink()
+            held = open_regular(lock)
+        except NotRegularFile as e:
+            if skipped is not None:
+                skipped.append(str(e))
+            continue
+        except OSError:
+            continue  # gone meanwhile, or a link (O_NOFOLLOW)
+        try:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # its owner lives
+            seg = os.lstat(segment) if os.path.lexists(segment) else None
+            size = seg.st_blocks * 512 if seg is not None and stat.S_ISREG(seg.st_mode) else 0
+            segment.unlink(missing_ok=True)
+            lock.unlink()
         except OSError:
             continue
+        finally:
+            os.close(held)
         removed, freed = removed + 1, freed + size
     return removed, freed
 
@@ -63,4 +101,4 @@ def removal_line(removed: int, freed: int) -> str:
             f"({freed / 2**20:.0f} MiB of RAM; kill -9 leaves them)")
 
 
-__all__ = ["MIN_AGE_S", "remove_dead_segments", "removal_line"]
+__all__ = ["MIN_AGE_S", "NotRegularFile", "open_regular", "remove_dead_segments", "removal_line", "skipped_line"]

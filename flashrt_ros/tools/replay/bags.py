@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import struct
 import threading
 from collections.abc import Iterator
@@ -38,12 +39,31 @@ class ChunkLimit(BagError):
     """An MCAP chunk, or chunks overlapping in time, over the decompression limit (mcap_limits)."""
 
 
+def check_regular(path: Path) -> Path:
+    """``path`` when it is a regular file (a link to one counts: corpora link bags in); else BagError saying what
+    it is. Before anything opens a bag's file: a FIFO would block the read for good, a link loop has no end."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise BagError(f"{path}: cannot read bag ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or
+                stat.S_ISBLK(st.st_mode) else "not a regular file")
+        raise BagError(f"{path}: {kind}, not a bag file: refused (never opened)")
+    return path
+
+
 def _open_storage(path: Path, max_decompressed_mb: float | None) -> tuple[list[Path], dict, dict]:
     """(storage files, metadata.yaml's topic types, the storage's topic types) of a bag that exists, its
     MCAP chunks checked against the decompression limit before anything is decompressed."""
     if not path.exists():
+        if os.path.lexists(path):
+            check_regular(path)  # a link loop or a dangling link: says which
         raise BagError(f"{path}: no such bag")
     files, meta_types = _storage_files(path)
+    for f in files:
+        check_regular(f)
     _check_decompression(files, max_decompressed_mb)
     return files, meta_types, _storage_topics(files)
 
@@ -123,6 +143,10 @@ def _read_metadata(path: Path) -> dict:
     """metadata.yaml's rosbag2_bagfile_information, or {} when missing or unreadable (the storage decides)."""
     import yaml
 
+    try:
+        check_regular(path / "metadata.yaml")
+    except BagError:
+        return {}  # missing, or a FIFO that would block the read
     try:
         doc = yaml.safe_load((path / "metadata.yaml").read_text())
         info = doc.get("rosbag2_bagfile_information") if isinstance(doc, dict) else None

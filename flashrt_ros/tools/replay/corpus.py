@@ -53,7 +53,7 @@ def is_corpus(spec: str) -> bool:
 
 
 def bag_name(path: Path) -> str:
-    return path.stem if path.is_file() else path.name
+    return path.name if path.is_dir() or path.suffix not in STORAGE_SUFFIXES else path.stem
 
 
 def find_bags(spec: str) -> list[Path]:
@@ -73,7 +73,15 @@ def find_bags(spec: str) -> list[Path]:
         if other != b:
             raise BagError(f"{spec}: two bags named {bag_name(b)!r} ({other} and {b}); outputs and references "
                            "are matched by bag name, rename one")
-    return [names[n].resolve() for n in sorted(names)]
+    return [_absolute(names[n]) for n in sorted(names)]
+
+
+def _absolute(path: Path) -> Path:
+    """Resolved through its links; a link loop stays as it is named (its worker refuses it: one failed row)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: Python < 3.13's "Symlink loop"
+        return path.absolute()
 
 
 class Workers:
