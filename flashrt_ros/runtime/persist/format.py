@@ -103,6 +103,13 @@ def segment_header_bytes(layout: LogLayout) -> bytes:
 
 def encode_record(kind: int, info, small: bytes | np.ndarray, kv: np.ndarray, n_entries: int) -> bytes:
     """``info``: anything with id, parent_id, step, stamp_ns, pinned, label (a CapsuleInfo)."""
+    return b"".join(record_parts(kind, info, small, kv, n_entries))
+
+
+def record_parts(kind: int, info, small: bytes | np.ndarray, kv: np.ndarray, n_entries: int) -> list:
+    """encode_record's bytes as the pieces they are joined from (header first), none copied: the disk writer
+    hands them to os.writev, so a whole-window record (64 MiB at kv_window 16384) is not copied once more
+    before it goes to the file while the records behind it wait (a kill -9 loses those)."""
     label = info.label.encode()
     # one copy of the KV (a keyframe's is the whole window, 4 MiB at the default model): the checksum runs over
     # the parts in place, and the record is joined once
@@ -112,7 +119,7 @@ def encode_record(kind: int, info, small: bytes | np.ndarray, kv: np.ndarray, n_
     crc = zlib.crc32(struct.pack("<BI", kind, n))
     for part in parts:
         crc = zlib.crc32(part, crc)
-    return b"".join((RECORD_HEAD.pack(RECORD_MAGIC, kind, n, crc), *parts))
+    return [RECORD_HEAD.pack(RECORD_MAGIC, kind, n, crc), *parts]
 
 
 def read_segment_header(path: Path, blob: bytes | memoryview, layout: LogLayout) -> int:

@@ -35,8 +35,10 @@ class RecordQueue:
         self._dropped = self._written = self._resyncs = self._errors = 0
         self._last_error = ""
         L, d, W = layout.n_layers, layout.d_model, layout.kv_window
-        # consumer thread: the last record's window, slot = position % W
-        self._mirror = np.zeros((L, 2, W, d), np.float32)
+        # consumer thread: the last record's window, slot = position % W; touched here (np.zeros maps it lazily), or
+        # the first whole-window record faulted it in on the consumer's thread: 64 MiB at kv_window 16384, up to
+        # 0.4 s on the test VM, while the records behind it waited (a kill -9 then lost them all)
+        self._mirror = np.full((L, 2, W, d), 0.0, np.float32)
         # RESYNC buffers [L, 2, W, d] given back by the consumer, their pages touched here, at set-up: the first
         # write to a fresh 4 MiB block faults ~1,000 pages in, which took up to 20-30 ms on the test VM, on the
         # thread that queues the record (a step, or a committing replan) and under the session lock

@@ -45,6 +45,7 @@ from .format import (
     encode_record,
     iter_segment_paths,
     pin_name,
+    record_parts,
     segment_header_bytes,
 )
 from .record_queue import RecordQueue
@@ -56,6 +57,7 @@ MB = 2**20
 # checksum) runs between steps instead of taking the GIL from one mid-step. Never longer than this: a
 # runtime stepping back to back, or a caller that waits on the writer with the lock held, only delays it.
 QUIET_WAIT_S = 0.003
+IOV_BATCH = 64  # buffers per os.writev (below every IOV_MAX)
 QUEUE_MIN_RECORDS = 3  # whole-window records the queue always has room for (back-to-back rollbacks)
 SEGMENT_MIN_RECORDS = 4  # whole-window records a segment holds at least: its opening one costs <= 1/4 of it
 NAME_TRIES = 64  # names skipped (taken by something that is not a segment) before a rotation gives up
@@ -186,6 +188,13 @@ class CapsuleLog(RecordQueue):
         self._sizes = {p: p.stat().st_size for p in iter_segment_paths(self.dir)}
         self._pins = {p: p.stat().st_size for p in iter_segment_paths(self.dir, "pin-")}
         self._next_seg = 1 + max((int(p.stem[4:]) for p in self._sizes if p.stem[4:].isdigit()), default=0)
+        # the time trigger's fsyncs run on a thread of their own, on a duplicate of the segment's descriptor: the
+        # writer goes on writing meanwhile (a kill -9 loses what is not written yet, never what is not fsynced)
+        self._syncs: queue.Queue = queue.Queue()
+        self._sync_idle = threading.Event()
+        self._sync_idle.set()
+        self._syncer = threading.Thread(target=self._sync_run, name="flashrt-persist-fsync", daemon=True)
+        self._syncer.start()
         self._thread = threading.Thread(target=self._run, name="flashrt-persist", daemon=True)
         self._thread.start()
 
@@ -264,6 +273,9 @@ class CapsuleLog(RecordQueue):
 
     def close(self, timeout_s: float = 30.0) -> None:
         self._stop_consumer(timeout_s)
+        if not self._thread.is_alive():
+            self._syncs.put(None)
+            self._syncer.join(timeout_s)
         if not self._thread.is_alive():  # a writer still running keeps the directory
             self._dir_lock.release()
 
@@ -314,9 +326,10 @@ class CapsuleLog(RecordQueue):
             self._rotate()
         if kind == DELTA and self._resync_next:
             kind, kv, n = RESYNC, self._mirror, min(info.step, self.layout.kv_window)
-        blob = encode_record(kind, info, small, kv, n)
+        parts = record_parts(kind, info, small, kv, n)  # no joined copy: written as they are
+        size = sum(len(memoryview(part).cast("B")) for part in parts)
         try:
-            _write_all(self._fd, blob)
+            _write_all(self._fd, parts)
         except OSError:
             os.ftruncate(self._fd, self._good_bytes)  # no torn record in the middle of a segment
             # and the next record goes right after the last good one: a short write moved the offset
@@ -324,7 +337,7 @@ class CapsuleLog(RecordQueue):
             os.lseek(self._fd, self._good_bytes, os.SEEK_SET)
             self._seg_bytes = self._good_bytes
             raise
-        self._seg_bytes = self._good_bytes = self._seg_bytes + len(blob)
+        self._seg_bytes = self._good_bytes = self._seg_bytes + size
         self._unsynced += 1  # a marker too: fsynced by the same policy as the records
         if marker:
             return  # not a capsule: counts, the resync flag and the mirror stay as they were
@@ -403,6 +416,8 @@ class CapsuleLog(RecordQueue):
         return not digits.isdigit() or self.is_pinned(int(digits))  # a name that is no id: keep, never guess
 
     def _maybe_fsync(self, idle: bool = False, force: bool = False) -> None:
+        """``force`` (a flush, a rotation, the close): fsync here, after the one in flight. Otherwise a due fsync
+        goes to the fsync thread, unless one is still running there (the next check hands on the next)."""
         s = self.settings
         if self._fd is None or not self._unsynced:
             return
@@ -410,16 +425,40 @@ class CapsuleLog(RecordQueue):
             s.fsync_every_ms and (time.monotonic() - self._last_sync) * 1e3 >= s.fsync_every_ms)
         if not due:
             return
-        t0 = time.perf_counter()
+        if not force:
+            if not self._sync_idle.is_set():
+                return
+            self._sync_idle.clear()
+            self._syncs.put(os.dup(self._fd))  # the fsync thread closes it
+            self._unsynced, self._last_sync = 0, time.monotonic()
+            return
+        self._sync_idle.wait()
         try:
-            os.fsync(self._fd)
+            self._fsync(self._fd)
         except OSError as e:
             self._failed(e)
             return
-        ms = (time.perf_counter() - t0) * 1e3
         self._unsynced, self._last_sync = 0, time.monotonic()
+
+    def _fsync(self, fd: int) -> None:
+        t0 = time.perf_counter()
+        os.fsync(fd)
+        ms = (time.perf_counter() - t0) * 1e3
         with self._lock:
             self._fsync_last, self._fsync_max = ms, max(self._fsync_max, ms)
+
+    def _sync_run(self) -> None:
+        while True:
+            fd = self._syncs.get()
+            if fd is None:
+                return
+            try:
+                self._fsync(fd)
+            except OSError as e:  # counted as the writer's own failures are: the next record resyncs
+                self._failed(e)
+            finally:
+                os.close(fd)
+                self._sync_idle.set()
 
     def _sync_and_close(self) -> None:
         if self._fd is None:
@@ -429,10 +468,16 @@ class CapsuleLog(RecordQueue):
         self._fd = None
 
 
-def _write_all(fd: int, blob: bytes) -> None:
-    view = memoryview(blob)
-    while view:
-        view = view[os.write(fd, view):]
+def _write_all(fd: int, blob: bytes | list) -> None:
+    """``blob``: bytes, or a list of buffers written in order with os.writev (none joined first)."""
+    views = [memoryview(part).cast("B") for part in (blob if isinstance(blob, list) else [blob])]
+    views = [v for v in views if v.nbytes]
+    while views:
+        done = os.writev(fd, views[:IOV_BATCH])
+        while views and done >= views[0].nbytes:
+            done -= views.pop(0).nbytes
+        if done:
+            views[0] = views[0][done:]
 
 
 def _fsync_dir(directory: Path) -> None:
