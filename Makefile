@@ -40,7 +40,7 @@ IFACE_SRC := $(wildcard flashrt_interfaces/*.txt flashrt_interfaces/*.xml flashr
                         flashrt_interfaces/srv/* flashrt_interfaces/action/*)
 PKG_SRC := setup.py setup.cfg scripts/venv_scripts.cfg
 
-.PHONY: help setup interfaces demo test test-compat test-jazzy test-train lint bench bench-ros bench-persist bench-stream plots reproduce gpu-check mutate clean
+.PHONY: help setup interfaces demo test test-compat test-jazzy test-train test-install lint bench bench-ros bench-persist bench-stream plots reproduce gpu-check mutate clean
 help:
 	@echo "make demo        run the main demo on the CPU default (creates .venv on first use);"
 	@echo "                 DEMO_ARGS=\"--duration 5\" for a short one"
@@ -48,6 +48,7 @@ help:
 	@echo "make test-compat the tests that need no ROS wheels on Python 3.10 + numpy 1.x (Humble's stack)"
 	@echo "make test-jazzy  the ROS, demo and replay tests against ROS 2 Jazzy wheels (.venv-jazzy)"
 	@echo "make test-train  the PyTorch reference module and flashrt-train (.venv-train, PyTorch CPU)"
+	@echo "make test-install the README's Humble pip line resolved by pip on Python 3.10 + numpy 1.21 (needs the network)"
 	@echo "make bench       runtime benchmark -> out/bench_runtime.json"
 	@echo "make bench-ros   latency through ROS 2 -> out/bench_ros.json"
 	@echo "make bench-persist  capsule log: step overhead, MiB/s, resume, kill -9 -> out/bench_persist.json"
@@ -86,7 +87,7 @@ test: $(SETUP_STAMP) $(IFACE_STAMP)
 	@# the slowest tests named at the end: the suite's time is watched (about 10 minutes is the aim).
 	@# The tests that need no ROS graph on TEST_WORKERS cores; then the ROS ones one at a time, since they time
 	@# DDS round trips and a node's 100 Hz loop, which a second test beside them would disturb.
-	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not ros and not train" --durations=10 --durations-min=5 test
+	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not ros and not train and not network" --durations=10 --durations-min=5 test
 	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -m ros --durations=10 --durations-min=5 test
 
 # ---- the robot's stack: Python 3.10 (JetPack 6 / Humble) with numpy 1.x, no ROS wheels -------------
@@ -105,7 +106,7 @@ $(COMPAT_STAMP): requirements.txt requirements-ros.txt constraints-compat.txt sc
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c 'import sys, numpy; print("test-compat: Python", sys.version.split()[0], \
 	  "numpy", numpy.__version__); sys.exit(sys.version_info[:2] != (3, 10) or numpy.__version__ >= "2")'
-	$(COMPAT_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not ros and not train" test
+	$(COMPAT_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not ros and not train and not network" test
 
 # ---- ROS 2 Jazzy wheels in a second venv --------------------------------------------------------------
 JAZZY_VENV := .venv-jazzy
@@ -143,6 +144,10 @@ $(TRAIN_STAMP): requirements.txt requirements-train.txt constraints.txt $(PKG_SR
 	$(TRAIN_VENV)/bin/python -m pip install $(PIP_Q) -r requirements.txt -r requirements-train.txt -c constraints.txt
 	$(call venv_install,$(TRAIN_VENV))
 	@touch $@
+
+# the README's pip line for Humble, resolved by pip against PyPI: needs the network, so not in `make test`
+test-install: $(SETUP_STAMP)
+	$(PY) -m pytest -q -s -m network test/test_readme_install.py
 
 test-train: $(TRAIN_STAMP)
 	$(TRAIN_VENV)/bin/python -c 'import torch; print("test-train: torch", torch.__version__)'

@@ -1314,4 +1314,10 @@ MUTATIONS = [
              "        self._mirror = np.zeros((L, 2, W, d), np.float32)\n",
              ["test/test_persist_kill_loss.py::test_the_consumers_window_buffers_are_resident_before_the_first_record"],
              "the mirror faults in on the first whole-window record, on the consumer's thread"),
+    Mutation("humble_pip_line_without_numpy_below_2", "README.md",
+             "\"numba>=0.60,<0.69\" \"numpy<2\"   # versions rosdep can't give\n",
+             "\"numba>=0.60,<0.69\"   # versions rosdep can't give\n",
+             ["test/test_readme_install.py"],
+             "the README's Humble pip line without numpy<2: pip takes numba 0.68.1 and numpy 2.2.6, which breaks "
+             "import sensor_msgs on Humble (needs the network)"),
 ]
