@@ -1320,4 +1320,11 @@ MUTATIONS = [
              ["test/test_readme_install.py"],
              "the README's Humble pip line without numpy<2: pip takes numba 0.68.1 and numpy 2.2.6, which breaks "
              "import sensor_msgs on Humble (needs the network)"),
+    Mutation("policy_step_history_without_a_lifespan", ROS + "step_link.py",
+             "                      durability=DurabilityPolicy.TRANSIENT_LOCAL,\n"
+             "                      lifespan=Duration(nanoseconds=int(POLICY_STEP_LIFESPAN_S * 1e9)))",
+             "                      durability=DurabilityPolicy.TRANSIENT_LOCAL)",
+             ["test/test_ros_policy_step_lifespan.py"],
+             "policy_step's transient-local history kept for ever: a subscriber joining 5 s later gets the last "
+             "10 steps' actions and chunks as if new"),
 ]

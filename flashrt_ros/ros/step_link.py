@@ -9,7 +9,9 @@ subscribers (a controller, ``ros2 topic echo``) are unaffected and never see an 
 steps of a timeline that was left: the node replaces the writer on a rollback, a reset, a restoring import and while
 inactive (FlashRTNode.live_state_replaced: with a spare made ahead, which subscribers have already matched); not
 on a committed replan, whose answer must stay inside the replan budget (README, the policy_step row).
-The 'action' topic stays volatile: a late controller must never get a stale action.
+The 'action' topic stays volatile: a late controller must never get a stale action. And the history is kept only
+POLICY_STEP_LIFESPAN_S (a lifespan, enforced by the writer and the reader): the race above settles in well under a
+second, and a subscriber that joins later than that never gets old steps (their actions and chunks) as if new.
 """
 from __future__ import annotations
 
@@ -17,15 +19,18 @@ import time
 from collections.abc import Callable
 
 import rclpy
+from rclpy.duration import Duration
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 POLICY_STEP_DEPTH = 10
+POLICY_STEP_LIFESPAN_S = 3.0  # how long the history keeps a step for a subscriber that matches late
 
 
 def policy_step_qos(depth: int = POLICY_STEP_DEPTH) -> QoSProfile:
     """The node's writer offers this; a client that must see every answer subscribes with it too."""
     return QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=depth, reliability=ReliabilityPolicy.RELIABLE,
-                      durability=DurabilityPolicy.TRANSIENT_LOCAL)
+                      durability=DurabilityPolicy.TRANSIENT_LOCAL,
+                      lifespan=Duration(nanoseconds=int(POLICY_STEP_LIFESPAN_S * 1e9)))
 
 
 def _publisher_count(node, subscription) -> int:
