@@ -667,7 +667,7 @@ TEARDOWN_LIMIT_S = 20.0
 # planted where a file was expected once hung it for good, SIGTERM ignored), a configure still compiling, or
 # the teardown above. Past it every thread's stack goes to stderr and the process exits 1 (the capsule log is
 # safe against that, as against kill -9). Under 5 s: systemd's and launch's SIGKILL come later.
-SIGNAL_EXIT_LIMIT_S = 4.5
+SIGNAL_EXIT_LIMIT_S = 4.0
 
 
 def main(args=None) -> int:
