@@ -53,7 +53,7 @@ help:
 	@echo "make bench-ros   latency through ROS 2 -> out/bench_ros.json"
 	@echo "make bench-persist  capsule log: step overhead, MiB/s, resume, kill -9 -> out/bench_persist.json"
 	@echo "make bench-stream   capsule stream: overhead, replica lag, failover, --from seek -> out/bench_stream.json"
-	@echo "make plots       the README's figures from short real runs -> docs/img/ (a few minutes)"
+	@echo "make plots       the README's figures from short real runs -> out/plots/img/ (PLOTS_DIR=docs/img replaces the README's)"
 	@echo "make reproduce   rerun every benchmark behind a README number: README value, fresh value, ratio"
 	@echo "                 (out/reproduce_<table>.json; REPRODUCE_ARGS=\"--tables history\" for a subset)"
 	@echo "make lint        ruff + the layer order (import-linter, .importlinter)"
@@ -179,8 +179,10 @@ bench-stream: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(WITH_ROS_LOG) $(VENV)/bin/flashrt-bench stream --json out/bench_stream.json
 
 # Every --plot figure the README shows, from short real runs of the tools (JSON of each in out/plots/).
+# Into out/ (untracked): the tracked docs/img/ is rewritten only when asked, `make plots PLOTS_DIR=docs/img`.
+PLOTS_DIR ?= out/plots/img
 plots: $(SETUP_STAMP) $(IFACE_STAMP)
-	$(WITH_ROS_LOG) $(PY) scripts/make_plots.py docs/img
+	$(WITH_ROS_LOG) $(PY) scripts/make_plots.py $(PLOTS_DIR)
 
 # Every README Results number (docs/readme_numbers.json) rerun and compared; GPU tables skipped without a device.
 REPRODUCE_ARGS ?=

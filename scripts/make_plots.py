@@ -1,6 +1,8 @@
 """`make plots`: the README's figures, redrawn from short real runs of the command-line tools.
 
-    python scripts/make_plots.py [OUT_DIR]     (default docs/img; the JSON of each run goes to out/plots/)
+    python scripts/make_plots.py [OUT_DIR]     (default out/plots/img; the JSON of each run goes to out/plots/)
+
+The README's own figures (docs/img/, tracked) are replaced only when asked: `make plots PLOTS_DIR=docs/img`.
 
 Each figure comes from the tool's own --plot, run as a user would run it; ROS runs need ROS_LOG_DIR and
 ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST (the Makefile sets both).
@@ -26,9 +28,10 @@ def tool(name: str, *args, ok=(0,)) -> None:
 
 
 def main(argv) -> int:
-    img = Path(argv[0]) if argv else ROOT / "docs" / "img"
+    img = Path(argv[0]) if argv else ROOT / "out" / "plots" / "img"
     js = ROOT / "out" / "plots"
     js.mkdir(parents=True, exist_ok=True)
+    img.mkdir(parents=True, exist_ok=True)
     tool("flashrt-bench", "capsules", "--json", js / "capsules.json", "--plot", img / "capsule_lineage.png")
     # the Results table's own run (`make bench`, every history it lists), so figure and table agree point by point
     from flashrt_ros.tools.plots.figures import bench_persist, bench_runtime

@@ -1327,4 +1327,20 @@ MUTATIONS = [
              ["test/test_ros_policy_step_lifespan.py"],
              "policy_step's transient-local history kept for ever: a subscriber joining 5 s later gets the last "
              "10 steps' actions and chunks as if new"),
+    Mutation("services_keep_rmw_default_request_depth", ROS + "services.py",
+             "self._off_executor(name, fn), qos_profile=SERVICE_QOS,\n",
+             "self._off_executor(name, fn),\n",
+             ["test/test_ros_inflight_deactivate.py"],
+             "the node's services keep rmw's 10 requests: a burst of 20 calls before a deactivate leaves 10 for ever "
+             "unanswered"),
+    Mutation("make_plots_into_docs_img", "Makefile",
+             "PLOTS_DIR ?= out/plots/img\n",
+             "PLOTS_DIR ?= docs/img\n",
+             ["test/test_tool_hygiene.py"],
+             "`make plots` rewrites the README's tracked figures in docs/img/ every time"),
+    Mutation("replay_rate_ignored_offline", "flashrt_ros/tools/replay/cli.py",
+             "    if args.rate is not None and args.mode != \"live\":  # was ignored without a word\n",
+             "    if False:\n",
+             ["test/test_replay_flags.py::test_a_rate_is_refused_offline_where_it_would_do_nothing"],
+             "offline replay takes -r and ignores it without a word"),
 ]

@@ -28,7 +28,7 @@ def parsed(*argv) -> dict:
 @pytest.mark.parametrize("new, old", [
     (["-o", "x"], ["--out", "x"]), (["--output", "x"], ["--out", "x"]),
     (["--topics", "/j"], ["--topic", "/j"]),
-    (["-r", "2.5"], ["--rate", "2.5"]),
+    (["--mode", "live", "-r", "2.5"], ["--mode", "live", "--rate", "2.5"]),
 ])
 def test_each_ros2_bag_spelling_parses_exactly_as_the_old_one(new, old):
     assert parsed(*new) == parsed(*old)
@@ -99,3 +99,11 @@ def test_help_lists_the_ros2_bag_spellings_and_the_exit_codes():
     _, res = replay("--help")
     for flag in ("-o OUT", "--output", "--topics", "-r RATE", "--start-offset", "--jobs", "--ray", "exit codes:"):
         assert flag in res.stdout, flag
+
+
+@pytest.mark.parametrize("flag", ["-r", "--rate"])
+def test_a_rate_is_refused_offline_where_it_would_do_nothing(bags, tmp_path, flag):
+    # offline replay steps every message as fast as the policy runs: -r was ignored without a word (issue 44.10)
+    _, res = replay(bags["one"], flag, "2", "-o", tmp_path / "out", expect=2)
+    assert "--rate (-r) paces --mode live only" in res.stderr and not (tmp_path / "out").exists()
+    assert parsed("--mode", "live", flag, "2")["rate"] == 2.0 and parsed()["rate"] == 1.0

@@ -43,6 +43,7 @@ from flashrt_interfaces.action import Replan
 from flashrt_interfaces.srv import DropCapsule, ExportCapsule, ImportCapsule, ListCapsules, Rollback, Snapshot
 
 from .convert import check_file_name
+from .qos import SERVICE_QOS
 
 SERVICES = {"snapshot": Snapshot, "rollback": Rollback, "list_capsules": ListCapsules,
             "drop_capsule": DropCapsule, "export_capsule": ExportCapsule, "import_capsule": ImportCapsule,
@@ -227,7 +228,8 @@ class FlashRTClient:
     def __init__(self, node, namespace: str = ""):
         self.node = node
         self.namespace = namespace.rstrip("/")
-        self.clients = {name: node.create_client(t, self._name(name)) for name, t in SERVICES.items()}
+        self.clients = {name: node.create_client(t, self._name(name), qos_profile=SERVICE_QOS)
+                        for name, t in SERVICES.items()}
         self.replan_client = _ActionClient(node, Replan, self._name("replan"), goal_service_qos_profile=ACTION_QOS,
                                            result_service_qos_profile=ACTION_QOS,
                                            cancel_service_qos_profile=ACTION_QOS)

@@ -25,6 +25,12 @@ from rclpy.subscription import Subscription
 from .step_link import policy_step_qos
 
 ACTION_DEPTH = 10
+# services (the node's and FlashRTClient's): the requests and replies an endpoint holds before they are taken.
+# rmw's default (keep last 10) silently dropped the oldest of a burst: 20 set_pin calls sent at once, then a
+# deactivate, and 10 were never answered, their callers waiting for ever
+SERVICE_DEPTH = 1000
+SERVICE_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=SERVICE_DEPTH, reliability=ReliabilityPolicy.RELIABLE,
+                         durability=DurabilityPolicy.VOLATILE)
 # observations the subscription keeps for an executor that fell behind: as many as it (4) and the queue a
 # replan held them in (4) kept together, before observations were stepped beside replans
 OBSERVATION_DEPTH = 8

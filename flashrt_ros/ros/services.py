@@ -34,6 +34,7 @@ from flashrt_interfaces.srv import (
 from ..runtime.errors import CapsuleError
 from .capsule_dir import CapsuleDir
 from .convert import capsule_info_to_msg, request_refusal
+from .qos import SERVICE_QOS
 
 
 class NotServing(Exception):
@@ -94,8 +95,8 @@ class CapsuleServices:
         # Their own reentrant group: a handler awaiting its worker must not hold the node's default
         # (mutually exclusive) group, or observations, timers and goal/cancel handling would wait for it.
         group = ReentrantCallbackGroup()
-        self.handles = [node.create_service(t, name, self._off_executor(name, fn), callback_group=group)
-                        for t, name, fn in table]
+        self.handles = [node.create_service(t, name, self._off_executor(name, fn), qos_profile=SERVICE_QOS,
+                                            callback_group=group) for t, name, fn in table]
 
     def destroy(self, reason: str = "the node is deactivating") -> None:
         """Stop taking calls. Runs on the executor thread (a lifecycle transition), so the answers of the

@@ -146,8 +146,9 @@ def add_bag_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--storage", choices=STORAGES, default="mcap", help="storage of --output")
     ap.add_argument("--rollback-every", type=int, default=0, metavar="N")
     ap.add_argument("--rollback-depth", type=int, default=20, metavar="D")
-    ap.add_argument("-r", "--rate", type=float, default=1.0,
-                    help="live: playback speed (0 = as fast as flow control)")
+    ap.add_argument("-r", "--rate", type=float, default=None,
+                    help="live only: playback speed (default 1; 0 = as fast as flow control). Refused offline, "
+                    "which steps every message as fast as the policy runs")
     ap.add_argument("--start-offset", type=float, default=0.0, metavar="S",
                     help="start this many seconds after the bag's first message (as ros2 bag play)")
     ap.add_argument("--from", dest="from_s", type=float, metavar="SECONDS",
@@ -205,6 +206,10 @@ def check_bag_options(ap: argparse.ArgumentParser, args) -> None:
     if args.rollback_every < 0 or args.rollback_depth < 1 or (args.rollback_every
                                                               and args.rollback_depth > args.rollback_every):
         ap.error("--rollback-every must be >= 0 and 1 <= --rollback-depth <= --rollback-every")
+    if args.rate is not None and args.mode != "live":  # was ignored without a word
+        ap.error("--rate (-r) paces --mode live only: offline replay steps every message as fast as the policy "
+                 "runs; drop -r, or add --mode live")
+    args.rate = 1.0 if args.rate is None else args.rate
     if not (args.rate >= 0 and args.max_gap >= 0) or not np.isfinite([args.rate, args.max_gap]).all():
         ap.error("--rate and --max-gap must be finite and >= 0")
     if not (0 <= args.start_offset < 1e9):  # also refuses NaN
