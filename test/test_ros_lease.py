@@ -147,4 +147,57 @@ def test_a_second_primary_of_the_same_name_publishes_nothing_while_the_first_lea
     assert "another process of this name claimed it first" in logs[1], logs[1][-3000:]
     assert "deposed" not in logs[0], logs[0][-3000:]
     later = [m.step for m in planner.steps[n:]]
-    assert later == list(range(11, 11 + sent)), f"one leader steps each observation once: {later}"
+    assert later == list(range(11, 11 + sent)), f"one leader steps each observation once: {later}\n{logs[1][-3000:]}"
+
+
+def test_forged_claims_neither_depose_the_primary_nor_block_the_failover(ros_domain, tmp_path):
+    """Claims from outside, without a key (issue 44.3): one at the last epoch (never claimable), one that jumps
+    the epoch by more than one (from a node that is in the graph), and one at the next epoch from a node that
+    is not (naming a capsule the standby holds). Each is logged and ignored by the primary and the standby: the
+    primary steps on, and when it is killed the standby takes over at epoch 2 and steps every observation."""
+    import rclpy
+
+    from flashrt_interfaces.msg import Leader
+    from flashrt_ros.ros.leader import leader_qos
+    from flashrt_ros.runtime.persist.replica import MAX_EPOCH
+    primary, standby, planner, remote = primary_and("standby", ros_domain, tmp_path, "/robot1_standby")
+    intruder = rclpy.create_node("flashrt", namespace="/intruder")  # a name in the graph, with a writer
+    try:
+        planner.run(OBS[:20])
+        held = planner.steps[-1].capsule_id
+        _wait_held(planner, remote, held, (primary, standby))
+        claims = [Leader(epoch=MAX_EPOCH, node="/intruder/flashrt"), Leader(epoch=1000, node="/intruder/flashrt"),
+                  Leader(epoch=2, node="/nobody/flashrt", capsule_id=held)]
+        writers = [intruder.create_publisher(Leader, "/robot1/flashrt_leader", leader_qos()) for _ in claims]
+        for w, c in zip(writers, claims):  # transient local: each delivered once its reader matched
+            w.publish(c)
+        refusals = (f"'/intruder/flashrt' ignored: epoch {MAX_EPOCH} outside", "'/intruder/flashrt' ignored: epoch "
+                    "1000 jumps past", "'/nobody/flashrt' (epoch 2) ignored: no node of that name")
+        sent, end = 20, time.monotonic() + 25.0
+        while not all(r in p.output() for r in refusals for p in (primary, standby)) and time.monotonic() < end:
+            _publish_at_100_hz(planner, OBS[sent:sent + 1])
+            sent += 1
+            planner.spin(0.05)
+        assert sent < 150, "the refusals took too long"
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, (primary, standby))
+        os.kill(primary.proc.pid, signal.SIGKILL)
+        _publish_at_100_hz(planner, OBS[sent:sent + 30])
+        sent += 30
+        planner.spin_until(lambda: max(m.step for m in planner.steps) >= sent, 15.0)
+        planner.spin(0.5)
+    finally:
+        intruder.destroy_node()
+        planner.close()
+        logs = [p.output() for p in (primary, standby)]
+        for p in (primary, standby):
+            p.stop()
+    for log in logs:
+        for r in refusals:
+            assert r in log, (r, log[-3000:])
+    assert "deposed" not in logs[0], logs[0][-3000:]
+    assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
+    got: dict[int, set] = {}
+    for m in planner.steps:
+        got.setdefault(m.step, set()).add(np.asarray(m.action, np.float32).tobytes())
+    assert sorted(got) == list(range(1, sent + 1)), "every observation stepped, by one leader at a time"
+    assert all(len(a) == 1 for a in got.values()), "a step published twice with different actions"

@@ -41,9 +41,18 @@ LEASE_RENEW = 0.25  # of the lease: how often the leader renews (a late tick lea
 # After a stall past its lease: how long a leader listens for a newer claim after renewing, before it resumes.
 # A standby decides before it hears the renewal, and its claim lands within the delivery bound (docs/leadership.md).
 REPROVE_LEASES = 1.0
-# A primary's first claim: held this long (at least) before it steps, so a node of the same name that already
-# leads (a launch file started twice) is heard first: longer than discovery on one machine takes.
+# A primary's first claim: held until this long after its first observation arrived (and after the claim), so a
+# node of the same name that already leads (a launch file started twice) is heard first: discovery of the
+# sensor and of that node run side by side. While another process of this name renews its lease (its heartbeats,
+# another claim's stamp), the hold goes on.
 START_HOLD_S = 1.0
+# Claims from outside (issue 44.3), without a key: an epoch within CLAIM_HEADROOM of the last is never claimed (a
+# takeover always has an epoch left), a claim may raise the newest epoch seen by one at most, and a claim counts
+# only once its node has a writer on the leader topic in the ROS graph (waited for up to CLAIM_VERIFY_S: the
+# graph can learn a node's name after its data arrived).
+CLAIM_HEADROOM = 1024
+MAX_CLAIM = MAX_EPOCH - CLAIM_HEADROOM
+CLAIM_VERIFY_S = 3.0
 
 
 def leader_qos(depth: int = 1) -> QoSProfile:
@@ -77,8 +86,9 @@ def well_formed(node, claim: Leader) -> bool:
     (throttled) and ignored when not. Nothing here tells a forged claim of a well-formed name: DDS security
     (SROS2) decides who may publish on the topic."""
     try:
-        if not 1 <= claim.epoch <= MAX_EPOCH:
-            raise ValueError(f"epoch {claim.epoch} outside 1..{MAX_EPOCH}")
+        if not 1 <= claim.epoch <= MAX_CLAIM:
+            raise ValueError(f"epoch {claim.epoch} outside 1..{MAX_CLAIM} (the last {CLAIM_HEADROOM} are never "
+                             "claimed)")
         if not claim.node.startswith("/"):
             raise ValueError(f"node name {claim.node!r}: not a fully qualified name")
         validate_full_topic_name(f"{claim.node}/capsule_stream")
@@ -86,6 +96,49 @@ def well_formed(node, claim: Leader) -> bool:
         node.get_logger().error(f"leader claim of {claim.node!r} ignored: {e}", throttle_duration_sec=1.0)
         return False
     return True
+
+
+def claimants(node, topic: str) -> set[str]:
+    """The nodes with a writer on the leader topic now (the graph: a node gone takes its writer)."""
+    return {f"{i.node_namespace.rstrip('/')}/{i.node_name}" for i in node.get_publishers_info_by_topic(topic)}
+
+
+class ClaimCheck:
+    """Outside input's rules for a well-formed claim (no key): it may raise ``newest`` (the newest epoch seen,
+    0: none yet) by one at most, and its node must have a writer on the leader topic. A claim whose node is not
+    in the graph yet waits (``due()``, from a timer) for up to CLAIM_VERIFY_S, then is logged and ignored."""
+
+    def __init__(self, node, topic: str):
+        self.node, self.topic = node, topic
+        self.pending: dict[str, tuple[float, Leader]] = {}
+
+    def admit(self, msg: Leader, newest: int) -> bool:
+        if newest and msg.epoch > newest + 1:
+            self.node.get_logger().error(f"leader claim of {msg.node!r} ignored: epoch {msg.epoch} jumps past the "
+                                         f"newest seen ({newest}) + 1", throttle_duration_sec=1.0)
+            return False
+        if msg.node in claimants(self.node, self.topic):
+            self.pending.pop(msg.node, None)
+            return True
+        first = self.pending.get(msg.node, (time.monotonic(), msg))[0]
+        self.pending[msg.node] = (first, msg)
+        return False
+
+    def due(self) -> list[Leader]:
+        """The waiting claims whose node the graph now shows, oldest first; those waited out are dropped."""
+        if not self.pending:
+            return []
+        known, now, out = claimants(self.node, self.topic), time.monotonic(), []
+        for name, (first, msg) in sorted(self.pending.items(), key=lambda kv: kv[1][0]):
+            if name in known:
+                out.append(msg)
+            elif now - first > CLAIM_VERIFY_S:
+                self.node.get_logger().error(f"leader claim of {name!r} (epoch {msg.epoch}) ignored: no node of "
+                                             f"that name has a writer on {self.topic}")
+            else:
+                continue
+            del self.pending[name]
+        return out
 
 
 class LeaderGuard:
@@ -106,7 +159,11 @@ class LeaderGuard:
         self.heard: dict[str, float] = {}  # node -> monotonic time its newest heartbeat arrived
         self._hold_timers: list = []
         self._claim: Leader | None = None
+        self._starting = False  # the start hold: ends START_HOLD_S after the first observation (observed())
+        self._namesake_at = -math.inf  # when a heartbeat of this name with another claim's stamp last arrived
+        self._first_observation = 0.0
         self.pub = node.create_publisher(Leader, topic, leader_qos())
+        self.check = ClaimCheck(node, self.pub.topic_name)
         self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
         lease_topic = f"{topic.rsplit('/', 1)[0]}/{LEASE_TOPIC}" if "/" in topic else LEASE_TOPIC
         self.lease_pub = node.create_publisher(Leader, lease_topic, lease_qos())
@@ -128,7 +185,17 @@ class LeaderGuard:
         self._claimer = threading.Thread(target=self._publish, args=(msg,), name="flashrt_leader_claim", daemon=True)
         self._claimer.start()
         if hold_s > 0:
+            self._starting, self._first_observation = True, 0.0
             self._hold(hold_s, "")
+
+    def observed(self) -> None:
+        """An observation arrived while held (the node's executor thread)."""
+        if self._starting and not self._first_observation:
+            self._first_observation = time.monotonic()
+
+    def _namesake_leads(self) -> bool:
+        """Another process of this node's name renewed a lease within lease + margin."""
+        return time.monotonic() - self._namesake_at < self.lease_s + self.margin_s
 
     def _claim_msg(self, step: int, capsule_id: int, stamp) -> Leader:
         return Leader(stamp=stamp, epoch=self.epoch, node=self.name, step=step, capsule_id=capsule_id)
@@ -140,6 +207,8 @@ class LeaderGuard:
 
     def renew(self) -> None:
         """Executor thread (a timer, and on a lapse seen at a publish): a heartbeat; a lapsed lease is held."""
+        for msg in self.check.due():
+            self._on_leader(msg, checked=True)
         if not self.epoch:
             return
         lapsed_s = time.monotonic() - self.proof
@@ -173,6 +242,17 @@ class LeaderGuard:
         """The wait is over. One more pass of the executor first, so a claim that arrived with this timer's
         wake-up is taken before the outputs go out."""
         self._cancel_hold()
+        if self._starting:
+            left = (START_HOLD_S - (time.monotonic() - self._first_observation) if self._first_observation
+                    else START_HOLD_S)
+            if self._namesake_leads():
+                self.node.get_logger().warning(f"another process named {self.name} holds the lease: not starting "
+                                               "while it does", throttle_duration_sec=5.0)
+                left = max(left, self.lease_s)
+            if left > 0:
+                self._hold_timers.append(self.node.create_timer(left, self._hold_waited))
+                return
+            self._starting = False
         self._hold_timers.append(self.node.create_timer(0.0, self._hold_over))
 
     def _hold_over(self) -> None:
@@ -196,7 +276,10 @@ class LeaderGuard:
         if msg.node == self.name and stamp_of(msg) == self._stamp_ns:
             return  # our own
         self.heard[msg.node] = time.monotonic()
-        self._on_leader(msg)  # a newer leader's heartbeat deposes as its claim does
+        if msg.node == self.name:
+            self._namesake_at = self.heard[msg.node]
+        if self.epoch and msg.epoch > self.epoch:
+            self._on_leader(msg)  # a newer leader's heartbeat deposes as its claim does
 
     def _publish(self, msg: Leader) -> None:
         t0 = time.monotonic()
@@ -210,13 +293,15 @@ class LeaderGuard:
             self.node.get_logger().warning(f"leader claim (epoch {msg.epoch}) took {waited_ms:.0f} ms to publish "
                                            "(a dead reader's shared-memory port)")
 
-    def _on_leader(self, msg: Leader) -> None:
+    def _on_leader(self, msg: Leader, checked: bool = False) -> None:
         if not well_formed(self.node, msg):
+            return
+        ours = msg.node == self.name and stamp_of(msg) == self._stamp_ns
+        if not ours and not checked and not self.check.admit(msg, self.newest_seen):
             return
         self.newest_seen = max(self.newest_seen, msg.epoch)
         # ours is the claim of this name at our stamp: another process of the same name (a launch file started
         # twice) is another claimant, and the earlier claim of an epoch wins
-        ours = msg.node == self.name and stamp_of(msg) == self._stamp_ns
         if not ours and self.epoch and outranks(msg, self.epoch, self._stamp_ns):
             self.epoch = 0
             self.holding = False
@@ -245,14 +330,20 @@ class LeaderWatch:
         self.node, self.topic, self.following, self.on_new_leader = node, topic, following, on_new_leader
         self.best: Leader | None = None
         self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
+        self.check = ClaimCheck(node, self.sub.topic_name)
+        self._checker = node.create_timer(0.1, self._check_due)
 
     def _claimants(self) -> set[str]:
-        """The nodes with a writer on the leader topic now (the graph: a node gone takes its writer)."""
-        return {f"{i.node_namespace.rstrip('/')}/{i.node_name}"
-                for i in self.node.get_publishers_info_by_topic(self.topic)}
+        return claimants(self.node, self.topic)
 
-    def _on_leader(self, msg: Leader) -> None:
+    def _check_due(self) -> None:
+        for msg in self.check.due():
+            self._on_leader(msg, checked=True)
+
+    def _on_leader(self, msg: Leader, checked: bool = False) -> None:
         if not well_formed(self.node, msg) or msg.node == self.node.get_fully_qualified_name():
+            return
+        if not checked and not self.check.admit(msg, self.best.epoch if self.best is not None else 0):
             return
         best = self.best
         if best is not None and best.node != msg.node and best.node not in self._claimants():
@@ -265,4 +356,5 @@ class LeaderWatch:
             self.on_new_leader(msg)
 
     def destroy(self) -> None:
+        self.node.destroy_timer(self._checker)
         self.node.destroy_subscription(self.sub)

@@ -472,6 +472,7 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         if guard is None or not self._held_obs and guard.current():
             return False
         self._held_obs.append(msg)
+        guard.observed()
         if not guard.holding:
             guard.renew()  # a lapse found here (a stall): the hold starts
         return True

@@ -9,9 +9,8 @@ import time
 
 from rclpy.lifecycle import TransitionCallbackReturn
 
-from ..runtime.persist.replica import MAX_EPOCH
 from .capsule_stream import StreamPublisher
-from .leader import REPROVE_LEASES, START_HOLD_S
+from .leader import MAX_CLAIM, REPROVE_LEASES, START_HOLD_S
 from .replica import REPLICA_SERVICES, ReplicaLink, replica_refusal
 from .standby import StandbyLink
 
@@ -62,9 +61,9 @@ class NodeRoles:
                                     "not taking over (start the standby before the primary steps, or restart the "
                                     "primary)")
             return
-        if not 2 <= epoch <= MAX_EPOCH:  # checked while this is still a standby: lead() would refuse it midway
+        if not 2 <= epoch <= MAX_CLAIM:  # checked while this is still a standby: lead() would refuse it midway
             self.get_logger().error(f"not taking over from {link.primary}: epoch {epoch} is past the last a leader "
-                                    f"can have ({MAX_EPOCH}); restart the robot's nodes with a fresh timeline")
+                                    f"can claim ({MAX_CLAIM}); restart the robot's nodes with a fresh timeline")
             return
         link.destroy()
         self._replica = None
