@@ -53,6 +53,49 @@ def stop_processes(procs, timeout_s: float = 10.0) -> None:
             p.wait()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the tool is, as SIGINT raises KeyboardInterrupt: it unwinds through every finally
+    (child processes stopped, temporary files removed) to the tool's main, which says what was measured."""
+    signum = 15  # signal.SIGTERM
+
+
+def sigterm_as_interrupt() -> None:
+    """SIGTERM (a `timeout`, systemd, a CI runner) ends the tool as Ctrl-C does, cleanly: no traceback."""
+    import signal
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def init_rclpy() -> None:
+    """rclpy without its own SIGINT/SIGTERM handlers: rclpy's shut the context down under the tool, whose next
+    spin then died in a traceback ("RCLError: failed to initialize wait set: the given context is not valid")."""
+    import rclpy
+
+    try:
+        from rclpy.signals import SignalHandlerOptions
+        rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+    except (ImportError, TypeError):  # an rclpy without the option
+        rclpy.init()
+
+
+def interrupted(tool: str, err: BaseException, json_path: str | None = None) -> int:
+    """The end of a tool that SIGINT or SIGTERM stopped: what it measured so far (``err.partial``, a dict, set
+    on the way out) as JSON on stdout (and in ``json_path``), one line on stderr; exit 128 + the signal."""
+    import signal
+
+    signum = getattr(err, "signum", signal.SIGINT)
+    name = signal.Signals(signum).name
+    partial = getattr(err, "partial", None)
+    if partial:
+        write_json({"interrupted": name, **partial}, json_path)
+    print(f"{tool}: interrupted by {name}; " + ("what it measured so far is above" if partial else
+                                                "nothing was measured yet"), file=sys.stderr, flush=True)
+    return 128 + signum
+
+
 def write_json(obj, path: str | None) -> None:
     text = json.dumps(obj, indent=2)
     print(text)

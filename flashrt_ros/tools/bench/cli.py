@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ...runtime.engine.backend import BackendUnavailable
-from ..common import add_backend_argument, write_json
+from ..common import add_backend_argument, interrupted, sigterm_as_interrupt, write_json
 from ..machine import load_average, with_machine
 
 # The backend a subcommand measures when its JSON does not say.
@@ -88,14 +88,15 @@ def main(argv=None) -> int:
         from .stream import run
     else:
         from .ros import run
+    sigterm_as_interrupt()  # a `timeout` or a CI runner's SIGTERM ends it as Ctrl-C does
     try:
         load_before = load_average()
         result = run(args)
         backend = result.get("backend") or getattr(args, "backend", None) or RUNS_ON.get(args.which, "numpy")
         result = with_machine(result, backend, load_before)
         write_json(result, args.json)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:  # SIGINT, or SIGTERM (sigterm_as_interrupt): what the finished parts measured
+        return interrupted(f"flashrt-bench {args.which}", e, args.json)
     except BackendUnavailable as e:  # a --backend this machine lacks: one line, not a traceback
         print(f"flashrt-bench {args.which}: {e}", file=sys.stderr)
         return 1

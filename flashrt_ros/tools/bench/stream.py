@@ -35,7 +35,7 @@ from ...ros.dds_profile import use_shipped_profile
 from ...ros.replica import LAG_EDGES_MS
 from ...runtime import PolicyConfig
 from ...runtime.persist.replica import LOCAL_IDS_FROM
-from ..common import p50_p99, progress, stop_processes, synthetic_trace
+from ..common import init_rclpy, p50_p99, progress, stop_processes, synthetic_trace
 from ..demo.mission import params_file, ros_env
 from .measure import ratio
 from .stream_failover import failover
@@ -302,22 +302,28 @@ def run(args) -> dict:
     # lost (every later step one off). Its own participant only: `env` (the nodes') was copied before.
     progress(use_shipped_profile(os.environ))
     backend = args.backend
-    with tempfile.TemporaryDirectory(prefix="flashrt-bench-stream.") as tmp:
-        log_dir = Path(tempfile.mkdtemp(prefix="flashrt-bench-stream-logs."))  # kept: the nodes' logs
-        progress(f"node logs in {log_dir}")
-        rclpy.init()
-        node = rclpy.create_node("flashrt_bench_stream")
-        try:
-            out = {"plan": plan.__dict__, "backend": backend, "parts": args.only, "node_logs": str(log_dir)}
-            if "stream" in args.only:
-                out.update(stream_and_replicas(node, env, log_dir, plan, backend))
-            if "failover" in args.only:
-                out.update(failover(node, env, log_dir, plan, backend))
-        finally:
-            node.destroy_node()
-            rclpy.try_shutdown()
-        if plan.seek_s and "seek" in args.only:
-            out.update(seek(Path(tmp), plan, backend))
+    out = {"plan": plan.__dict__, "backend": backend, "parts": args.only}
+    try:
+        with tempfile.TemporaryDirectory(prefix="flashrt-bench-stream.") as tmp:
+            log_dir = Path(tempfile.mkdtemp(prefix="flashrt-bench-stream-logs."))  # kept: the nodes' logs
+            progress(f"node logs in {log_dir}")
+            out["node_logs"] = str(log_dir)
+            init_rclpy()  # SIGTERM ends the bench through its finally blocks, not inside rclpy
+            node = rclpy.create_node("flashrt_bench_stream")
+            try:
+                if "stream" in args.only:
+                    out.update(stream_and_replicas(node, env, log_dir, plan, backend))
+                if "failover" in args.only:
+                    out.update(failover(node, env, log_dir, plan, backend))
+            finally:
+                node.destroy_node()
+                rclpy.try_shutdown()
+            if plan.seek_s and "seek" in args.only:
+                out.update(seek(Path(tmp), plan, backend))
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM: the parts that finished, and their acceptance
+        out["acceptance"] = acceptance(out)
+        e.partial = out
+        raise
     out["acceptance"] = acceptance(out)
     return out
 

@@ -48,13 +48,16 @@ def main(argv=None) -> int:
             ap.error("--replan-nice must be 0 (off) to 19")
         if args.cpu_load < 0:
             ap.error("--cpu-load must be >= 0 processes")
+    from ..common import sigterm_as_interrupt
     from ..machine import load_average, with_machine
+    sigterm_as_interrupt()
     try:
         load_before = load_average()
         result = run(args)
         summary = with_machine(result, result.get("backend", args.backend), load_before)  # what auto resolved to
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:  # SIGINT, or SIGTERM (sigterm_as_interrupt): what the run measured so far
+        from ..common import interrupted
+        return interrupted("flashrt-demo", e, args.json)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")

@@ -73,6 +73,12 @@ def run(args) -> dict:
             time.sleep(1.0)
         rc = planner.wait(timeout=max(1.0, deadline - time.monotonic()))
         summary = json.loads(planner_json.read_text()) if planner_json.exists() else {}
+    except KeyboardInterrupt as e:  # SIGINT or SIGTERM: the planner's summary of its rounds so far, the node's memory
+        stop_processes(list(reversed(procs)))  # the planner writes its summary as it stops
+        summary = json.loads(planner_json.read_text()) if "planner_json" in locals() and planner_json.exists() else {}
+        e.partial = {**summary, "node_rss_mb": rss.summary() if "rss" in locals() else None,
+                     "wall_s": round(time.monotonic() - t0, 1), "work_dir": str(work)}
+        raise
     finally:
         stop_processes(list(reversed(procs)))
         node_log.close()

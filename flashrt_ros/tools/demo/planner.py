@@ -109,7 +109,7 @@ def main(argv=None) -> int:
               flush=True)
 
     deep = DeepRollbackCheck(client)
-    rounds = 0
+    rounds, stopped = 0, False
     try:
         while time.monotonic() - t0 < args.duration:
             if deep.anchor_id == 0 and time.monotonic() - t0 >= DEEP_ANCHOR_AFTER_S and steps.last is not None:
@@ -126,6 +126,8 @@ def main(argv=None) -> int:
             deep.check(steps.last)
             print(f"deep rollback: {deep.summary()}", flush=True)
         time.sleep(1.5)  # one more /diagnostics period
+    except KeyboardInterrupt:  # SIGINT (flashrt-demo stopping, Ctrl-C): the summary of the rounds so far, no traceback
+        stopped = True
     finally:
         executor.shutdown(timeout_sec=2.0)
         spinner.join(timeout=2.0)
@@ -148,6 +150,8 @@ def main(argv=None) -> int:
             Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
         node.destroy_node()
         rclpy.try_shutdown()
+    if stopped:
+        return 130
     return 0 if checks[0] == checks[1] and deep.ok is not False else 1
 
 
