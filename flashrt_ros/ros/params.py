@@ -140,7 +140,9 @@ NODE_PARAMS = {
                                f"maximum; at most {REPLAN_DEADLINE_CEILING_MS:g} ms)", _ranged, True),
     "replan_max_goal_mb": (16.0, "largest Replan goal: branches x horizon x obs_dim x 4 bytes of observations; "
                            "a larger goal is rejected before it is converted (it would cost memory and a "
-                           "control-loop gap)", _ranged, False),
+                           "control-loop gap). rclpy has built the goal message by then (it hands no raw goal to "
+                           "Python): a goal near the DDS limit still costs its size in memory while it is refused",
+                           _ranged, False),
     "step_deadline_ms": (10.0, "a step slower than this is counted and warned about", _ranged, True),
     "capsule_dir": (default_capsule_dir(), "directory of export_capsule / import_capsule files (created "
                     "with mode 0700; refused if another user owns it). Default $ROS_HOME/flashrt_capsules, "
