@@ -34,13 +34,13 @@ class ResumeMismatch(ValueError):
 
 @dataclass(frozen=True)
 class FitOptions:
-    steps: int = 1500  # optimizer steps in all (a resumed run continues up to it)
-    window: int = 64
-    batch: int = 16
+    steps: int = 600  # optimizer steps in all (a resumed run continues up to it)
+    window: int = 512
+    batch: int = 4
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup: int = 100
-    eval_every: int = 100
+    eval_every: int = 200
     eval_window: int = 0  # validation sequence length; 0 = the whole bag, up to 2 * kv_window steps
     seed: int = 0
     time_limit_s: float = 0.0  # 0 = none: otherwise stop (as finished) once training has run this long
