@@ -277,3 +277,32 @@ def test_the_weights_kept_are_the_best_by_validation_loss_not_the_last(tmp_path)
     losses = [h["val_loss"] for h in res.history]
     assert losses == sorted(losses) and res.best_step == 10 and res.best_val == losses[0]
     assert float(model.calls) == 10  # the weights (and buffers) of step 10 are what the policy file gets
+
+
+
+def test_header_stamps_pair_by_the_messages_own_stamps_and_a_headerless_topic_is_refused(tmp_path):
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    ts = get_typestore(Stores.ROS2_HUMBLE)
+    T = ts.types
+    t0, ms = 10**18, 1_000_000
+    with Writer(tmp_path / "b", version=8, storage_plugin=StoragePlugin.MCAP) as w:
+        co = w.add_connection("/js", data.JOINT_STATE, typestore=ts)
+        ca = w.add_connection("/cmd", data.JOINT_STATE, typestore=ts)
+        for i in range(5):  # each command stamped as its observation, received 30 ms late (after the next one)
+            ns = t0 + 10 * i * ms
+            hdr = T["std_msgs/msg/Header"](stamp=T["builtin_interfaces/msg/Time"](sec=ns // 10**9,
+                                                                               nanosec=ns % 10**9), frame_id="")
+            js = lambda v, h=hdr: T[data.JOINT_STATE](header=h, name=["a"], position=np.array([v]),  # noqa: E731
+                                                      velocity=np.zeros(1), effort=np.zeros(0))
+            w.write(co, ns, ts.serialize_cdr(js(float(i)), data.JOINT_STATE))
+            w.write(ca, ns + 30 * ms, ts.serialize_cdr(js(100.0 + i), data.JOINT_STATE))
+    e = data.read_episode(tmp_path / "b", "/js", "/cmd", stamp="header")
+    assert e.valid.all() and e.actions[:, 0].tolist() == [100, 101, 102, 103, 104]
+    late = data.read_episode(tmp_path / "b", "/js", "/cmd")  # by receive time: the command to 0 answers 3
+    assert late.obs[:, 0].tolist() == [3, 4] and late.actions[:, 0].tolist() == [100, 101]
+    obs, act = ArmExpert().episode(0.1, seed=2)
+    write_episode_bag(tmp_path / "f", obs, act)
+    with pytest.raises(data.BagError, match="no header; use --stamp bag"):  # Float64MultiArray observations
+        data.read_episode(tmp_path / "f", "/observation", "/joint_command", stamp="header")
