@@ -106,6 +106,8 @@ $(COMPAT_STAMP): requirements.txt requirements-ros.txt constraints-compat.txt sc
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -c 'import sys, numpy; print("test-compat: Python", sys.version.split()[0], \
 	  "numpy", numpy.__version__); sys.exit(sys.version_info[:2] != (3, 10) or numpy.__version__ >= "2")'
+	@# Python 3.10's compiled CPU step into the shared cache first: a test's tool subprocess would compile it cold
+	$(COMPAT_VENV)/bin/python -c 'from flashrt_ros.runtime.engine.backend import warm_cpu_step; warm_cpu_step("cpu")'
 	$(COMPAT_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not ros and not train and not network" test
 
 # ---- ROS 2 Jazzy wheels in a second venv --------------------------------------------------------------

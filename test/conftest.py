@@ -27,10 +27,11 @@ from hang_guard import hang_guard, pytest_configure  # noqa: E402, F401  a hung 
 
 from flashrt_ros.runtime import PolicyConfig, Session  # noqa: E402
 
-# PyTorch lives in .venv-train alone (make test-train): elsewhere its test files are not collected at all, so a
-# venv without it neither fails on their imports nor reports them skipped.
-if importlib.util.find_spec("torch") is None:
-    collect_ignore_glob = ["test_train_*.py"]
+# PyTorch lives in .venv-train alone (make test-train), the ROS wheels in .venv and .venv-jazzy: elsewhere those
+# test files are not collected at all, so a venv without them neither fails on their imports nor reports them
+# skipped (they are the `train` and `ros` markers' files, which such a venv deselects anyway).
+collect_ignore_glob = [glob for glob, module in (("test_train_*.py", "torch"), ("test_ros_*.py", "rclpy"))
+                       if importlib.util.find_spec(module) is None]
 
 
 def pytest_collection_modifyitems(items):

@@ -149,7 +149,9 @@ NODE_PARAMS = {
                     "ROS_HOME defaulting to ~/.ros", _capsule_dir, False),
     "capsule_hmac_key_file": ("", "path of a key file (at least 16 bytes, mode 0600, e.g. openssl rand -hex 32): "
                               "exports carry an HMAC-SHA256 of this key and imports without it, or with another, "
-                              "are refused. The key itself is never a parameter value. Empty = no HMAC",
+                              "are refused; leader claims and capsule stream records are signed with it too, and "
+                              "those of other nodes without its HMAC refused (give a robot's nodes one key). The key "
+                              "itself is never a parameter value. Empty = no HMAC",
                               lambda n, v: _string(n, v), False),
     "diagnostics_period_s": (1.0, "period of /diagnostics (published in every lifecycle state)",
                              _ranged, False),
@@ -366,8 +368,12 @@ def read_config(node) -> tuple[PolicyConfig, dict]:
     cfg = resolve_policy_config(cfg)  # policy_path: the file's architecture (obs_dim, action_dim, ...) from here on
     own = {n: check_node_param(n, _value(node, n)) for n in NODE_PARAMS}
     policy_file = cfg.policy_path or cfg.weights_path
-    if policy_file and not own["action_joint_names"]:  # a policy file names its action channels: the joints
-        own["action_joint_names"] = list(read_policy(policy_file).action_names)
+    if policy_file and not own["action_joint_names"]:  # a policy file names its action channels: the joints,
+        names = list(read_policy(policy_file).action_names)  # where a controller takes them (a bag's may not)
+        try:
+            own["action_joint_names"] = check_controller_joint_names("action_names", names) if names else []
+        except ValueError:
+            pass  # unset: the node warns that the trajectory's joints are unnamed
     ceiling = _declared_range(node, "replan_max_deadline_ms")
     if ceiling is not None:
         _number_in("replan_max_deadline_ms", own["replan_max_deadline_ms"], *ceiling)
