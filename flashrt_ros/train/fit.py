@@ -245,6 +245,17 @@ def fit(model, train: Sequence[Arrays], val: Sequence[Arrays], opts: FitOptions,
         rng.bit_generator.state = st["numpy_rng"]
         torch.set_rng_state(st["torch_rng"])
 
+    def judge(recent) -> float:
+        """Validation loss now, into the history; the weights kept when they are the best so far."""
+        nonlocal best_val, best_step, best_state
+        val_loss = evaluate(model, val_w)
+        history.append({"step": step, "train_loss": float(np.mean(recent)), "val_loss": val_loss,
+                        "seconds": round(seconds, 3)})
+        if val_loss < best_val:
+            best_val, best_step = val_loss, step
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return val_loss
+
     def checkpoint():
         save_checkpoint(ckpt_path, {
             "version": CHECKPOINT_VERSION, "meta": meta, "options": asdict(opts), "model": model.state_dict(),
@@ -286,22 +297,12 @@ def fit(model, train: Sequence[Arrays], val: Sequence[Arrays], opts: FitOptions,
             at_eval = step % opts.eval_every == 0 or step == opts.steps
             val_loss = None
             if at_eval:
-                val_loss = evaluate(model, val_w)
-                history.append({"step": step, "train_loss": float(np.mean(recent)), "val_loss": val_loss,
-                                "seconds": round(seconds, 3)})
-                if val_loss < best_val:
-                    best_val, best_step = val_loss, step
-                    best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                val_loss = judge(recent)
                 checkpoint()
             progress.update(step, float(np.mean(recent)), val_loss if val_loss is not None else
                             (history[-1]["val_loss"] if history else None), rate, force=at_eval)
         if status == "time_limit" and (not history or history[-1]["step"] != step):  # its last steps judged too
-            val_loss = evaluate(model, val_w)
-            history.append({"step": step, "train_loss": float(np.mean(recent)), "val_loss": val_loss,
-                            "seconds": round(seconds, 3)})
-            if val_loss < best_val:
-                best_val, best_step = val_loss, step
-                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            judge(recent)
         if not history or history[-1]["step"] != step or status != "finished":
             checkpoint()  # an interrupt is not evaluated (it should end fast): the steps since resume from here
         signum = stop.signum
