@@ -48,9 +48,11 @@ def _publish_at_100_hz(planner, obs, during=None) -> list[int]:
 
 
 def _epoch_of(msg) -> int:
-    """The leader that published a step, from its capsule id (a leader of epoch e >= 2 numbers from e << 40)."""
+    """The leader that published a step: the epoch it carries (fence.py), which its capsule id says too (a leader
+    of epoch e >= 2 numbers from e << 40)."""
     from flashrt_ros.runtime.persist.replica import EPOCH_ID_SHIFT
-    return max(1, msg.capsule_id >> EPOCH_ID_SHIFT)
+    assert msg.epoch == max(1, msg.capsule_id >> EPOCH_ID_SHIFT), (msg.epoch, msg.capsule_id)
+    return msg.epoch
 
 
 @pytest.mark.parametrize("leases", STALLS)
@@ -193,6 +195,66 @@ def test_forged_claims_neither_depose_the_primary_nor_block_the_failover(ros_dom
             p.stop()
     for log in logs:
         for r in refusals:
+            assert r in log, (r, log[-3000:])
+    assert "deposed" not in logs[0], logs[0][-3000:]
+    assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
+    got: dict[int, set] = {}
+    for m in planner.steps:
+        got.setdefault(m.step, set()).add(np.asarray(m.action, np.float32).tobytes())
+    assert sorted(got) == list(range(1, sent + 1)), "every observation stepped, by one leader at a time"
+    assert all(len(a) == 1 for a in got.values()), "a step published twice with different actions"
+
+
+def test_with_a_key_unsigned_claims_and_records_change_nothing(ros_domain, tmp_path):
+    """Every node given the same capsule_hmac_key_file (issue 44.3): claims and records carry an HMAC under it.
+    A claim at the next epoch from a node that is in the graph (what the no-key rules cannot tell from a
+    standby's) and a forged keyframe on the primary's stream are refused by the primary and the standby; the
+    primary steps on, and when it is killed the standby takes over and steps every observation."""
+    import rclpy
+
+    from flashrt_interfaces.msg import CapsuleRecord, Leader
+    from flashrt_ros.ros.capsule_stream import stream_qos
+    from flashrt_ros.ros.leader import leader_qos
+    key = tmp_path / "robot.key"
+    key.write_text("0123456789abcdef0123456789abcdef")
+    key.chmod(0o600)
+    keyed = {"capsule_hmac_key_file": str(key)}
+    primary, standby, planner, remote = primary_and("standby", ros_domain, tmp_path, "/robot1_standby", keyed,
+                                                    **keyed)
+    intruder = rclpy.create_node("flashrt", namespace="/intruder")
+    try:
+        planner.run(OBS[:20])
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, (primary, standby))
+        claim = intruder.create_publisher(Leader, "/robot1/flashrt_leader", leader_qos())
+        claim.publish(Leader(epoch=2, node="/intruder/flashrt", mac="0" * 64))
+        records = intruder.create_publisher(CapsuleRecord, "/robot1/flashrt/capsule_stream", stream_qos(100.0))
+        forged = CapsuleRecord(seq=10**9, epoch=1, timeline=1, kind=CapsuleRecord.KIND_RESYNC, capsule_id=2**61 - 1,
+                               fingerprint="forged", record=[1, 2, 3])
+        refusals = {primary: ["'/intruder/flashrt' (epoch 2) ignored: no valid HMAC"],
+                    standby: ["'/intruder/flashrt' (epoch 2) ignored: no valid HMAC",
+                              "refused: no valid HMAC under capsule_hmac_key_file's key"]}
+        sent, end = 20, time.monotonic() + 25.0
+        while not all(r in p.output() for p, rs in refusals.items() for r in rs) and time.monotonic() < end:
+            records.publish(forged)
+            _publish_at_100_hz(planner, OBS[sent:sent + 1])
+            sent += 1
+            planner.spin(0.05)
+        intruder.destroy_publisher(records)  # its liveliness gone before the primary's
+        assert sent < 150, "the refusals took too long"
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, (primary, standby))
+        os.kill(primary.proc.pid, signal.SIGKILL)
+        _publish_at_100_hz(planner, OBS[sent:sent + 30])
+        sent += 30
+        planner.spin_until(lambda: max(m.step for m in planner.steps) >= sent, 15.0)
+        planner.spin(0.5)
+    finally:
+        intruder.destroy_node()
+        planner.close()
+        logs = [p.output() for p in (primary, standby)]
+        for p in (primary, standby):
+            p.stop()
+    for log, rs in zip(logs, refusals.values()):
+        for r in rs:
             assert r in log, (r, log[-3000:])
     assert "deposed" not in logs[0], logs[0][-3000:]
     assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]

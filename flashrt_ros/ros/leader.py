@@ -32,6 +32,7 @@ from rclpy.validate_full_topic_name import validate_full_topic_name
 from flashrt_interfaces.msg import Leader
 
 from ..runtime.persist.replica import MAX_EPOCH
+from .auth import leader_mac, valid
 from .slow_publish import SLOW_PUBLISH_MS
 
 LEADER_TOPIC = "flashrt_leader"
@@ -79,6 +80,15 @@ def outranks(theirs: Leader, epoch: int, stamp_ns: int) -> bool:
     """Their claim beats ours (epoch, then the earlier claim)."""
     their_stamp = theirs.stamp.sec * 10**9 + theirs.stamp.nanosec
     return theirs.epoch > epoch or theirs.epoch == epoch and their_stamp < stamp_ns
+
+
+def authentic(node, claim: Leader, key: bytes | None) -> bool:
+    """With a key (capsule_hmac_key_file), a claim must carry its valid MAC (auth.py); logged (throttled) when not."""
+    if valid(key, claim, leader_mac):
+        return True
+    node.get_logger().error(f"leader claim of {claim.node!r} (epoch {claim.epoch}) ignored: no valid HMAC under "
+                            "capsule_hmac_key_file's key", throttle_duration_sec=1.0)
+    return False
 
 
 def well_formed(node, claim: Leader) -> bool:
@@ -143,9 +153,10 @@ class ClaimCheck:
 
 class LeaderGuard:
     def __init__(self, node, topic: str, on_deposed: Callable[[Leader], None], lease_ms: float = 100.0,
-                 on_proven: Callable[[], None] = lambda: None):
-        """``on_proven()``: the lease is current again after a hold (executor thread): publish what was held."""
-        self.node, self.on_deposed, self.on_proven = node, on_deposed, on_proven
+                 on_proven: Callable[[], None] = lambda: None, key: bytes | None = None):
+        """``on_proven()``: the lease is current again after a hold (executor thread): publish what was held.
+        ``key``: claims (ours and theirs) are signed and checked with it (auth.py); None: the no-key rules."""
+        self.node, self.on_deposed, self.on_proven, self.key = node, on_deposed, on_proven, key
         self.name = node.get_fully_qualified_name()
         self.epoch = 0  # 0: not claimed
         self.newest_seen = 0  # the newest epoch any node claimed
@@ -198,7 +209,10 @@ class LeaderGuard:
         return time.monotonic() - self._namesake_at < self.lease_s + self.margin_s
 
     def _claim_msg(self, step: int, capsule_id: int, stamp) -> Leader:
-        return Leader(stamp=stamp, epoch=self.epoch, node=self.name, step=step, capsule_id=capsule_id)
+        msg = Leader(stamp=stamp, epoch=self.epoch, node=self.name, step=step, capsule_id=capsule_id)
+        if self.key is not None:
+            msg.mac = leader_mac(self.key, msg)
+        return msg
 
     # ---- the lease ------------------------------------------------------------------------
     def current(self) -> bool:
@@ -275,6 +289,8 @@ class LeaderGuard:
     def _on_heartbeat(self, msg: Leader) -> None:
         if msg.node == self.name and stamp_of(msg) == self._stamp_ns:
             return  # our own
+        if not authentic(self.node, msg, self.key):
+            return
         self.heard[msg.node] = time.monotonic()
         if msg.node == self.name:
             self._namesake_at = self.heard[msg.node]
@@ -297,7 +313,9 @@ class LeaderGuard:
         if not well_formed(self.node, msg):
             return
         ours = msg.node == self.name and stamp_of(msg) == self._stamp_ns
-        if not ours and not checked and not self.check.admit(msg, self.newest_seen):
+        if not ours and not authentic(self.node, msg, self.key):
+            return
+        if not ours and not checked and self.key is None and not self.check.admit(msg, self.newest_seen):
             return
         self.newest_seen = max(self.newest_seen, msg.epoch)
         # ours is the claim of this name at our stamp: another process of the same name (a launch file started
@@ -326,8 +344,10 @@ class LeaderWatch:
     claim stays on the topic (transient local) until its process ends, so the best claim, not the newest
     to arrive, is the leader."""
 
-    def __init__(self, node, topic: str, following: str, on_new_leader: Callable[[Leader], None]):
+    def __init__(self, node, topic: str, following: str, on_new_leader: Callable[[Leader], None],
+                 key: bytes | None = None):
         self.node, self.topic, self.following, self.on_new_leader = node, topic, following, on_new_leader
+        self.key = key
         self.best: Leader | None = None
         self.sub = node.create_subscription(Leader, topic, self._on_leader, leader_qos(READER_DEPTH))
         self.check = ClaimCheck(node, self.sub.topic_name)
@@ -343,7 +363,10 @@ class LeaderWatch:
     def _on_leader(self, msg: Leader, checked: bool = False) -> None:
         if not well_formed(self.node, msg) or msg.node == self.node.get_fully_qualified_name():
             return
-        if not checked and not self.check.admit(msg, self.best.epoch if self.best is not None else 0):
+        if not authentic(self.node, msg, self.key):
+            return
+        if not checked and self.key is None and \
+                not self.check.admit(msg, self.best.epoch if self.best is not None else 0):
             return
         best = self.best
         if best is not None and best.node != msg.node and best.node not in self._claimants():

@@ -215,7 +215,8 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             if self._own["role"] == "replica":
                 return self._activate_replica(ReplicaLink(self, self.session, self._own["primary"], follow_leader=True))
             self._leader = LeaderGuard(self, self.robot_topic(LEADER_TOPIC), self._on_deposed,
-                                       self._own["liveliness_lease_ms"], self._lease_proven)
+                                       self._own["liveliness_lease_ms"], self._lease_proven,
+                                       self.session.capsule_hmac_key)
             qos = self._qos["observation"]
             if self._own["role"] == "standby":  # held from its newest record on, and never dropped while it takes over
                 qos = QoSProfile(history=qos.history, depth=max(qos.depth, STANDBY_OBSERVATION_DEPTH),
@@ -579,7 +580,7 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             self.get_logger().warning(f"step took {res.latency_ms:.2f} ms", throttle_duration_sec=1.0)
         msg = PolicyStep(
             header=Header(stamp=stamp, frame_id=header.frame_id if header is not None else ""),
-            step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(),
+            step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(), epoch=self._outputs.epoch,
             action_chunk=res.chunk.ravel().tolist(), chunk_len=session.cfg.chunk_len,
             step_latency_ms=res.latency_ms)
         self._fenced(self._outputs.publish_trajectory, msg.header, res.chunk)

@@ -43,6 +43,7 @@ class NodeRoles:
         """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread). Nothing is
         published before START_HOLD_S has passed without a claim that outranks this one (a node of the same
         name that leads already: a launch file started twice)."""
+        self._outputs.set_epoch(epoch)  # every command carries it (fence.py)
         self._leader.claim(epoch, self.session.step_count, self.session.live_capsule_id,
                            hold_s=max(START_HOLD_S, REPROVE_LEASES * self._leader.lease_s))
         self._start_stream(epoch)
@@ -72,6 +73,7 @@ class NodeRoles:
         link.replica.lead(epoch)  # its capsules take its epoch's ids
         rollback_ms = (time.perf_counter() - t0) * 1e3
         self._own["role"] = "primary"  # serves every service from here
+        self._outputs.set_epoch(epoch)
         self._leader.claim(epoch, last.step, last.id)
         t1 = time.perf_counter()
         for msg in pending:
