@@ -263,3 +263,40 @@ def test_with_a_key_unsigned_claims_and_records_change_nothing(ros_domain, tmp_p
         got.setdefault(m.step, set()).add(np.asarray(m.action, np.float32).tobytes())
     assert sorted(got) == list(range(1, sent + 1)), "every observation stepped, by one leader at a time"
     assert all(len(a) == 1 for a in got.values()), "a step published twice with different actions"
+
+
+def test_an_idle_writer_on_the_stream_does_not_hide_the_primarys_death(ros_domain, tmp_path):
+    """Another writer on the primary's capsule_stream topic, which never publishes, keeps the stream's DDS
+    liveliness alive after the primary is killed. The primary's heartbeats stop with it: silent for
+    HEARTBEAT_LAPSE_LEASES, that is a lapse, and the standby takes over and steps every observation."""
+    import rclpy
+
+    from flashrt_interfaces.msg import CapsuleRecord
+    from flashrt_ros.ros.capsule_stream import stream_qos
+    primary, standby, planner, remote = primary_and("standby", ros_domain, tmp_path, "/robot1_standby")
+    idler = rclpy.create_node("idler")
+    try:
+        idler.create_publisher(CapsuleRecord, "/robot1/flashrt/capsule_stream", stream_qos(100.0))
+        planner.run(OBS[:20])
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, (primary, standby))
+        planner.spin(1.0)  # the idle writer matched
+        os.kill(primary.proc.pid, signal.SIGKILL)
+        sent = 20
+        for _ in range(5):  # 2.5 s of observations at 20 Hz, then the rest
+            _publish_at_100_hz(planner, OBS[sent:sent + 10])
+            sent += 10
+            planner.spin(0.4)
+        planner.spin_until(lambda: max(m.step for m in planner.steps) >= sent, 15.0)
+        planner.spin(0.5)
+    finally:
+        idler.destroy_node()
+        planner.close()
+        logs = [p.output() for p in (primary, standby)]
+        for p in (primary, standby):
+            p.stop()
+    assert "no heartbeat for" in logs[1] and "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
+    got: dict[int, set] = {}
+    for m in planner.steps:
+        got.setdefault(m.step, set()).add(np.asarray(m.action, np.float32).tobytes())
+    assert sorted(got) == list(range(1, sent + 1)), "every observation stepped, by one leader at a time"
+    assert all(len(a) == 1 for a in got.values()), "a step published twice with different actions"

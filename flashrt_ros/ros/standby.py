@@ -44,6 +44,10 @@ QUIET_LEASES = 1.5
 # With nothing to step a primary publishes no records, so their silence says nothing: then the lapse itself
 # must last this many leases (a starved but living primary asserts its liveliness again well before).
 IDLE_LEASES = 5.0
+# The leader's heartbeats (leader.py) silent this long, while the stream's DDS liveliness holds (an idle writer of
+# someone else's on the stream topic keeps it alive), count as a lapse: longer than IDLE_LEASES, since an
+# executor busy for a while (a replan's commit, a loaded machine) delays heartbeats, not DDS liveliness.
+HEARTBEAT_LAPSE_LEASES = 10.0
 # Quiet time counts only while this process itself ran: a stall of the whole machine (a VM descheduled by its
 # host) freezes the primary and the standby alike, and on resuming the primary looks lapsed and quiet. A timer
 # ticks every STALL_TICK_S; a gap between ticks beyond 2 ticks is time this process stood still. Such a stall
@@ -70,7 +74,27 @@ class StandbyLink(ReplicaLink):
         # its liveliness are the ones watched
         super().__init__(node, session, primary, stream_qos(lease_ms),
                          SubscriptionEventCallbacks(liveliness=self._on_liveliness), follow_leader=True)
-        self._ticker = node.create_timer(STALL_TICK_S, lambda: self.stall.tick(time.monotonic()))
+        self._silent_lapse = False  # a lapse judged from the leader's heartbeats, not from DDS liveliness
+        self._ticker = node.create_timer(STALL_TICK_S, self._tick)
+
+    def _tick(self) -> None:
+        """The stall clock; and the leader's heartbeats (leader.py): silent for HEARTBEAT_LAPSE_LEASES of this node's
+        running time after one was heard, that is a lapse even while the stream's DDS liveliness holds (another
+        writer on the stream topic keeps it alive: issue 44). Heard again within a lease, the lapse ends."""
+        now = time.monotonic()
+        self.stall.tick(now)
+        heard = self.heard_at(self.primary)
+        if heard == -float("inf") or self.lost_at:
+            return
+        silent_s = now - heard - self.stall.stalled_s(heard, now)
+        if not self._lapsed and silent_s >= HEARTBEAT_LAPSE_LEASES * self.lease_s:
+            self._lapsed, self._lapsed_at, self._silent_lapse = True, now, True
+            self.node.get_logger().info(f"{self.primary}: no heartbeat for {silent_s * 1e3:.0f} ms while its "
+                                        "stream's liveliness holds (another writer on the stream?): a lapse")
+            self._check_lapse()
+        elif self._silent_lapse and self._lapsed and silent_s < self.lease_s:
+            self._lapsed = self._silent_lapse = False
+            self.node.get_logger().info(f"{self.primary}: heartbeats again; standing by")
 
     def _on_record(self, msg) -> None:
         self._record_at = time.monotonic()
