@@ -57,7 +57,8 @@ class PolicyConfig:
     chunk_blend: str = _f("newest", "temporal ensemble of the pending chunks: newest weighs the newest prediction "
                                     "most, oldest the oldest (ACT's temporal ensemble)", choices=("newest", "oldest"))
     chunk_blend_decay: float = _f(0.25, "the blend's weight per step of age: exp(-decay * age) (newest) or "
-                                        "exp(+decay * age) (oldest); 0 = a plain mean; ACT uses 0.01 with oldest", min=0.0, max=80.0)
+                                        "exp(+decay * age) (oldest); 0 = a plain mean; ACT uses 0.01 with oldest",
+                                  min=0.0, max=80.0)
     action_noise_std: float = _f(0.0, "exploration noise std; 0 = deterministic policy", min=0.0)
     seed: int = _f(0, "seed for random weights and the counter-based noise RNG (32 bits: the RNG's key)", min=0,
                    max=2**32 - 1)
