@@ -487,6 +487,7 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             return
         if guard.epoch:
             self._deferred.append((publish, args))
+            guard.observed()  # a step waits (the start hold counts from the first one)
             if not guard.holding:
                 guard.renew()  # stalled mid-step: the hold starts
 
@@ -501,6 +502,7 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         n = len(self._held_obs)
         while self._held_obs and self._leader is not None and self._leader.current():
             self.step_from_message(self._held_obs.popleft())
+            self._leader.renew()  # this thread runs: a burst of held steps is no stall (a real one is still seen)
         self.get_logger().info(f"lease proven: no newer leader; published {len(deferred)} held outputs and stepped "
                                f"{n - len(self._held_obs)} held observations")
 

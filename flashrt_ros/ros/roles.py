@@ -78,6 +78,7 @@ class NodeRoles:
         t1 = time.perf_counter()
         for msg in pending:
             self.step_from_message(msg)
+            self._leader.renew()  # the catch-up is no stall: the lease stays proven through it
         t2 = time.perf_counter()
         self._start_stream(epoch)  # after the catch-up: its first record (a whole window) costs no held step
         t3 = time.perf_counter()
