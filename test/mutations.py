@@ -950,11 +950,14 @@ MUTATIONS = [
              "            pass",
              ["test/test_capsule_stream.py::test_a_resync_request_on_an_idle_primary_resends_the_live_capsule_at_once"],
              "a replica that lost records waits for the next keyframe, forever on a robot standing still"),
-    Mutation("deposed_primary_keeps_stepping", "flashrt_ros/ros/node.py",
-             "        elif not self._deposed:\n            self.step_from_message(msg)",
-             "        else:\n            self.step_from_message(msg)",
-             ["test/test_ros_standby.py::test_a_frozen_primary_resumed_after_a_takeover_is_deposed_and_steps_no_more"],
-             "a primary frozen past its lease comes back and publishes beside the standby: split brain"),
+    Mutation("deposed_primary_keeps_stepping", "flashrt_ros/ros/leader.py",
+             " and not self.holding and time.monotonic() - self.proof < self.lease_s - self.margin_s",
+             " or True",
+             ["test/test_ros_standby.py::test_a_frozen_primary_resumed_after_a_takeover_is_deposed_and_steps_no_more",
+              "test/test_ros_lease.py::test_a_primary_stopped_around_its_lease_never_publishes_beside_the_standby"],
+             "a primary frozen past its lease comes back and publishes its backlog beside the standby before the "
+             "claim deposes it: split brain (a deposed node's stepping is stopped twice over, in on_observation and "
+             "at the publish fence, so the lease is the one point left to break)"),
     # issue 44: one leader at a time (docs/leadership.md)
     Mutation("leader_publishes_without_a_current_lease", "flashrt_ros/ros/leader.py",
              "        return bool(self.epoch) and not self.holding and time.monotonic() - self.proof < self.lease_s - "
