@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.executors import SingleThreadedExecutor
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from flashrt_interfaces.msg import PolicyStep
@@ -61,7 +61,13 @@ def main(argv=None) -> int:
     # about 1 ms more per replan round trip at p50 (an executor iteration per status, feedback and step message).
     executor = SingleThreadedExecutor()
     executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, name="planner_executor", daemon=True)
+    def spin() -> None:
+        try:
+            executor.spin()
+        except ExternalShutdownException:  # a SIGTERM shut the context down under it: the summary still prints
+            pass
+
+    spinner = threading.Thread(target=spin, name="planner_executor", daemon=True)
     spinner.start()
     try:
         client.wait_until_ready(30.0)
