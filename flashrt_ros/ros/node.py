@@ -14,7 +14,6 @@ Run: ``ros2 run flashrt_ros flashrt_node --ros-args --params-file config/flashrt
 """
 from __future__ import annotations
 
-import collections
 import faulthandler
 import logging
 import signal
@@ -48,7 +47,6 @@ from .dead_participants import HeldIds, hold_dead_participant_ids, own_participa
 from .diagnostics import device_name, diagnostics_message
 from .freed_memory import keep_freed_memory
 from .gc_freeze import GcFreezer, collect_and_freeze, thaw
-from .held_observations import BUFFER_MAX
 from .leader import LEADER_TOPIC, LeaderGuard
 from .node_stats import NodeStats
 from .outputs import ActionOutputs, action_joint_names
@@ -124,9 +122,6 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         self._replica: ReplicaLink | None = None  # role replica or standby: while active (until a takeover)
         self._leader: LeaderGuard | None = None  # primary and standby: while active
         self._deposed = ""  # why this node stopped leading (a standby took over): it steps nothing more
-        # the lease (leader.py): while it is not proven, observations wait here and outputs in _deferred
-        self._held_obs: collections.deque = collections.deque(maxlen=BUFFER_MAX)
-        self._deferred: list = []  # (publish, args) of steps taken before a lapse was seen, in order
         self._last_usage = None
         # /diagnostics is a plain publisher on a timer made here: it reports every lifecycle state,
         # so a supervisor sees an inactive node as inactive instead of as stale.
@@ -214,9 +209,7 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             self._deposed = ""
             if self._own["role"] == "replica":
                 return self._activate_replica(ReplicaLink(self, self.session, self._own["primary"], follow_leader=True))
-            self._leader = LeaderGuard(self, self.robot_topic(LEADER_TOPIC), self._on_deposed,
-                                       self._own["liveliness_lease_ms"], self._lease_proven,
-                                       self.session.capsule_hmac_key)
+            self._leader = LeaderGuard(self, self.robot_topic(LEADER_TOPIC), self._on_deposed)
             qos = self._qos["observation"]
             if self._own["role"] == "standby":  # held from its newest record on, and never dropped while it takes over
                 qos = QoSProfile(history=qos.history, depth=max(qos.depth, STANDBY_OBSERVATION_DEPTH),
@@ -227,8 +220,7 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             if self._own["role"] == "standby":
                 return self._activate_replica(StandbyLink(self, self.session, self._own["primary"],
                                                           self._own["liveliness_lease_ms"], self._take_over,
-                                                          self._own["standby_takeover_delay_ms"],
-                                                          heard_at=self._leader.heard_at))
+                                                          self._own["standby_takeover_delay_ms"]))
             self._lead(epoch=1)
         except Exception as e:  # noqa: BLE001 - logged, then rclpy's error processing (on_error)
             return self._transition_failed("activate", e)
@@ -251,8 +243,6 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             if link is not None:
                 link.destroy()
         self._stream = self._replica = self._leader = None
-        self._held_obs.clear()
-        self._deferred = []
         if self._observation_sub is not None:
             self.destroy_subscription(self._observation_sub)
         self._observation_sub = None
@@ -462,55 +452,8 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         # runtime lock, so this step waits at most for one of its bookkeeping sections (runtime/replan.py)
         if self._replica is not None:  # a standby, while the primary leads
             self._replica.hold(msg)
-        elif not self._deposed and self._lease_holds(msg):
-            return
         elif not self._deposed:
             self.step_from_message(msg)
-
-    def _lease_holds(self, msg) -> bool:
-        """Held while the lease is not proven (stepped once it is, dropped if deposed meanwhile)."""
-        guard = self._leader
-        if guard is None or not self._held_obs and guard.current():
-            return False
-        self._held_obs.append(msg)
-        guard.observed()
-        if not guard.holding:
-            guard.renew()  # a lapse found here (a stall): the hold starts
-        return True
-
-    def _fenced(self, publish, *args) -> None:
-        """An output of a step goes out only under a current lease; else it waits for the proof (or goes
-        with a deposition). Executor thread."""
-        guard = self._leader
-        if guard is None or not self._deferred and guard.current():
-            publish(*args)
-            return
-        if guard.epoch:
-            self._deferred.append((publish, args))
-            guard.observed()  # a step waits (the start hold counts from the first one)
-            if not guard.holding:
-                guard.renew()  # stalled mid-step: the hold starts
-
-    def _lease_proven(self) -> None:
-        """The lease is current again and no newer leader claimed the robot: what was held goes out, in order."""
-        deferred, self._deferred = self._deferred, []
-        for publish, args in deferred:
-            try:
-                publish(*args)
-            except Exception as e:  # noqa: BLE001 - deactivated meanwhile
-                self.get_logger().warning(f"held output not published: {e}")
-        n = len(self._held_obs)
-        while self._held_obs and self._leader is not None and self._leader.current():
-            self.step_from_message(self._held_obs.popleft())
-            self._leader.renew()  # this thread runs: a burst of held steps is no stall (a real one is still seen)
-        self.get_logger().info(f"lease proven: no newer leader; published {len(deferred)} held outputs and stepped "
-                               f"{n - len(self._held_obs)} held observations")
-
-    def _drop_held(self) -> int:
-        n = len(self._held_obs) + len(self._deferred)
-        self._held_obs.clear()
-        self._deferred = []
-        return n
 
     def step_from_message(self, msg) -> None:
         session, reader = self.session, self._reader
@@ -553,8 +496,7 @@ class FlashRTNode(NodeRoles, LifecycleNode):
         outputs = self._outputs
         if outputs is None:  # cleaned up meanwhile
             return
-        def publish_action(action, publish=outputs.publish_action):
-            self._fenced(publish, action)
+        publish_action = outputs.publish_action
 
         # the step and its policy_step as one: a rollback comes before both or after both, so a renewed
         # history never starts with a step of the timeline that was left
@@ -582,13 +524,10 @@ class FlashRTNode(NodeRoles, LifecycleNode):
             self.get_logger().warning(f"step took {res.latency_ms:.2f} ms", throttle_duration_sec=1.0)
         msg = PolicyStep(
             header=Header(stamp=stamp, frame_id=header.frame_id if header is not None else ""),
-            step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(), epoch=self._outputs.epoch,
+            step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(),
             action_chunk=res.chunk.ravel().tolist(), chunk_len=session.cfg.chunk_len,
             step_latency_ms=res.latency_ms)
-        self._fenced(self._outputs.publish_trajectory, msg.header, res.chunk)
-        self._fenced(self._publish_policy_step, msg)
-
-    def _publish_policy_step(self, msg: PolicyStep) -> None:
+        self._outputs.publish_trajectory(msg.header, res.chunk)
         with self._policy_step_lock:
             writer = self._topic_pubs.get("policy_step")
             if writer is not None:  # None: deactivated meanwhile

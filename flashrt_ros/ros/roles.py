@@ -9,8 +9,8 @@ import time
 
 from rclpy.lifecycle import TransitionCallbackReturn
 
+from ..runtime.persist.replica import MAX_EPOCH
 from .capsule_stream import StreamPublisher
-from .leader import MAX_CLAIM, REPROVE_LEASES, START_HOLD_S
 from .replica import REPLICA_SERVICES, ReplicaLink, replica_refusal
 from .standby import StandbyLink
 
@@ -40,12 +40,8 @@ class NodeRoles:
         return TransitionCallbackReturn.SUCCESS
 
     def _lead(self, epoch: int) -> None:
-        """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread). Nothing is
-        published before START_HOLD_S has passed without a claim that outranks this one (a node of the same
-        name that leads already: a launch file started twice)."""
-        self._outputs.set_epoch(epoch)  # every command carries it (fence.py)
-        self._leader.claim(epoch, self.session.step_count, self.session.live_capsule_id,
-                           hold_s=max(START_HOLD_S, REPROVE_LEASES * self._leader.lease_s))
+        """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread)."""
+        self._leader.claim(epoch, self.session.step_count, self.session.live_capsule_id)
         self._start_stream(epoch)
 
     def _start_stream(self, epoch: int) -> None:
@@ -62,9 +58,9 @@ class NodeRoles:
                                     "not taking over (start the standby before the primary steps, or restart the "
                                     "primary)")
             return
-        if not 2 <= epoch <= MAX_CLAIM:  # checked while this is still a standby: lead() would refuse it midway
+        if not 2 <= epoch <= MAX_EPOCH:  # checked while this is still a standby: lead() would refuse it midway
             self.get_logger().error(f"not taking over from {link.primary}: epoch {epoch} is past the last a leader "
-                                    f"can claim ({MAX_CLAIM}); restart the robot's nodes with a fresh timeline")
+                                    f"can have ({MAX_EPOCH}); restart the robot's nodes with a fresh timeline")
             return
         link.destroy()
         self._replica = None
@@ -73,12 +69,10 @@ class NodeRoles:
         link.replica.lead(epoch)  # its capsules take its epoch's ids
         rollback_ms = (time.perf_counter() - t0) * 1e3
         self._own["role"] = "primary"  # serves every service from here
-        self._outputs.set_epoch(epoch)
         self._leader.claim(epoch, last.step, last.id)
         t1 = time.perf_counter()
         for msg in pending:
             self.step_from_message(msg)
-            self._leader.renew()  # the catch-up is no stall: the lease stays proven through it
         t2 = time.perf_counter()
         self._start_stream(epoch)  # after the catch-up: its first record (a whole window) costs no held step
         t3 = time.perf_counter()
@@ -91,11 +85,8 @@ class NodeRoles:
             f"{self.robot_topic('action')}")
 
     def _on_deposed(self, leader) -> None:
-        same = leader.node == self._leader.name if self._leader is not None else False
-        self._deposed = (f"deposed: {leader.node} leads the robot since epoch {leader.epoch} "
-                         f"({'another process of this name claimed it first' if same else 'a standby took over'}); "
-                         f"this node steps and publishes nothing more ({self._drop_held()} held observations and "
-                         "outputs dropped)")
+        self._deposed = (f"deposed: {leader.node} leads the robot since epoch {leader.epoch} (a standby took over); "
+                         "this node steps and publishes nothing more")
         if self._stream is not None:
             self._stream.destroy()
             self._stream = None
