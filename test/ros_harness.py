@@ -42,14 +42,14 @@ def param_args(params: dict) -> list[str]:
 
 
 class NodeProcess:
-    """`python -m flashrt_ros.ros.node` with the launch file's arguments (params file + namespace)."""
+    """`python -m flashrt_ros.ros.main` with the launch file's arguments (params file + namespace)."""
 
     def __init__(self, env: dict, log_path: Path, namespace: str = "/test", extra_args: tuple = (),
                  params_file: Path | str | None = PARAMS, preexec_fn=None, **params):
         self.namespace = namespace
         self.log_path = log_path
         files = ["--params-file", str(params_file)] if params_file else []
-        cmd = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "-r", f"__ns:={namespace}",
+        cmd = [sys.executable, "-m", "flashrt_ros.ros.main", "--ros-args", "-r", f"__ns:={namespace}",
                *files, *param_args({**FAST, **params}), *extra_args]
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
@@ -179,7 +179,7 @@ def forget_dead_ports(domain: int) -> list[int]:
     fresh boot has; the node's own handling of them is tested on purpose (test_dead_participants, the kills)."""
     import fcntl
 
-    from flashrt_ros.ros.dead_participants import MAX_IDS, MIN_AGE_S, PORT_PREFIXES, SHM_DIR, shm_port
+    from flashrt_ros.ros.platform.dead_participants import MAX_IDS, MIN_AGE_S, PORT_PREFIXES, SHM_DIR, shm_port
     dead = []
     for pid in range(MAX_IDS):
         port = shm_port(domain, pid)
@@ -201,7 +201,7 @@ def forget_dead_ports(domain: int) -> list[int]:
 
 def dds_ids() -> str:
     """This process's DDS participant ids and the domain's dead ones: what a missing answer is read with."""
-    from flashrt_ros.ros.dead_participants import dead_participant_ids, own_participant_ids
+    from flashrt_ros.ros.platform.dead_participants import dead_participant_ids, own_participant_ids
     domain = int(os.environ.get("ROS_DOMAIN_ID") or 0)
     return (f"domain {domain}: the test process has ids {own_participant_ids(domain)}, "
             f"dead ids {dead_participant_ids(domain)}")
@@ -224,7 +224,7 @@ def call(planner, srv_type, name: str, timeout: float = 10.0, **fields):
 
 def stamp_ns(msg) -> int:
     """A message's header stamp in nanoseconds."""
-    from flashrt_ros.ros.convert import stamp_to_ns
+    from flashrt_ros.ros.io.convert import stamp_to_ns
     return stamp_to_ns(msg.header.stamp)
 
 
@@ -249,7 +249,7 @@ class Planner:
 
         from flashrt_interfaces.msg import PolicyStep
         from flashrt_ros.ros.client import FlashRTClient
-        from flashrt_ros.ros.step_link import policy_step_qos
+        from flashrt_ros.ros.io.step_link import policy_step_qos
         self.rclpy = rclpy
         self.namespace = namespace
         self.node = rclpy.create_node(name)
@@ -264,7 +264,7 @@ class Planner:
 
     def wait_ready(self, timeout: float = 30.0, subscribers: int = 1) -> None:
         """subscribers: the nodes that read the observations (2 with a standby)."""
-        from flashrt_ros.ros.step_link import wait_linked
+        from flashrt_ros.ros.io.step_link import wait_linked
         self.client.wait_until_ready(timeout)
         wait_linked(self.node, self.pub, self.step_sub, timeout, subscribers=subscribers)
 

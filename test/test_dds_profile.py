@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from flashrt_ros.ros.dds_profile import SOURCE_PROFILE, default_fast_dds_ports, use_shipped_profile
+from flashrt_ros.ros.platform.dds_profile import SOURCE_PROFILE, default_fast_dds_ports, use_shipped_profile
 
 NS = {"d": "http://www.eprosima.com"}
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import time
 
-from .capsule_stream import stream_qos
-from .convert import stamp_to_ns
+from ..io.convert import stamp_to_ns
 from .held_observations import HeldObservations
 from .replica import ReplicaLink
 from .stall_clock import STALL_TICK_S, StallClock
+from .stream import stream_qos
 
 try:  # rclpy >= Iron
     from rclpy.event_handler import SubscriptionEventCallbacks

@@ -18,9 +18,9 @@ from std_srvs.srv import Trigger
 
 from flashrt_interfaces.msg import CapsuleRecord
 
-from ..runtime.persist.replica import LOCAL_IDS_FROM, MAX_EPOCH, RecordRefused, StreamReplica
-from .capsule_stream import stream_qos
+from ...runtime.persist.replica import LOCAL_IDS_FROM, MAX_EPOCH, RecordRefused, StreamReplica
 from .leader import LEADER_TOPIC, LeaderWatch
+from .stream import stream_qos
 
 RESYNC_ASK_S = 0.5
 LAG_EDGES_MS = (1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 80, 100, 150, 200, 500, 1000)  # + one bucket past the last
@@ -54,7 +54,7 @@ class ReplicaLink:
 
     def _connect(self, primary: str) -> None:
         """The stream, the resync service and (for forwarded commits) the services and action of ``primary``."""
-        from .client import FlashRTClient
+        from ..client.api import FlashRTClient
 
         made = []
         try:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from flashrt_interfaces.action import Replan
 
-from .replan_server import ReplanServer
-from .services import CapsuleServices
+from .capsules import CapsuleServices
+from .replan import ReplanServer
 
 PAUSE_WAIT_S = 5.0  # deactivate waits this long for a running replan to stop (one batched step, normally)
 
@@ -26,7 +26,7 @@ def inactive_refusal(state: str) -> str:
 
 
 try:  # services.py's refusal type where it has one: answered "<service> refused: ...", logged as a warning
-    from .services import NotServing as _Refusal
+    from .capsules import NotServing as _Refusal
 except ImportError:
     _Refusal = ValueError
 
