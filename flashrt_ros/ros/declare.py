@@ -13,7 +13,7 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from rclpy.exceptions import InvalidParameterValueException
 from rclpy.parameter import Parameter
 
-from ..runtime.model.config import FLOAT32_MAX, PolicyConfig
+from ..runtime.model.config import FLOAT32_MAX, PolicyConfig, load_ros_params
 from ..runtime.model.policy_file import read_policy, resolve_policy_config
 from .io.convert import check_controller_joint_names
 from .params import (
@@ -54,6 +54,37 @@ def command_line_overrides(argv, node_name: str) -> dict:
             except yaml.YAMLError:
                 out[name] = text
     return out
+
+
+def params_files(argv) -> list[str]:
+    """The ``--params-file`` paths of the ROS arguments, in order (a later one wins, as in rcl)."""
+    files, in_ros_args, it = [], False, iter(argv or ())
+    for arg in it:
+        if arg == "--ros-args":
+            in_ros_args = True
+        elif arg == "--":
+            in_ros_args = False
+        elif in_ros_args and arg == "--params-file":
+            files.append(next(it, ""))
+    return files
+
+
+def start_up_value(argv, node_name: str, name: str):
+    """A node parameter's value before rclpy.init, for what must run before the participant exists (the Fast DDS
+    workarounds): ``-p``, else the last params file that sets it, else its default. A value that cannot be read
+    here is left to rclpy and configure to report; the default holds until then."""
+    default = NODE_PARAMS[name][0]
+    value = command_line_overrides(argv, node_name).get(name)
+    if value is None:
+        for path in params_files(argv):
+            try:
+                value = load_ros_params(path).get(name, value)
+            except Exception:  # noqa: BLE001 - missing or not YAML: rclpy.init names what is wrong with the file
+                continue
+    try:
+        return default if value is None else check_node_param(name, value)
+    except ValueError:
+        return default
 
 
 def policy_range(f: dataclasses.Field):

@@ -16,7 +16,8 @@ import rclpy
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import TransitionCallbackReturn
 
-from .node import FlashRTNode, one_line
+from .declare import start_up_value
+from .node import NODE_NAME, FlashRTNode, one_line
 from .params import check_node_param
 from .platform.dds_profile import default_fast_dds_ports, use_shipped_profile
 from .platform.dead_participants import HeldIds, hold_dead_participant_ids, own_participant_ids, planted_port_files
@@ -78,9 +79,11 @@ def main(args=None) -> int:
 
     if hasattr(signal, "SIGUSR1"):  # kill -USR1: every thread's stack to stderr, the node runs on (a hung node)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    argv = args if args is not None else sys.argv
     # before rclpy.init: the participant takes its id, and Fast DDS reads its profile, when it starts
     port_formula = default_fast_dds_ports()  # else the ids cannot be told from the ports
-    held_ids = hold_dead_participant_ids() if port_formula else HeldIds(0)
+    hold = start_up_value(argv, NODE_NAME, "hold_dead_participant_ids")
+    held_ids = hold_dead_participant_ids(hold=hold) if port_formula else HeldIds(0)
     planted = planted_port_files(held_ids.domain_id) if port_formula else []
     if planted:
         held_ids.release()
@@ -88,9 +91,10 @@ def main(args=None) -> int:
               f"{held_ids.domain_id} but not regular files (planted?): Fast DDS would wait on them for good; remove "
               "them", file=sys.stderr)
         return 2
-    dds_line = use_shipped_profile()
+    dds_line = (use_shipped_profile() if start_up_value(argv, NODE_NAME, "use_shipped_dds_profile")
+                else "DDS profile: none set (use_shipped_dds_profile is false)")
     try:
-        _init_ros(args if args is not None else sys.argv)
+        _init_ros(argv)
     except Exception as e:  # noqa: BLE001 - e.g. a params file that is missing or not valid YAML
         held_ids.release()
         print(f"flashrt: cannot start: {one_line(e)}", file=sys.stderr)
@@ -98,7 +102,7 @@ def main(args=None) -> int:
     code = 0
     node = executor = None
     try:
-        node = FlashRTNode(argv=args if args is not None else sys.argv)
+        node = FlashRTNode(argv=argv)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, on_signal)
         held_ids.release()  # the participant exists

@@ -234,6 +234,19 @@ NODE_PARAMS = {
                                 "living process holds (kill -9 and crashes leave them, each keeping up to 16 MiB "
                                 "of RAM with the shipped DDS profile); only ones older than 60 s, never a live "
                                 "process's", _bool, False),
+    "use_shipped_dds_profile": (True, "at start, unless FASTDDS_DEFAULT_PROFILES_FILE is set, Fast DDS reads the "
+                                "shipped config/fastdds.xml (a 16 MiB shared-memory segment: a capsule stream "
+                                "keyframe reaches a replica in ~9 ms instead of ~50 ms in 512 KiB pieces); false = "
+                                "the RMW's defaults. Read before the node exists: set it with -p or a params file",
+                                _bool, False),
+    "hold_dead_participant_ids": (True, "at start, keep Fast DDS off the participant ids of processes that died "
+                                  "(kill -9): a restarted node on a dead one's shared-memory port could hear nothing "
+                                  "for a minute; false = whatever id Fast DDS gives. Read before the node exists: "
+                                  "set it with -p or a params file", _bool, False),
+    "thread_safe_action_client": (True, "a replica forwards its committing replans through an rclpy action client "
+                                  "made safe for a node spun on another thread (rclpy issue 1123: a goal response "
+                                  "taken before its future was registered was dropped); false = rclpy's own", _bool,
+                                  False),
     "stream_keyframe_s": (10.0, "a whole-window record (RESYNC) goes out on ~/capsule_stream at least this often, "
                           "in s: where a late replica or a bag can start", _ranged, False),
 }

@@ -1,5 +1,8 @@
 """rclpy's ActionClient, made safe on a node that an executor spins on another thread (what FlashRTClient's
-replan goals go through)."""
+replan goals go through). Works around ros2/rclpy#1123 (https://github.com/ros2/rclpy/issues/1123: a goal, result
+or cancel response taken before its future is registered; fixed upstream by ros2/rclpy#1308, backported in
+#1517 / #1519) and the construction race below. FlashRTClient(thread_safe_actions=False), the node's
+``thread_safe_action_client`` false, uses rclpy's own."""
 from __future__ import annotations
 
 import threading
@@ -48,8 +51,3 @@ class ThreadSafeActionClient(ActionClient):
     def _cancel_goal_async(self, *args, **kwargs):
         with self._exchange_lock:
             return super()._cancel_goal_async(*args, **kwargs)
-
-    def forget_feedback(self, goal_key: bytes) -> None:
-        """Drop a goal's feedback callback (rclpy drops it only with a result, which a refused goal never gets)."""
-        getattr(self, "_feedback_callbacks", {}).pop(goal_key, None)
-

@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 import rclpy
+from rclpy.action import ActionClient
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_srvs.srv import Trigger
 
@@ -61,15 +62,16 @@ def _none_id(capsule_id: int | None) -> int:
 
 
 class FlashRTClient:
-    def __init__(self, node, namespace: str = ""):
+    def __init__(self, node, namespace: str = "", thread_safe_actions: bool = True):
+        """``thread_safe_actions`` False: rclpy's own ActionClient (client/action_client.py says what it risks)."""
         self.node = node
         self.namespace = namespace.rstrip("/")
         self.clients = {name: node.create_client(t, self._name(name), qos_profile=SERVICE_QOS)
                         for name, t in SERVICES.items()}
-        self.replan_client = ThreadSafeActionClient(node, Replan, self._name("replan"),
-                                                    goal_service_qos_profile=ACTION_QOS,
-                                                    result_service_qos_profile=ACTION_QOS,
-                                                    cancel_service_qos_profile=ACTION_QOS)
+        action_client = ThreadSafeActionClient if thread_safe_actions else ActionClient
+        self.replan_client = action_client(node, Replan, self._name("replan"), goal_service_qos_profile=ACTION_QOS,
+                                           result_service_qos_profile=ACTION_QOS,
+                                           cancel_service_qos_profile=ACTION_QOS)
         self._optional: dict = {}
 
     def _name(self, name: str) -> str:

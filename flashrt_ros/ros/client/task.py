@@ -78,11 +78,11 @@ class ReplanTask:
 
     def _on_goal_response(self, future) -> None:
         if future.cancelled():  # the caller gave up waiting (FlashRTTimeout): no answer to record
-            self._client.replan_client.forget_feedback(self._goal_key)
+            forget_feedback(self._client.replan_client, self._goal_key)
             return
         handle = future.result()
         if handle is None or not handle.accepted:  # the ROS-level rejection only ever means busy (Replan.action)
-            self._client.replan_client.forget_feedback(self._goal_key)
+            forget_feedback(self._client.replan_client, self._goal_key)
             self._finish(GoalStatus.STATUS_UNKNOWN, Replan.Result(success=False, rejected=True, message=BUSY))
             return
         self._goal_handle = handle
@@ -128,3 +128,7 @@ class ReplanTask:
         response = self._client.wait_for(handle.cancel_goal_async(), timeout_s, "the cancel response")
         return len(response.goals_canceling) > 0
 
+
+def forget_feedback(action_client, goal_key: bytes) -> None:
+    """Drop a goal's feedback callback (rclpy drops it only with a result, which a refused goal never gets)."""
+    getattr(action_client, "_feedback_callbacks", {}).pop(goal_key, None)

@@ -33,8 +33,10 @@ def replica_refusal(primary: str, what: str) -> str:
 
 
 class ReplicaLink:
-    def __init__(self, node, session, primary: str, qos=None, event_callbacks=None, follow_leader: bool = False):
+    def __init__(self, node, session, primary: str, qos=None, event_callbacks=None, follow_leader: bool = False,
+                 thread_safe_actions: bool = True):
         self.node, self.primary = node, primary
+        self._thread_safe_actions = thread_safe_actions  # the client that forwards commits (client/action_client.py)
         self.replica = StreamReplica(session)
         self.replica.on_cut = self._on_cut
         self.replica.on_new_run = self._on_new_run
@@ -58,7 +60,7 @@ class ReplicaLink:
 
         made = []
         try:
-            made.append(FlashRTClient(self.node, primary.rsplit("/", 1)[0]))
+            made.append(FlashRTClient(self.node, primary.rsplit("/", 1)[0], self._thread_safe_actions))
             made.append(self.node.create_client(Trigger, f"{primary}/capsule_stream/resync"))
             made.append(self.node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record,
                                                       self._qos, event_callbacks=self._event_callbacks))

@@ -28,8 +28,8 @@ def robot_topic(namespace: str | None, name: str) -> str:
 
 class GroupRole:
     """``own``: the node's parameters of the last configure (role, primary, robot_namespace, capsule_stream,
-    stream_keyframe_s, liveliness_lease_ms, standby_takeover_delay_ms). ``step``: steps one observation (the
-    node's stepping), for the held observations of a takeover."""
+    stream_keyframe_s, liveliness_lease_ms, standby_takeover_delay_ms, thread_safe_action_client).
+    ``step``: steps one observation (the node's stepping), for the held observations of a takeover."""
 
     def __init__(self, node, session, own: dict, step: Callable[[object], None]):
         self.node, self.session, self.own, self.step = node, session, own, step
@@ -67,7 +67,8 @@ class GroupRole:
     def follow_primary(self) -> str:
         """Role replica: rebuild the primary's store from its stream. Returns the activate line."""
         self.deposed = ""
-        return self._replica_line(ReplicaLink(self.node, self.session, self.primary, follow_leader=True))
+        return self._replica_line(ReplicaLink(self.node, self.session, self.primary, follow_leader=True,
+                                              thread_safe_actions=self.own["thread_safe_action_client"]))
 
     def guard_leadership(self) -> None:
         """Primary and standby: watch flashrt_leader (a newer claim deposes this node)."""
@@ -77,7 +78,8 @@ class GroupRole:
     def stand_by(self) -> str:
         """Role standby: follow the primary until its process stops, then take over. Returns the activate line."""
         return self._replica_line(StandbyLink(self.node, self.session, self.primary, self.own["liveliness_lease_ms"],
-                                              self._take_over, self.own["standby_takeover_delay_ms"]))
+                                              self._take_over, self.own["standby_takeover_delay_ms"],
+                                              self.own["thread_safe_action_client"]))
 
     def _replica_line(self, link: ReplicaLink) -> str:
         self.replica = link

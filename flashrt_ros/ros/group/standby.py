@@ -47,7 +47,8 @@ IDLE_LEASES = 5.0
 
 
 class StandbyLink(ReplicaLink):
-    def __init__(self, node, session, primary: str, lease_ms: float, on_primary_lost, takeover_delay_ms: float = 0.0):
+    def __init__(self, node, session, primary: str, lease_ms: float, on_primary_lost, takeover_delay_ms: float = 0.0,
+                 thread_safe_actions: bool = True):
         self.lease_s = lease_ms / 1e3
         self.delay_s = takeover_delay_ms / 1e3  # on top of the rule: a second standby lets the first take over
         self.on_primary_lost = on_primary_lost
@@ -61,7 +62,8 @@ class StandbyLink(ReplicaLink):
         # follows whoever leads the robot, as a replica does: after another standby took over, its stream and
         # its liveliness are the ones watched
         super().__init__(node, session, primary, stream_qos(lease_ms),
-                         SubscriptionEventCallbacks(liveliness=self._on_liveliness), follow_leader=True)
+                         SubscriptionEventCallbacks(liveliness=self._on_liveliness), follow_leader=True,
+                         thread_safe_actions=thread_safe_actions)
         self._ticker = node.create_timer(STALL_TICK_S, lambda: self.stall.tick(time.monotonic()))
 
     def _on_record(self, msg) -> None:
