@@ -80,8 +80,6 @@ class FlashRTNode(LifecycleNode):
         self.stats = NodeStats()
         self.hardware_id = "unconfigured"
         self._own: dict = {}
-        self._reader: ObservationReader | None = None
-        self._capsule_dir: CapsuleDir | None = None
         self._outputs: ActionOutputs | None = None
         self._stepper: Stepper | None = None  # from configure to cleanup
         self._last_stamp_ns = 0  # the last stepped stamp, kept over a cleanup
@@ -99,7 +97,7 @@ class FlashRTNode(LifecycleNode):
             period = check_node_param("diagnostics_period_s", self.get_parameter("diagnostics_period_s").value)
         except ValueError:
             period = 1.0  # configure fails and names the parameter
-        self._diagnostics_timer = self.create_timer(period, self.publish_diagnostics)
+        self.create_timer(period, self.publish_diagnostics)
         try:
             gc_period = check_node_param("gc_freeze_period_s", self.get_parameter("gc_freeze_period_s").value)
         except ValueError:
@@ -169,7 +167,7 @@ class FlashRTNode(LifecycleNode):
         except Exception as e:  # noqa: BLE001 - any configuration error fails the transition, clearly
             self.get_logger().error(f"configure failed: {' '.join(str(e).split())}")
             return TransitionCallbackReturn.FAILURE
-        self.session, self._own, self._capsule_dir, self._reader = session, own, capsule_dir, reader
+        self.session, self._own = session, own
         self._group = GroupRole(self, session, own, self.step_from_message)
         for stale in capsule_dir.sweep_stale_temporaries():
             self.get_logger().warning(f"removed {stale.name} from capsule_dir: the temporary of an export whose "
@@ -253,7 +251,7 @@ class FlashRTNode(LifecycleNode):
         if self.session is not None:
             self.session.disable_persistence()  # writes what is queued and fsyncs
         self._last_stamp_ns = self.last_stamp_ns
-        self.session = self._reader = self._capsule_dir = self._stepper = None
+        self.session = self._stepper = None
         if self._gc_freezer.timer is not None:
             thaw()  # frozen objects are never collected: the released session's cycles go now
         if self._capsule_services is not None:

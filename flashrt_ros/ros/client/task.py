@@ -60,7 +60,6 @@ class ReplanTask:
         self.feedback: list = []
         self._user_feedback = feedback_callback
         self._t0 = time.perf_counter()
-        self._goal_handle = None
         self._result_future = None
         self._outcome: ReplanOutcome | None = None
         self._done = threading.Event()
@@ -85,7 +84,6 @@ class ReplanTask:
             forget_feedback(self._client.replan_client, self._goal_key)
             self._finish(GoalStatus.STATUS_UNKNOWN, Replan.Result(success=False, rejected=True, message=BUSY))
             return
-        self._goal_handle = handle
         self._result_future = handle.get_result_async()
         self._result_future.add_done_callback(self._on_result)
 

@@ -38,8 +38,4 @@ class GcFreezer:
     """A timer of ``node`` (its executor thread) that calls collect_and_freeze every ``period_s``; 0 = off."""
 
     def __init__(self, node, period_s: float):
-        self.timer = node.create_timer(period_s, self._tick) if period_s > 0 else None
-        self.last_ms = 0.0
-
-    def _tick(self) -> None:
-        self.last_ms = collect_and_freeze()
+        self.timer = node.create_timer(period_s, collect_and_freeze) if period_s > 0 else None
