@@ -1,4 +1,4 @@
-"""The Fast DDS profile the node starts with (ros/dds_profile.py): set only when the user chose nothing, and a
+"""The Fast DDS profile the node starts with (ros/platform/dds_profile.py): set only when the user chose nothing, and a
 valid profile that changes the shared-memory segment and nothing about where traffic may go."""
 import xml.etree.ElementTree as ET
 

@@ -67,7 +67,7 @@ class RosLogHandler(logging.Handler):
 
 class FlashRTNode(LifecycleNode):
     def __init__(self, argv=None, **kwargs):
-        """``argv``: the process's ROS arguments, to recover ``-p`` values rclpy would drop (params.py)."""
+        """``argv``: the process's ROS arguments, to recover ``-p`` values rclpy would drop (declare.py)."""
         super().__init__(NODE_NAME, **kwargs)
         declare_all(self, command_line_overrides(argv, self.get_name()))
         guard_live_params(self)

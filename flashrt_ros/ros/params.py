@@ -171,7 +171,7 @@ NODE_PARAMS = {
                          "/diagnostics) and the next one written is a whole-window resync point; raised at "
                          "configure to hold at least 3 whole-window records",
                          _ranged, False),
-    # output for ros2_control (outputs.py); QoS overrides: qos.py
+    # output for ros2_control (io/outputs.py); QoS overrides: io/qos.py
     "publish_trajectory": (False, "also publish the action chunk as trajectory_msgs/JointTrajectory on "
                            "'action_trajectory' (for joint_trajectory_controller): point k = chunk[k] as positions "
                            "(in action units, not blended), finite-difference velocities, at time_from_start "
@@ -187,7 +187,7 @@ NODE_PARAMS = {
                             "its state untouched, and counted (stamps_in_future on /diagnostics): a stamp years "
                             "ahead would go into the step's capsule, policy_step and history. Covers the clock "
                             "offset between the sensor's computer and this one", _ranged, False),
-    # real-time scheduling (realtime.py), as ros2_control's controller_manager offers it
+    # real-time scheduling (platform/realtime.py), as ros2_control's controller_manager offers it
     "thread_priority": (0, "SCHED_FIFO priority (1..99) of the thread that steps observations; 0 = normal "
                         "scheduling. Needs CAP_SYS_NICE or an rtprio limit (ulimit -r); where it is not allowed "
                         "the node says so in one warning and runs on normally. The replan worker is unchanged",
@@ -197,7 +197,7 @@ NODE_PARAMS = {
                     "processes take the cores first, so a replan takes longer when they are busy. Needs no "
                     "privilege; only ever raised while the node runs (restart it to lower it). 0 = leave it",
                     _ranged, False),
-    # the capsule stream and replicas (capsule_stream.py, replica.py)
+    # the capsule stream and replicas (group/stream.py, group/replica.py)
     "role": ("primary", "primary | replica | standby. A primary steps observations and publishes every capsule "
              "record on ~/capsule_stream; a replica steps nothing: it rebuilds the primary's capsule store from that "
              "stream and serves list_capsules, export_capsule and what-if replan goals from it, off the robot; a "

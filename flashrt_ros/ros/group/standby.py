@@ -5,7 +5,7 @@ Before: it rebuilds the store from the stream as a replica does, and buffers the
 are newer than its newest record (the primary stepped them, or was about to, after that capsule).
 When the primary's liveliness lapses (automatic liveliness on its capsule stream, lease
 ``liveliness_lease_ms``) and it had an observation to step but published no record for QUIET_LEASES leases
-(or, with nothing to step, the lapse lasts IDLE_LEASES leases), the node takes over (node.py): it
+(or, with nothing to step, the lapse lasts IDLE_LEASES leases), the node takes over (roles.py): it
 restores its newest capsule, claims the next epoch on flashrt_leader, steps the buffered observations in order and
 publishes from then on. Its policy_step numbering continues the primary's, so a consumer drops duplicates
 by step. Byte-identity with a primary that never crashed holds for a timeline that only stepped after the
