@@ -20,7 +20,7 @@ from pathlib import Path
 
 PROFILE_VARS = ("FASTDDS_DEFAULT_PROFILES_FILE", "FASTRTPS_DEFAULT_PROFILES_FILE")  # Fast DDS 3 / 2.x (Humble)
 FASTDDS_RMWS = ("", "rmw_fastrtps_cpp", "rmw_fastrtps_dynamic_cpp")
-SOURCE_PROFILE = Path(__file__).resolve().parents[2] / "config" / "fastdds.xml"
+SOURCE_PROFILE = Path(__file__).resolve().parents[3] / "config" / "fastdds.xml"
 
 
 def shipped_profile() -> Path | None:
