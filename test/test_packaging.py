@@ -9,10 +9,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from doc_pages import joined
 
 from conftest import ROOT
 
-README = (ROOT / "README.md").read_text()
+README = joined()  # the README and the docs/ pages its sections moved to
 SCRIPTS = re.findall(r'"([\w-]+) = [\w.]+:\w+"', (ROOT / "setup.py").read_text())
 
 
