@@ -43,5 +43,5 @@ def test_the_readme_stays_a_short_page():
 
 
 def test_every_docs_page_is_a_checked_page_or_a_record():
-    pages = {str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")}
+    pages = {str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")}
     assert pages == set(PAGES[1:]) | set(NOT_USER_PAGES), "a new page under docs/: add it to doc_pages.PAGES"
