@@ -57,3 +57,15 @@ def test_an_inactive_node_reports_its_state_as_a_warning_not_silence():
     status, values = _values(msg)
     assert status.level == status.WARN and "inactive" in status.message
     assert values["lifecycle_state"] == "inactive" and values["steps"] == "0"
+
+
+def test_a_step_p99_over_the_deadline_is_a_warning_naming_both_and_one_slow_step_in_a_hundred_is_not():
+    from flashrt_ros.ros.diagnostics import diagnostics_message
+    stats = _stats(100, 100.0)
+    stats.latencies_ms = [0.5] * 99 + [20.0]  # p99 0.695 ms: under the 10 ms deadline
+    status, _ = _values(diagnostics_message("/flashrt", "active", "some CPU", stats, None, None, 10.0))
+    assert status.level == status.OK and status.message == "ok"
+    stats.latencies_ms = [0.5] * 98 + [20.0] * 2  # p99 20 ms
+    status, values = _values(diagnostics_message("/flashrt", "active", "some CPU", stats, None, None, 10.0))
+    assert status.level == status.WARN and status.message == "step p99 20.00 ms > step_deadline_ms 10.0"
+    assert values["step_latency_p99_ms"] == "20.000"
