@@ -128,8 +128,12 @@ def main(argv=None) -> int:
         print(f"mutate: unknown mutation(s) {sorted(unknown)}; see --list", file=sys.stderr)
         return 2
     modules = [repo_path(p) for p in args.module]
-    changed = changed_files(args.changed) if args.changed else None
-    before = mutations_at(args.changed) if changed is not None and LIST in changed else None
+    try:
+        changed = changed_files(args.changed) if args.changed else None
+        before = mutations_at(args.changed) if changed is not None and LIST in changed else None
+    except subprocess.CalledProcessError as e:
+        print(f"mutate: --changed {args.changed}: {e.stderr.strip() or e}", file=sys.stderr)
+        return 2
     chosen = select(MUTATIONS, names, modules, changed, before)
     if args.list:
         for m in chosen:
