@@ -1397,4 +1397,14 @@ MUTATIONS = [
              ["test/test_stall_clock.py"],
              "a callback that runs on resuming, before the ticker has, counts the stall it just woke from as the "
              "primary's silence"),
+    Mutation("replan_deadline_miss_counted_when_met", ROS + "replan_server.py",
+             "self.node.stats.count(\"replan_deadline_misses\", int(not res.deadline_met))",
+             "self.node.stats.count(\"replan_deadline_misses\", int(res.deadline_met))",
+             ["test/test_ros_replan_counters.py"],
+             "/diagnostics counts the replans that met their deadline as misses, and the misses not at all"),
+    Mutation("replica_waiting_for_its_primary_not_warned", ROS + "replica.py",
+             "    if st.waiting_for_keyframe:\n",
+             "    if False:\n",
+             ["test/test_ros_replica_waiting.py"],
+             "a replica that holds nothing of its primary (none heard, or no keyframe yet) reports OK"),
 ]
