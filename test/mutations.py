@@ -1407,4 +1407,10 @@ MUTATIONS = [
              "    if False:\n",
              ["test/test_ros_replica_waiting.py"],
              "a replica that holds nothing of its primary (none heard, or no keyframe yet) reports OK"),
+    Mutation("leader_watch_keeps_a_gone_nodes_claim", ROS + "leader.py",
+             "        if best is not None and best.node != msg.node and best.node not in self._claimants():",
+             "        if False:",
+             ["test/test_ros_leader_watch.py"],
+             "a replica keeps following a dead standby's epoch-2 claim: the restarted primary's epoch 1 is never "
+             "followed"),
 ]
