@@ -20,6 +20,7 @@ import importlib.util
 import inspect
 import os
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,5 +169,6 @@ def _load(kernels: tuple[CompiledKernel, ...]):
     spec = importlib.util.spec_from_file_location(f"flashrt_ros_{name}", path)
     module = importlib.util.module_from_spec(spec)
     module.__dict__.update(DIM0=DIM0, N_DIMS=N_DIMS, _f=_f, _i=_i, **{f"k{c}": k.fn for c, k in enumerate(kernels)})
+    sys.modules[spec.name] = module  # numba finds a cached function's globals through its module's name
     spec.loader.exec_module(module)
     return module.run_program
