@@ -14,6 +14,7 @@ from conftest import assert_states_close, observation_trace, small_config
 from flashrt_ros.runtime import Session
 from flashrt_ros.runtime.engine import cpu_registry
 from flashrt_ros.runtime.engine.launch_table import LAUNCHERS
+from flashrt_ros.runtime.engine.nvrtc import compile_cubin, nvrtc_unavailable
 from flashrt_ros.runtime.model import kernel_spec, kernels, network
 from flashrt_ros.runtime.model.buffers import BufferSpec
 
@@ -101,6 +102,12 @@ def test_the_kernel_on_every_backend_gives_the_twins_bytes(leaky):
     CpuRawModule(CU).get_function(la.function)(la.grid, la.block, la.args)
     for got in (compiled, cuda):
         assert [g.tobytes() for g in got] == [w.tobytes() for w in want]
+
+
+@pytest.mark.skipif(nvrtc_unavailable() is not None, reason=str(nvrtc_unavailable()))
+def test_the_mixers_cuda_source_compiles_with_nvrtc_for_the_robot():
+    cubin, log = compile_cubin(CU, 87)
+    assert cubin[:4] == b"\x7fELF", log
 
 
 def test_a_session_of_the_third_mixer_steps_on_numpy_cpu_and_the_cuda_kernels_as_its_twin(leaky):

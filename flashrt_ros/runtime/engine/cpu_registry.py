@@ -160,7 +160,7 @@ def _load(kernels: tuple[CompiledKernel, ...]):
             h.update(path.read_bytes())
     name = f"run_program_{h.hexdigest()[:16]}"
     path = Path(numba_cache.CACHE_DIR) / "programs" / f"{name}.py"
-    if not path.exists():
+    if not path.exists() or path.read_text() != source:  # the cache directory is checked (numba_cache.py)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
