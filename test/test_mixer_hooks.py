@@ -110,7 +110,7 @@ def test_the_mixers_cuda_source_compiles_with_nvrtc_for_the_robot():
     assert cubin[:4] == b"\x7fELF", log
 
 
-def test_a_session_of_the_third_mixer_steps_on_numpy_cpu_and_the_cuda_kernels_as_its_twin(leaky):
+def test_a_session_of_the_third_mixer_steps_on_numpy_cpu_and_the_cuda_kernels_and_prefills(leaky):
     cfg = small_config(mixer="leaky")
     ref, cpu, shim = Session(cfg, "numpy"), Session(cfg, "cpu"), Session(cfg, ShimBackend())
     actions = {s: np.stack([s.step(o).action for o in OBS]) for s in (ref, cpu, shim)}
@@ -120,6 +120,8 @@ def test_a_session_of_the_third_mixer_steps_on_numpy_cpu_and_the_cuda_kernels_as
     for other in (cpu, shim):  # the GEMVs and attention sum in another order: 2e-5 as test_cpu_backend
         np.testing.assert_allclose(actions[other], actions[ref], rtol=0, atol=2e-5)
         assert_states_close(other.state_tensors(), state, atol=2e-4)
+    ref.cold_prefill()  # its sequence form rebuilds the state from the history
+    assert_states_close(ref.state_tensors(), state, atol=4e-5)
 
 
 def test_the_third_mixer_replans_and_restores_byte_exactly_on_the_compiled_step(leaky):

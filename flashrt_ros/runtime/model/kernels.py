@@ -1,7 +1,8 @@
 """Kernel registry: every op of a plan names a kernel here.
 
 Each kernel has a NumPy reference twin (``*_ref``) that the numpy backend runs and the CUDA C
-kernel in ``kernels/*.cu`` is tested against. Twins write only through ``out=`` / in-place ops
+kernel in ``kernels/*.cu`` is tested against; its compiled CPU form registers under the same name in
+engine/cpu_registry.py. Twins write only through ``out=`` / in-place ops
 into preallocated buffers, so a replay allocates no arrays.
 
 Batch invariance: every reduction runs per row in a fixed order whatever the batch size. Dot

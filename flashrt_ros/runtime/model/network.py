@@ -1,13 +1,16 @@
 """The network, described once: the hybrid policy as input ops, one list of ops per layer, and output ops.
 
-Each op declares its buffers (small state, KV log, weights) and carries both forms of its math side by side:
+Each op declares its buffers (small state, KV log, weights, scratch) and carries both forms of its math side
+by side:
 
-  step(plan, cfg, layer)      the per-step form: kernel ops of the plan (kernels.py twins on NumPy,
-                              kernels/*.cu on CUDA). The live step and the batched replan bind this plan.
+  step(plan, cfg, layer)      the per-step form: kernel ops of the plan (kernels.py twins on NumPy, the numba
+                              kernels of engine/cpu_registry.py on the compiled CPU step, kernels/*.cu on CUDA).
+                              The live step and the batched replan bind this plan.
   sequence(seq, x, layer)     the sequence form over all n steps at once (sequence.py), for cold prefill;
                               it writes the op's state into the live row and returns the new x.
 
-policy.py builds the buffer table and the step plan by walking MODEL; prefill.py walks the same list.
+policy.py builds the buffer table and the step plan by walking MODEL; prefill.py walks the same list. The
+config's mixer choices are the keys of MIXERS.
 ``meta`` advances in one op (MetaAdvance), through one function (kernels.advance_meta).
 """
 from __future__ import annotations
