@@ -136,6 +136,22 @@ def test_the_third_mixer_replans_and_restores_byte_exactly_on_the_compiled_step(
         assert np.stack([s.step(o).action for o in branches[b]]).tobytes() == res.actions[b].tobytes()
 
 
+def test_a_numba_kernel_registers_only_under_a_plan_kernel_and_with_its_specs_names(leaky):
+    @njit
+    def leaky_step(x, h, a, k, width):
+        pass
+
+    @njit
+    def leaky_scan(x, d):
+        pass
+
+    with pytest.raises(TypeError, match=r"\['width'\] are neither buffers nor symbols of its spec \['B', 'd'\]"):
+        cpu_registry.compiled(leaky_step)
+    with pytest.raises(TypeError, match="leaky_scan: no plan kernel of that name"):
+        cpu_registry.compiled(leaky_scan)
+    assert cpu_registry.COMPILED["leaky_step"].fn is not leaky_step
+
+
 def test_the_mixer_choice_is_the_op_list(leaky):
     assert small_config(mixer="leaky").mixer == "leaky"
     saved = network.MIXERS.pop("leaky")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..model.kernel_spec import CUDA_CONSTANTS, KernelSpec
-from ..model.kernels import REGISTRY
+from ..model.kernels import REGISTRY, Kernel
 from . import numba_cache
 from .cpu_program import DIM0, MAX_ARGS, N_DIMS, _f, _i
 
@@ -35,10 +35,18 @@ REGIONS = ("op", "sf", "si", "wf", "gf", "lf", "rows")
 
 @dataclass(frozen=True)
 class CompiledKernel:
-    name: str
+    """One plan kernel whole: its spec and NumPy twin (``kernel``) and its numba form."""
+    kernel: Kernel
     fn: object  # the numba dispatcher
     params: tuple[str, ...]
-    spec: KernelSpec
+
+    @property
+    def name(self) -> str:
+        return self.kernel.name
+
+    @property
+    def spec(self) -> KernelSpec:
+        return self.kernel.spec
 
     @property
     def per_row(self) -> bool:
@@ -84,9 +92,8 @@ def compiled(fn):
     name = fn.py_func.__name__
     if name not in REGISTRY:
         raise TypeError(f"compiled kernel {name}: no plan kernel of that name (a spec and its NumPy twin)")
-    spec = REGISTRY[name].spec
-    params = tuple(inspect.signature(fn.py_func).parameters)
-    entry = CompiledKernel(name, fn, params, spec)
+    entry = CompiledKernel(REGISTRY[name], fn, tuple(inspect.signature(fn.py_func).parameters))
+    spec, params = entry.spec, entry.params
     symbols = _symbols(spec)
     unknown = [p for p in entry.dims if p not in symbols]
     if unknown:
