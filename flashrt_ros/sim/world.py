@@ -44,8 +44,8 @@ def pusher_xml() -> Path:
 @dataclass(frozen=True)
 class WorldConfig:
     substeps: int = 5  # physics steps per 10 ms control step (timestep 2 ms: Euler stays stable under the PD)
-    kp: float = 20.0  # joint PD gains, torque per rad and per rad/s; the model clips torque to +-2
-    kd: float = 2.0
+    kp: float = 40.0  # joint PD gains, torque per rad and per rad/s; the model clips torque to +-2
+    kd: float = 8.0
     object_x: tuple[float, float] = (-0.3, 0.0)  # object offset from the table's reference point (Gymnasium's)
     object_y: tuple[float, float] = (-0.2, 0.2)
     goal_xy: float = 0.05  # the goal moves within +-goal_xy of Gymnasium's fixed goal, so it is an observation
