@@ -1,11 +1,13 @@
 """The scripted expert of the Pusher task: observation -> joint targets, with no memory between calls.
 
-Its phase is read off the geometry each step, so it recovers from any state a policy leaves it in:
-  - the hand is low but off the pushing line behind the object: lift it straight up (never sweep the object);
-  - it is high, or not yet over the pre-push point: go there high, then descend behind the object;
-  - it is low on the line behind the object: push, aiming past the object's centre toward the goal.
-The hand's pose becomes joint targets through damped least squares on the hand's Jacobian (mj_jac), with the
-scoop's opening turned toward the goal and held level.
+The hand's colliding part is a U of three capsules that the arm cannot hold level, nor turn at will, near the
+table, so the expert pushes with whichever capsule the line from the object to the goal meets (the pusher point)
+rather than with a fixed face. Its phase is read off the geometry each step, so it recovers from any state a
+policy leaves it in:
+  - the hand is low and its pusher point is on the line behind the object: push, aiming past the object;
+  - the hand is low anywhere else: lift it straight up (never sweep across the object);
+  - it is high over the pre-push point behind the object: descend; high elsewhere: travel there.
+The pusher point's goal becomes joint targets through damped least squares on the hand's Jacobian (mj_jac).
 """
 from __future__ import annotations
 
@@ -14,37 +16,44 @@ from dataclasses import dataclass
 import mujoco
 import numpy as np
 
-from .world import ARM_JOINTS, HAND_BODY, OBS_NAMES, PusherWorld
+from .world import ARM_JOINTS, OBS_NAMES, PusherWorld
 
 _I = {n: i for i, n in enumerate(OBS_NAMES)}
 Q = slice(_I[f"{ARM_JOINTS[0]}.position"], _I[f"{ARM_JOINTS[-1]}.position"] + 1)
 HAND = slice(_I["hand.x"], _I["hand.z"] + 1)
 OBJECT = slice(_I["object.x"], _I["object.y"] + 1)
 GOAL = slice(_I["goal.x"], _I["goal.y"] + 1)
+PUSHER_BODY = "r_wrist_roll_link"  # holds the hand's three colliding capsules
 UP = np.array([0.0, 0.0, 1.0])
-SHOULDER_XY = np.array([0.0, -0.6])  # the pan joint's axis (r_shoulder_pan_link)
-# the scoop in the hand's frame (x: opening, y: along the bar): the bar's ends and the prongs' tips
-HAND_OUTLINE = ((0.0, -0.1), (0.0, 0.1), (0.1, -0.1), (0.1, 0.1))
+# the null space pulls the three roll joints home, so the arm does not wander into twisted postures the task
+# cannot leave (the rest is free: the task sets it)
+REST_POSTURE = np.zeros(len(ARM_JOINTS))
+REST_WEIGHT = np.array([0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
 
 
 @dataclass(frozen=True)
 class ExpertGains:
     push_z: float = -0.28  # hand height while pushing: the cylinder spans -0.325 .. -0.225
-    travel_z: float = -0.12  # hand height while moving over the object
-    behind: float = 0.03  # pre-push point: this far behind the touching position, on the line from the goal
-    contact: float = 0.075  # object radius + the scoop's capsule radius, and a little room
-    lead: float = 0.15  # how far past contact the push aims (sets the push speed through the PD)
-    on_line: float = 0.03  # lateral error (m) below which the hand counts as on the pushing line
+    travel_z: float = -0.05  # hand height while moving over the object
+    contact: float = 0.075  # object radius + capsule radius + a little room: pusher point to object centre
+    behind: float = 0.05  # pre-push point: this far further back than contact
+    lead: float = 0.03  # how far past contact the push aims (sets the push speed through the PD)
+    on_line: float = 0.03  # lateral error (m) below which the pusher point counts as on the pushing line
     over_point: float = 0.03  # xy error (m) below which the hand may descend
-    low: float = -0.2  # a hand below this is low (near the object's height)
-    rot_weight: float = 0.3  # orientation error's weight against position's in the least squares
+    low: float = -0.22  # a hand below this is low (near the object's height)
+    level_weight: float = 0.05  # weight of keeping the hand level, against position's 1
     damping: float = 0.05
-    yaw_blend: float = 1.0  # weight of the radial direction in the scoop's yaw
+    posture_gain: float = 0.6  # how hard the null space pulls the rolls home
+    max_move: float = 0.1  # m the hand is aimed ahead per step: far targets are approached in a straight line
     max_step: float = 0.15  # rad a target may lead its joint by
 
 
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / max(float(np.linalg.norm(v)), 1e-9)
+
+
 class PusherExpert:
-    """expert(obs) -> joint targets [7]; a scratch copy of the model gives the Jacobian."""
+    """expert(obs) -> joint targets [7]; a scratch copy of the model gives the hand's pose and Jacobian."""
 
     def __init__(self, world: PusherWorld | None = None, gains: ExpertGains | None = None):
         w = world or PusherWorld()
@@ -52,61 +61,82 @@ class PusherExpert:
         self.gains = gains or ExpertGains()
         self.arm_qpos, self.arm_qvel = w.arm_qpos, w.arm_qvel
         self.joint_range = w.joint_range
-        self.hand_body = self.model.body(HAND_BODY).id
+        self.hand_body = self.model.body(PUSHER_BODY).id
+        m = self.model
+        self.capsules = [g for g in range(m.ngeom) if m.geom_bodyid[g] == self.hand_body and m.geom_contype[g]]
 
-    def scoop_yaw(self, obs: np.ndarray) -> np.ndarray:
-        """Where the scoop opens (unit xy): between the push direction and the arm's own radial direction, so the
-        wrist can reach it; the prongs keep the object in the scoop while the push runs at an angle to them."""
-        u = _unit(obs[GOAL] - obs[OBJECT])
-        radial = _unit(obs[OBJECT] - SHOULDER_XY)
-        return _unit(u + self.gains.yaw_blend * radial)
+    def _segments(self) -> np.ndarray:
+        """The hand's capsules seen from above, as segments [3, 2 ends, xy]: the bar and the two prongs."""
+        d, m = self.data, self.model
+        segs = []
+        for g in self.capsules:
+            axis = d.geom_xmat[g].reshape(3, 3)[:2, 2] * m.geom_size[g][1]
+            segs.append([d.geom_xpos[g][:2] - axis, d.geom_xpos[g][:2] + axis])
+        return np.array(segs)
 
-    def hand_goal(self, obs: np.ndarray) -> np.ndarray:
-        """The hand position to reach for this observation (the scoop opening toward the goal)."""
+    @staticmethod
+    def pusher_point(segments: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Where an object ahead along u, on the line through the hand's centre, meets the hand: the farthest
+        crossing of that line with a capsule (through the U's opening that is the bar, behind the centre)."""
+        centre = segments.reshape(-1, 2).mean(0)
+        best = None
+        for p, q in segments:
+            edge = q - p
+            det = edge[0] * u[1] - edge[1] * u[0]
+            if abs(det) < 1e-12:
+                continue
+            rel = p - centre
+            t = (edge[0] * rel[1] - edge[1] * rel[0]) / det
+            s = (u[0] * rel[1] - u[1] * rel[0]) / det
+            if -1e-9 <= s <= 1 + 1e-9 and (best is None or t > best):
+                best = t
+        return centre + (0.0 if best is None else best) * u
+
+    def pusher_goal(self, obs: np.ndarray, hand: np.ndarray, pusher: np.ndarray) -> np.ndarray:
+        """Where the hand's origin should go (xyz), given where the pusher point is now."""
         g = self.gains
-        hand, obj, goal = obs[HAND], obs[OBJECT], obs[GOAL]
+        obj, goal = obs[OBJECT], obs[GOAL]
         u = _unit(goal - obj)
-        touch = obj - g.contact * self.scoop_yaw(obs)  # the object in the scoop, against its bar
-        rel = hand[:2] - touch
+        touch = obj - g.contact * u
+        rel = pusher[:2] - touch
         along = float(rel @ u)  # negative: behind the touching position
         lateral = abs(float(rel[0] * u[1] - rel[1] * u[0]))
         low = hand[2] < g.low
         pre = touch - g.behind * u
         if low and lateral < g.on_line and -g.behind - g.on_line < along < g.contact:
-            xy, z = touch + g.lead * u, g.push_z
+            xy, z = touch + (max(along, 0.0) + g.lead) * u, g.push_z  # on the line, lead ahead of the pusher
         elif low:
-            xy, z = hand[:2], g.travel_z
-        elif np.linalg.norm(hand[:2] - pre) < g.over_point:
+            xy, z = pusher[:2], g.travel_z
+        elif np.linalg.norm(pusher[:2] - pre) < g.over_point:
             xy, z = pre, g.push_z
         else:
             xy, z = pre, g.travel_z
-        return np.array([xy[0], xy[1], z])
+        shift = xy - pusher[:2]  # move the hand so its pusher point lands on xy
+        return np.array([hand[0] + shift[0], hand[1] + shift[1], z])
 
     def __call__(self, obs) -> np.ndarray:
         obs = np.asarray(obs, np.float64)
-        g = self.gains
+        g, d, m = self.gains, self.data, self.model
         q = obs[Q]
-        d = self.data
         d.qpos[self.arm_qpos] = q
-        mujoco.mj_kinematics(self.model, d)
-        mujoco.mj_comPos(self.model, d)
-        rot = d.xmat[self.hand_body].reshape(3, 3)
-        radial = self.scoop_yaw(obs)
-        target = self.hand_goal(obs)
-        jp, jr = np.zeros((3, self.model.nv)), np.zeros((3, self.model.nv))
-        mujoco.mj_jacBody(self.model, d, jp, jr, self.hand_body)
-        x = np.array([radial[0], radial[1], 0.0])
-        want = np.column_stack([x, np.cross(UP, x), UP])
-        rot_err = 0.5 * sum(np.cross(rot[:, i], want[:, i]) for i in range(3))
-        err = np.concatenate([target - d.xpos[self.hand_body], g.rot_weight * rot_err])
-        jac = np.vstack([jp[:, self.arm_qvel], g.rot_weight * jr[:, self.arm_qvel]])
-        dq = jac.T @ np.linalg.solve(jac @ jac.T + g.damping ** 2 * np.eye(6), err)
+        mujoco.mj_kinematics(m, d)
+        mujoco.mj_comPos(m, d)
+        u = _unit(obs[GOAL] - obs[OBJECT])
+        pusher = self.pusher_point(self._segments(), u)
+        hand = d.xpos[self.hand_body]
+        target = self.pusher_goal(obs, hand, pusher)
+        jp, jr = np.zeros((3, m.nv)), np.zeros((3, m.nv))
+        mujoco.mj_jacBody(m, d, jp, jr, self.hand_body)
+        up_err = np.cross(d.xmat[self.hand_body].reshape(3, 3)[:, 2], UP)
+        to_target = target - hand
+        to_target *= min(1.0, g.max_move / max(float(np.linalg.norm(to_target)), 1e-9))  # straight, not swinging
+        err = np.concatenate([to_target, g.level_weight * up_err])
+        jac = np.vstack([jp[:, self.arm_qvel], g.level_weight * jr[:, self.arm_qvel]])
+        pinv = jac.T @ np.linalg.inv(jac @ jac.T + g.damping ** 2 * np.eye(6))
+        posture = g.posture_gain * REST_WEIGHT * (REST_POSTURE - q)  # the rolls back to 0 where the task leaves room
+        dq = pinv @ err + (np.eye(len(q)) - pinv @ jac) @ posture
         dq = np.clip(dq, -g.max_step, g.max_step)
         return np.clip(q + dq, self.joint_range[:, 0], self.joint_range[:, 1])
-
-
-def _unit(v: np.ndarray) -> np.ndarray:
-    return v / max(float(np.linalg.norm(v)), 1e-9)
 
 
 def run_episode(world: PusherWorld, expert, seed: int, seconds: float = 8.0) -> bool:

@@ -50,6 +50,15 @@ class WorldConfig:
     object_y: tuple[float, float] = (-0.2, 0.2)
     goal_xy: float = 0.05  # the goal moves within +-goal_xy of Gymnasium's fixed goal, so it is an observation
     min_distance: float = 0.17  # the object starts at least this far from the goal
+    # Gymnasium's box, less what the hand cannot get behind at table height: the point `approach` behind the
+    # object (away from the goal) must lie between min_reach (the folded arm) and max_reach (the stretched arm
+    # low over the table) from the shoulder's axis
+    approach: float = 0.2
+    min_reach: float = 0.5
+    max_reach: float = 0.8
+    # contact stiffness (MuJoCo solref time constant, s): at the default 0.02 the hand sinks 5 cm into the light,
+    # damped cylinder and pushes it at 3 cm/s; at 0.01 the cylinder stays ahead of the hand
+    contact_timeconst: float = 0.01
     arm_noise: float = 0.005  # rad, uniform, on the arm's initial joints
     success_radius: float = 0.05  # m between object and goal centres
 
@@ -65,6 +74,7 @@ class PusherWorld:
         self.config = config or WorldConfig()
         self.model = mujoco.MjModel.from_xml_path(str(pusher_xml()))
         self.model.opt.timestep = self.config.timestep
+        self.model.geom_solref[:] = (self.config.contact_timeconst, 1.0)
         self.data = mujoco.MjData(self.model)
         jnt = lambda n: self.model.joint(n)  # noqa: E731
         self.arm_qpos = np.array([jnt(n).qposadr[0] for n in ARM_JOINTS])
@@ -78,6 +88,8 @@ class PusherWorld:
         self.object_body = self.model.body("object").id
         self.goal_body = self.model.body("goal").id
         self.targets = np.zeros(len(ARM_JOINTS))
+        self.shoulder_xy = self.model.body("r_shoulder_pan_link").pos[:2].copy()
+        self.table_origin = self.model.body("object").pos[:2].copy()  # where the object's slide joints read 0
         self._state_size = mujoco.mj_stateSize(self.model, STATE_SPEC)
 
     # ---- episodes -------------------------------------------------------------------------------------------
@@ -88,7 +100,7 @@ class PusherWorld:
         while True:
             obj = np.array([rng.uniform(*c.object_x), rng.uniform(*c.object_y)])
             goal = rng.uniform(-c.goal_xy, c.goal_xy, 2)
-            if np.linalg.norm(obj - goal) > c.min_distance:
+            if self._placeable(obj, goal):
                 break
         self.data.qpos[self.arm_qpos] = rng.uniform(-c.arm_noise, c.arm_noise, len(ARM_JOINTS))
         self.data.qpos[self.object_qpos] = obj
@@ -96,6 +108,12 @@ class PusherWorld:
         self.targets = self.data.qpos[self.arm_qpos].copy()
         mujoco.mj_forward(self.model, self.data)
         return self.observation()
+
+    def _placeable(self, obj: np.ndarray, goal: np.ndarray) -> bool:
+        c = self.config
+        far = np.linalg.norm(goal - obj)
+        behind = self.table_origin + obj - c.approach * (goal - obj) / max(far, 1e-9)
+        return far > c.min_distance and c.min_reach <= np.linalg.norm(behind - self.shoulder_xy) <= c.max_reach
 
     def step(self, joint_targets) -> np.ndarray:
         """Hold joint_targets (clipped to the joints' ranges) for one control period."""
