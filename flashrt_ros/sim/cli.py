@@ -19,7 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--success-rate", action="store_true",
                     help="with --expert: its success rate over --episodes held-out episodes")
     ap.add_argument("--episodes", type=int, default=None, help="episodes to record or evaluate (10 / 100)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the first episode (default 0)")
+    ap.add_argument("--seed", type=int, default=None, help="seed of the first episode (default 0)")
     ap.add_argument("--seconds", type=float, default=10.0, help="longest episode, in sim seconds (default 10)")
     ap.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap", help="bag storage (default mcap)")
     ap.add_argument("--headless", action="store_true", help="no viewer (the only mode: accepted for scripts)")
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     if args.record:
         from .record import COMMAND_TOPIC, OBS_TOPIC, record_episodes
         try:
-            done = record_episodes(args.record, args.episodes or 10, args.seed, args.seconds, args.storage)
+            done = record_episodes(args.record, args.episodes or 10, args.seed or 0, args.seconds, args.storage)
         except (ValueError, FileExistsError) as e:
             print(f"flashrt-sim: {e}", file=sys.stderr)
             return 2
@@ -48,13 +48,15 @@ def main(argv=None) -> int:
         from .expert import success_rate
         from .record import HELD_OUT_SEED_BASE
         n = args.episodes or 100
-        rate = success_rate(range(HELD_OUT_SEED_BASE + args.seed, HELD_OUT_SEED_BASE + args.seed + n), args.seconds)
+        first = HELD_OUT_SEED_BASE + (args.seed or 0)
+        rate = success_rate(range(first, first + n), args.seconds)
         print(f"expert success rate: {rate:.2f} over {n} held-out episodes")
         return 0
     from .node import main as node_main
-    params = ["-p", f"seed:={args.seed}", "-p", f"expert:={str(args.expert).lower()}"]
-    extra = ros_args[1:] if ros_args else []
-    return node_main(["flashrt-sim", "--ros-args", *params, *extra])
+    # only the flags given: a launch file's parameters (after --ros-args) must not be overridden by defaults
+    params = (["-p", f"seed:={args.seed}"] if args.seed is not None else []) + (["-p", "expert:=true"] if args.expert
+                                                                                 else [])
+    return node_main(["flashrt-sim", "--ros-args", *params, *ros_args[1:]])
 
 
 if __name__ == "__main__":
