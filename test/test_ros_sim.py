@@ -1,5 +1,5 @@
-"""flashrt-sim as a real ROS process: /clock, joint_states and the observation at 100 Hz of sim time, and a
-JointTrajectory on action_trajectory moves the arm to its targets."""
+"""flashrt-sim as a real ROS process: /clock, joint_states and the observation at 100 Hz of sim time, a
+JointTrajectory on action_trajectory moves the arm to its targets, and restore_world puts it back."""
 import subprocess
 import sys
 import time
@@ -82,3 +82,28 @@ def test_a_joint_trajectory_moves_the_arm_to_its_first_points_targets(sim):
         positions=[float(targets[ARM_JOINTS.index(j)]) for j in order])]))
     ear.spin_until(lambda: np.abs(np.array(ear.joints[-1].position) - targets).max() < 0.05)
     assert np.abs(np.array(ear.joints[-1].position) - start).max() > 0.3
+
+
+def test_restore_world_puts_the_arm_back_where_it_was_at_that_sim_time_while_the_clock_runs_on(sim):
+    from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+    from flashrt_interfaces.srv import RestoreWorld
+    ear = Listener()
+    ear.spin_until(lambda: len(ear.joints) >= 5)
+    before = ear.joints[-1]
+    targets = np.array(before.position) + np.array([0.5, 0.3, 0.0, -0.5, 0.0, 0.0, 0.0])
+    ear.command.publish(JointTrajectory(joint_names=list(ARM_JOINTS),
+                                        points=[JointTrajectoryPoint(positions=targets.tolist())]))
+    ear.spin_until(lambda: np.abs(np.array(ear.joints[-1].position) - before.position).max() > 0.3)
+    client = ear.node.create_client(RestoreWorld, "/arm/restore_world")
+    assert client.wait_for_service(timeout_sec=10)
+    future = client.call_async(RestoreWorld.Request(stamp=before.header.stamp))
+    ear.spin_until(future.done)
+    reply = future.result()
+    assert reply.success, reply.message
+    assert _ns(reply.restored) == _ns(before.header.stamp)
+    restored_at = len(ear.joints)
+    ear.spin_until(lambda: len(ear.joints) > restored_at + 1)
+    after = ear.joints[restored_at + 1]  # a step past the restore: the old targets hold the arm where it was
+    assert np.abs(np.array(after.position) - before.position).max() < 0.01
+    assert _ns(after.header.stamp) > _ns(ear.joints[restored_at - 1].header.stamp)  # sim time never went back

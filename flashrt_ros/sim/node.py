@@ -9,6 +9,8 @@ Each control period (a steady wall-clock timer, real time) it applies the newest
 It takes joint targets from action_trajectory (trajectory_msgs/JointTrajectory, the first point; joints by name
 when they are the arm's, else in order) and from action (std_msgs/Float64MultiArray, the policy node's action).
 With expert:=true the scripted expert drives the arm instead, and its targets go out on expert_command.
+Every step's world state is kept as a world capsule under its sim time (world_capsule_capacity of them); the
+restore_world service (flashrt_interfaces/RestoreWorld) puts the physics back to one, beside a policy rollback.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float32MultiArray, Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from flashrt_interfaces.srv import RestoreWorld
+
+from .capsules import WorldCapsules
 from .expert import PusherExpert
 from .world import ARM_JOINTS, CONTROL_HZ, PusherWorld
 
@@ -33,6 +38,10 @@ NODE_NAME = "flashrt_sim"
 def _stamp(ns: int):
     from builtin_interfaces.msg import Time
     return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+
+def _ns(stamp) -> int:
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
 def targets_from_trajectory(msg: JointTrajectory) -> np.ndarray:
@@ -54,6 +63,7 @@ class SimNode(Node):
         self.declare_parameter("seed", 0)
         self.declare_parameter("expert", False)
         self.declare_parameter("episode_s", 0.0)  # > 0: a new episode (seed + 1) after this much sim time
+        self.declare_parameter("world_capsule_capacity", 6000)  # a minute at 100 Hz, about 2.5 MB
         self.world = PusherWorld()
         self.seed = int(self.get_parameter("seed").value)
         self.obs = self.world.reset(self.seed)
@@ -61,6 +71,8 @@ class SimNode(Node):
         self.expert = PusherExpert(self.world) if self.get_parameter("expert").value else None
         self.episode_steps = int(round(float(self.get_parameter("episode_s").value) * CONTROL_HZ))
         self.steps = 0
+        self.capsules = WorldCapsules(int(self.get_parameter("world_capsule_capacity").value))
+        self.capsules.take(self.world)
         reliable = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self.clock_pub = self.create_publisher(ClockMsg, "/clock", reliable)
         self.joint_pub = self.create_publisher(JointState, "joint_states", reliable)
@@ -68,6 +80,7 @@ class SimNode(Node):
         self.expert_pub = self.create_publisher(JointTrajectory, "expert_command", reliable) if self.expert else None
         self.create_subscription(JointTrajectory, "action_trajectory", self.on_trajectory, reliable)
         self.create_subscription(Float64MultiArray, "action", self.on_action, reliable)
+        self.create_service(RestoreWorld, "restore_world", self.on_restore_world)
         # a steady wall-clock timer: the node's own clock may be sim time, which only this node advances
         self.timer = self.create_timer(1.0 / CONTROL_HZ, self.tick, clock=Clock(clock_type=ClockType.STEADY_TIME))
         self.publish()
@@ -103,7 +116,21 @@ class SimNode(Node):
             self.obs = self.world.reset(self.seed)
             self.world.data.time = time_ns / 1e9  # sim time never goes back: /clock is monotonic across episodes
             self.targets = self.world.joint_positions()
+        self.capsules.take(self.world)
         self.publish()
+
+    def on_restore_world(self, request, response):
+        now_ns = self.world.time_ns
+        try:
+            stamp, state = self.capsules.at(_ns(request.stamp))
+        except KeyError as e:
+            response.success, response.message = False, str(e.args[0])
+            return response
+        self.world.set_state(state)
+        self.world.data.time = now_ns / 1e9  # sim time runs on: /clock never goes back
+        self.obs, self.targets = self.world.observation(), self.world.targets.copy()
+        response.success, response.restored = True, _stamp(stamp)
+        return response
 
     def publish(self) -> None:
         ns = self.world.time_ns
