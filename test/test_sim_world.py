@@ -84,3 +84,15 @@ def test_the_observation_has_a_name_per_channel_and_places_object_and_goal(world
     assert np.linalg.norm(obj - goal) == pytest.approx(world.object_to_goal())
     assert world.object_to_goal() > world.config.min_distance
     assert not world.success()
+
+
+def test_every_reset_places_the_object_where_the_hand_can_get_behind_it(world):
+    c = world.config
+    i = {n: OBS_NAMES.index(n) for n in ("object.x", "object.y", "goal.x", "goal.y")}
+    for seed in range(200):
+        obs = world.reset(seed)
+        obj = obs[[i["object.x"], i["object.y"]]]
+        goal = obs[[i["goal.x"], i["goal.y"]]]
+        behind = obj - c.approach * (goal - obj) / np.linalg.norm(goal - obj)
+        assert c.min_reach <= np.linalg.norm(behind - world.shoulder_xy) <= c.max_reach
+        assert np.linalg.norm(goal - obj) > c.min_distance
