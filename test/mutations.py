@@ -1413,4 +1413,9 @@ MUTATIONS = [
              ["test/test_ros_leader_watch.py"],
              "a replica keeps following a dead standby's epoch-2 claim: the restarted primary's epoch 1 is never "
              "followed"),
+    Mutation("sim_expert_pushes_from_the_goal_side", "flashrt_ros/sim/expert.py",
+             "        u = _unit(goal - obj)\n",
+             "        u = _unit(obj - goal)\n",
+             ["test/test_sim_expert.py"],
+             "the expert comes at the object from the goal's side and pushes it away"),
 ]
