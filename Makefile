@@ -9,9 +9,8 @@ PIP_Q := -q --disable-pip-version-check
 DEMO_ARGS ?=
 # processes for every test but the `serial` ones (pytest-xdist); CI has 2 cores
 TEST_WORKERS ?= 2
-# The tests of a module that share a module-scoped fixture (a node, a bench run) go to one worker (conftest.py's
-# xdist_group marks), so each is made once.
-PARALLEL = -n $(TEST_WORKERS) --dist loadgroup
+# Whole test files to a worker: a module-scoped fixture (a node, a bench run, a compiled plan) is made once.
+PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 
 # DDS must never leave this machine; every run gets its own domain: 20..99 (tests take 1..19; 0..101 keeps every
 # DDS port below the kernel's ephemeral range, ROS docs "About Domain ID").

@@ -39,29 +39,23 @@ collect_ignore_glob = [glob for glob, module in (("test_train_*.py", "torch"), (
 GRAPH_FIXTURES = {"ros_domain"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks (--dist loadgroup)
 def pytest_collection_modifyitems(items):
     """Markers from what a test does. `ros` (needs the ROS 2 wheels): every test in a test_ros_*.py file and every
     `graph` test, so `-m "not ros"` (make test-compat, a venv without ROS) selects exactly the tests that need no ROS
-    wheels. `graph` (starts nodes, needs DDS): every user of a graph fixture. The tests of a module that share a
-    module-scoped fixture (a node, a bench run, bags) go to one xdist worker, so it is made once. `train`
-    (PyTorch, make test-train): every test in a test_train_*.py file."""
+    wheels. `graph` (starts nodes, needs DDS): every user of a graph fixture. `train` (PyTorch, make test-train):
+    every test in a test_train_*.py file."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & GRAPH_FIXTURES:
             item.add_marker(pytest.mark.graph)
         if item.path.name.startswith("test_ros_") or item.get_closest_marker("graph"):
             item.add_marker(pytest.mark.ros)
-        if _shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
         if item.path.name.startswith("test_train_"):
             item.add_marker(pytest.mark.train)
-
-
-def _shares_a_module_fixture(item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    return info is not None and any(defs and defs[-1].scope in ("module", "class")
-                                    for defs in info.name2fixturedefs.values())
+    # the modules that start nodes (the slowest) first, each kept whole (make test hands each xdist worker whole
+    # files): two workers end together, not one of them on a last node test while the other is idle
+    slow = {item.path for item in items if item.get_closest_marker("graph")}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures are set up

@@ -20,7 +20,8 @@ def result_of(summary: dict) -> dict:
 @pytest.mark.skipif(not os.access(SCRIPT, os.X_OK), reason=f"no console script beside {sys.executable}")
 def test_the_console_script_gives_the_summary_and_exit_code_of_main_in_process(tmp_path):
     bag = write_joint_messages(tmp_path / "in", trace(30), [T0_NS + i * 10_000_000 for i in range(30)])
-    args = [str(bag), "--config", str(config_with(tmp_path, base=TINY_CONFIG)), "--rollback-every", "10"]
+    cfg = config_with(tmp_path, base=TINY_CONFIG)
+    args = [str(bag), "--config", str(cfg), "--rollback-every", "10", "--rollback-depth", "2"]
     script = subprocess.run([SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     in_process = replay_in_process(*args)
     assert script.returncode == in_process.returncode == 0, script.stderr[-3000:]

@@ -50,6 +50,7 @@ def test_bench_stream_ends_cleanly_on_sigterm_with_what_it_measured(ros_domain, 
     assert json.loads((tmp_path / "b.json").read_text()) == partial
 
 
+@pytest.mark.serial  # its planner must start and finish a round within the 3 s before the SIGTERM
 def test_demo_ends_cleanly_on_sigterm_with_what_it_measured(ros_domain, tmp_path):
     rc, out, err = run_until([str(BIN / "flashrt-demo"), "--duration", "30", "--backend", "numpy"], ros_domain,
                              "planner started", 3.0)
