@@ -15,7 +15,9 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.ros
+# serial: each SIGTERM lands a set time after a line the tool prints, and under a neighbour's load it landed
+# elsewhere (the demo's planner still importing; the bench inside a message take: RuntimeError, exit 1)
+pytestmark = [pytest.mark.ros, pytest.mark.serial]
 
 BIN = Path(sys.executable).parent
 
@@ -50,7 +52,6 @@ def test_bench_stream_ends_cleanly_on_sigterm_with_what_it_measured(ros_domain, 
     assert json.loads((tmp_path / "b.json").read_text()) == partial
 
 
-@pytest.mark.serial  # its planner must start and finish a round within the 3 s before the SIGTERM
 def test_demo_ends_cleanly_on_sigterm_with_what_it_measured(ros_domain, tmp_path):
     rc, out, err = run_until([str(BIN / "flashrt-demo"), "--duration", "30", "--backend", "numpy"], ros_domain,
                              "planner started", 3.0)
