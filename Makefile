@@ -61,6 +61,7 @@ help:
 	@echo "make lint        ruff + the layer order (import-linter, .importlinter)"
 	@echo "make gpu-check   GPU tests + benchmarks (needs a CUDA device)"
 	@echo "make mutate      break the code on purpose, one named mutation at a time; each must be caught"
+	@echo "                 (CHANGED=1: only those of the files changed since main; MODULES=path; MUTATIONS=a,b)"
 
 setup: $(SETUP_STAMP) $(IFACE_STAMP)
 	@# the compiled CPU step into its cache (1-3 min the first time, a second after)
@@ -163,9 +164,12 @@ lint: $(SETUP_STAMP)
 	$(VENV)/bin/ruff check flashrt_ros test launch scripts
 	$(VENV)/bin/lint-imports --no-cache
 
-# Not part of `make test` (it reruns test files once per mutation, a few minutes): test/mutations.py
+# Not part of `make test` (it reruns test files once per mutation; the whole list takes hours): test/mutations.py.
+# MUTATIONS=a,b by name; MODULES="file_or_folder ..." of those files; CHANGED=1 (or CHANGED=<base>) of the files a
+# change touched since its merge-base with main (or <base>). Selections add up; none: every mutation.
 mutate: $(SETUP_STAMP) $(IFACE_STAMP)
-	$(WITH_ROS_LOG) $(PY) scripts/mutate.py $(MUTATIONS)
+	$(WITH_ROS_LOG) $(PY) scripts/mutate.py $(if $(CHANGED),--changed=$(if $(filter 1,$(CHANGED)),main,$(CHANGED))) \
+	  $(addprefix --module ,$(MODULES)) $(MUTATIONS)
 
 bench: $(SETUP_STAMP)
 	@mkdir -p out

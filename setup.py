@@ -22,6 +22,8 @@ setup(
     install_requires=["setuptools", "numpy>=1.21,<3", "pyyaml>=5.4", "safetensors>=0.4"],
     extras_require={"cuda": ["cupy-cuda12x"], "replay": ["rosbags>=0.11"], "plot": ["matplotlib>=3.5"],
                     "ray": ["ray>=2.9"],
+                    # flashrt-sim: the MuJoCo arm (Gymnasium's Pusher model file); the runtime never imports it
+                    "sim": ["mujoco>=3.3,<4", "gymnasium>=1.0", "rosbags>=0.11"],
                     # flashrt-train and the PyTorch reference module (flashrt_ros.train); the runtime never imports it
                     "train": ["torch>=2.1", "rosbags>=0.11", "matplotlib>=3.5"]},
     classifiers=[f"Programming Language :: Python :: 3.{minor}" for minor in range(10, 14)],
@@ -38,6 +40,7 @@ setup(
             "flashrt-demo = flashrt_ros.tools.demo.cli:main",
             "flashrt-replay = flashrt_ros.tools.replay.cli:main",
             "flashrt-train = flashrt_ros.train.cli:main",
+            "flashrt-sim = flashrt_ros.sim.cli:main",
         ],
     },
 )

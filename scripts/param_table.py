@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""The README's parameter table, made from what the node declares: ros/params.py (NODE_PARAMS, NODE_RANGES) and
-PolicyConfig's fields (their help, min and choices). test_ros_params.py checks the README holds exactly this.
+"""The parameter table of docs/ros.md, made from what the node declares: ros/params.py (NODE_PARAMS,
+NODE_RANGES) and PolicyConfig's fields (their help, min and choices). test_ros_params.py checks the page holds
+exactly this. The table lives between its markers on one page of README.md and docs/*.md.
 
     python scripts/param_table.py          # print it
-    python scripts/param_table.py --write  # put it into README.md between its markers
+    python scripts/param_table.py --write  # put it into its page, between its markers
+    python scripts/param_table.py --check  # exit 1 when the page's table is out of date
 """
 from __future__ import annotations
 
@@ -64,9 +66,17 @@ def table() -> str:
     return "\n".join(lines + ["", END])
 
 
+def table_page() -> Path:
+    """The one page of README.md and docs/*.md that holds the table's markers."""
+    pages = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] if BEGIN in p.read_text()]
+    if len(pages) != 1:
+        raise SystemExit(f"one page of README.md and docs/*.md must hold {BEGIN!r}; found {len(pages)}: {pages}")
+    return pages[0]
+
+
 def readme_with_table(text: str) -> str:
     if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise SystemExit(f"README.md must hold one {BEGIN!r} and one {END!r}")
+        raise SystemExit(f"the table's page must hold one {BEGIN!r} and one {END!r}")
     head, rest = text.split(BEGIN)
     _, tail = rest.split(END)
     return head + table() + tail
@@ -74,11 +84,20 @@ def readme_with_table(text: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--write", action="store_true", help="rewrite the table in README.md")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite the table in its page")
+    mode.add_argument("--check", action="store_true", help="exit 1 when the page's table is out of date")
     args = ap.parse_args(argv)
-    if args.write:
-        readme = ROOT / "README.md"
-        readme.write_text(readme_with_table(readme.read_text()))
+    if args.write or args.check:
+        page = table_page()
+        text = page.read_text()
+        if args.check:
+            if readme_with_table(text) != text:
+                print(f"{page.relative_to(ROOT)}: the parameter table is out of date: run {__file__} --write",
+                      file=sys.stderr)
+                return 1
+            return 0
+        page.write_text(readme_with_table(text))
     else:
         print(table())
     return 0

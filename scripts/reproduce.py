@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""`make reproduce`: rerun every benchmark behind a README number and compare.
+"""`make reproduce`: rerun every benchmark behind a documented number (docs/results.md) and compare.
 
-The README's numbers live in docs/readme_numbers.json (test/test_readme_numbers.py checks that the
-README says exactly what that file says). Each benchmark a table needs runs once, its JSON goes to
-out/bench_<bench>.json; then one out/reproduce_<table>.json per README table, and a printed table:
-README's value, the fresh value, fresh / README. GPU tables are skipped, with the reason, when there
+Those numbers live in docs/readme_numbers.json (test/test_readme_numbers.py checks that docs/results.md and
+the README's headline table say exactly what that file says; the name is from when the tables were in the
+README). Each benchmark a table needs runs once, its JSON goes to out/bench_<bench>.json; then one
+out/reproduce_<table>.json per results table, and a printed table: the documented value (column "README"),
+the fresh value, fresh / documented. GPU tables are skipped, with the reason, when there
 is no usable CUDA device. Progress goes to stderr. Exit status 0 when every bench that ran succeeded
 (the numbers themselves are reported, never judged: these machines are noisy).
 """

@@ -9,10 +9,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from doc_pages import joined
 
 from conftest import ROOT
 
-README = (ROOT / "README.md").read_text()
+README = joined()  # the README and the docs/ pages its sections moved to
 SCRIPTS = re.findall(r'"([\w-]+) = [\w.]+:\w+"', (ROOT / "setup.py").read_text())
 
 
@@ -75,6 +76,7 @@ ROSDEP_KEYS = {"numpy": "python3-numpy", "yaml": "python3-yaml", "rosbags": "pyt
                "cupy": None, "cupyx": None,  # optional, backend: cuda (README)
                "ray": None,  # optional, flashrt-replay --ray: pip extra flashrt_ros[ray] (README)
                "torch": None,  # optional, flashrt_ros.train only: pip extra flashrt_ros[train] (README)
+               "mujoco": None,  # optional, flashrt_ros.sim only: pip extra flashrt_ros[sim]
                "mcap": None, "mcap_ros2": None,  # test-only independent bag readers, from pip
                # rosbags' own requirements (lz4; backports.zstd, the standard library's compression.zstd
                # from Python 3.14): python3-rosbags-pip installs them with it, and mcap_limits uses them

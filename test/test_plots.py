@@ -282,8 +282,8 @@ def test_bench_persist_draws_a_visible_point_per_kill_even_when_none_lost(lost):
     pyplot_close(fig)
 
 
-def _readme_table_histories_and_speedups():
-    text = (ROOT / "README.md").read_text()
+def _results_table_histories_and_speedups():
+    text = (ROOT / "docs" / "results.md").read_text()  # the Results tables moved there from the README
     block = text[text.index("### Rollback + re-plan vs cold recompute"):].split("\n\n")[1]
     rows = [r.split("|") for r in block.splitlines()[2:]]
     return [int(r[1]) for r in rows], [r[-2].strip().strip("*") for r in rows]
@@ -293,7 +293,7 @@ def test_bench_runtime_middle_panel_has_every_table_point_and_nothing_overlaps()
     from flashrt_ros.tools.plots.figures import draw_bench_runtime
 
     result = json.loads((ROOT / "docs" / "results" / "cpu_bench_runtime.json").read_text())
-    histories, speedups = _readme_table_histories_and_speedups()
+    histories, speedups = _results_table_histories_and_speedups()
     fig = draw_bench_runtime(result)
     ax = fig.axes[1]
     lines = {ln.get_label(): ln for ln in ax.get_lines()}

@@ -1,4 +1,4 @@
-"""The README's pip line for a Humble workspace (and the Jetson section's first line), resolved as pip would
+"""The README's pip line for a Humble workspace (and docs/operations.md's Jetson line), resolved as pip would
 on Ubuntu 22.04: Python 3.10 with the apt numpy 1.21.5 installed. Humble's apt message packages are built
 against numpy 1.x and numpy 2 breaks `import sensor_msgs`, so the line must keep numpy below 2 (issue 44.7:
 without "numpy<2" pip took numba 0.68.1 and numpy 2.2.6).
@@ -14,8 +14,7 @@ import subprocess
 import sys
 
 import pytest
-
-from conftest import ROOT
+from doc_pages import ROOT, joined
 
 pytestmark = pytest.mark.network
 
@@ -23,9 +22,9 @@ UBUNTU_2204_NUMPY = "1.21.5"
 
 
 def readme_pip_lines() -> list[list[str]]:
-    """Every distinct `pip install "safetensors...` command of the README's code blocks, as pip's arguments."""
+    """Every distinct `pip install "safetensors...` command of the pages' code blocks, as pip's arguments."""
     lines = []
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in joined().splitlines():
         if re.match(r'^pip install "safetensors', line):
             args = shlex.split(line, comments=True)[2:]
             if args not in lines:

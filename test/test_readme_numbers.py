@@ -1,6 +1,6 @@
-"""The README's Results numbers and docs/readme_numbers.json (what `make reproduce` compares against)
-say the same thing, every table row is covered, and the reproduce script's lookup and comparison
-work on bench-shaped JSON."""
+"""The Results numbers (docs/results.md, moved there from the README), the README's headline numbers and
+docs/readme_numbers.json (what `make reproduce` compares against) say the same thing, every table row is
+covered, and the reproduce script's lookup and comparison work on bench-shaped JSON."""
 import importlib.util
 import json
 import re
@@ -8,10 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from doc_pages import ROOT, texts
 
-from conftest import ROOT
-
-README = (ROOT / "README.md").read_text().splitlines()
+PAGES = {page: text.splitlines() for page, text in texts().items()}
 SPEC = json.loads((ROOT / "docs" / "readme_numbers.json").read_text())
 _spec = importlib.util.spec_from_file_location("reproduce", ROOT / "scripts" / "reproduce.py")
 reproduce = importlib.util.module_from_spec(_spec)
@@ -19,12 +18,14 @@ _spec.loader.exec_module(reproduce)
 
 
 def section(heading: str) -> list[str]:
-    """The README lines from `heading` to the next heading of the same or a higher level."""
-    starts = [i for i, line in enumerate(README) if line.strip() == heading or line.startswith(heading + " ")]
-    assert len(starts) == 1, f"heading {heading!r} found {len(starts)} times"
+    """The lines from `heading` to the next heading of the same or a higher level, on the one page that has it."""
+    starts = [(page, i) for page, lines in PAGES.items() for i, line in enumerate(lines)
+              if line.strip() == heading or line.startswith(heading + " ")]
+    assert len(starts) == 1, f"heading {heading!r} found {len(starts)} times in the pages: {starts}"
+    (page, start), = starts
     level = len(heading) - len(heading.lstrip("#"))
     out = []
-    for line in README[starts[0] + 1:]:
+    for line in PAGES[page][start + 1:]:
         if re.match(rf"^#{{1,{level}}} ", line):
             break
         out.append(line)
@@ -53,7 +54,7 @@ def first_number(text: str) -> float:
 def test_each_number_is_printed_in_its_readme_row_as_the_numbers_file_says(n):
     lines = [line for line in section(SPEC["tables"][n["table"]]["heading"]) if n["row"] in line]
     assert len(lines) == 1, f"row {n['row']!r}: {len(lines)} matching lines under its heading"
-    assert n["text"] in lines[0], f"{n['id']}: README says {lines[0]!r}, the numbers file {n['text']!r}"
+    assert n["text"] in lines[0], f"{n['id']}: the page says {lines[0]!r}, the numbers file {n['text']!r}"
     assert first_number(n["text"]) == n["value"], n["id"]
 
 
@@ -62,7 +63,7 @@ def test_every_results_table_row_is_rerun_or_says_why_not():
         rows = table_rows(section(table["heading"]))
         covered = [x["row"] for x in SPEC["numbers"] + SPEC["not_rerun"] if x["table"] == name]
         for row in rows:
-            assert any(c in row for c in covered), f"{name}: README row not in docs/readme_numbers.json: {row}"
+            assert any(c in row for c in covered), f"{name}: a row not in docs/readme_numbers.json: {row}"
 
 
 def test_the_numbers_file_names_every_results_table_and_each_table_a_bench_the_script_runs():
@@ -73,6 +74,25 @@ def test_the_numbers_file_names_every_results_table_and_each_table_a_bench_the_s
             assert any(line == h or line.startswith(h + " ") for h in headings), f"reproduce does not know {line}"
     assert {t["bench"] for t in SPEC["tables"].values()} <= set(reproduce.bench_commands(60.0))
     assert len({(n["table"], n["id"]) for n in SPEC["numbers"]}) == len(SPEC["numbers"]), "duplicate ids"
+
+
+def test_each_headline_number_is_a_results_number_as_printed_with_its_machine_and_day():
+    numbers = {f"{n['table']}:{n['id']}": n for n in SPEC["numbers"]}
+    rows = table_rows(section(SPEC["headline"]["heading"]))
+    assert rows, "the README's headline table is gone"
+    for row in rows:
+        assert any(h["row"] in row for h in SPEC["headline"]["rows"]), f"a headline row the numbers file lacks: {row}"
+    for h in SPEC["headline"]["rows"]:
+        lines = [row for row in rows if h["row"] in row]
+        assert len(lines) == 1, f"row {h['row']!r}: {len(lines)} matching rows in the README's headline table"
+        line = lines[0]
+        for ref in h["numbers"]:
+            n = numbers[ref["number"]]
+            assert ref["text"] in line, f"{ref['number']}: the README row says {line!r}, not {ref['text']!r}"
+            assert first_number(ref["text"]) == n["value"], f"{ref['number']}: {ref['text']!r} is not {n['value']}"
+            machine = SPEC["tables"][n["table"]]["machine"]
+            name, day = re.split(r"[(,]", machine)[0].strip(), re.search(r"\d{4}-\d\d-\d\d", machine)[0]
+            assert name in line and day in line, f"{ref['number']} ran on {machine!r}; the row says {line!r}"
 
 
 def test_lookup_follows_dotted_paths_and_list_selectors():

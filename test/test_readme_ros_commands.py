@@ -1,9 +1,10 @@
-"""The README's `ros2` commands run as written, as test_readme.py runs its python blocks.
+"""The `ros2` commands of the README and of the docs/ pages its sections moved to (doc_pages.PAGES) run as
+written, as test_readme.py runs their python blocks.
 
 ros2cli, launch and launch_ros have no wheels here, so each command goes through ros2_cli_subset (the tool's
 grammar, run over the same ROS interfaces with rclpy) and `ros2 launch` through launch_subset (the launch file
-itself, run with stand-ins for the launch classes). The node is started from the README's own launch line,
-and the commands after it run in README order against it, verbatim: a name outside the namespace, a field
+itself, run with stand-ins for the launch classes). The node is started from the pages' own launch line,
+and the commands after it run in page order against it, verbatim: a name outside the namespace, a field
 the message lacks or a verb the subset does not know fails the test.
 """
 import re
@@ -14,21 +15,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from doc_pages import ROOT, texts
 from launch_subset import LaunchError, resolve
 from ros2_cli_subset import GoalAnswer, Ros2, launch_arguments, parse, split_command
 
-from conftest import ROOT
-
 pytestmark = pytest.mark.ros
 
-README = (ROOT / "README.md").read_text()
 PACKAGE = "flashrt_ros"
-STEPS_BEFORE_SERVICES = 25  # the README's `rollback {steps_back: 20}` needs that much timeline behind it
+STEPS_BEFORE_SERVICES = 25  # docs/ros.md's `rollback {steps_back: 20}` needs that much timeline behind it
 WAIT_S = 60.0  # a guard against a hang (the real tools wait forever), not a speed requirement
 
 
-def bash_commands(markdown: str) -> list[tuple[int, str]]:
-    """(README line, command) for every `ros2` command in the ```bash blocks, continuation lines kept."""
+def bash_commands(markdown: str, page: str) -> list[tuple[str, str]]:
+    """("page:line", command) for every `ros2` command in the ```bash blocks, continuation lines kept."""
     out = []
     for block in re.finditer(r"^```bash\n(.*?)^```", markdown, re.M | re.S):
         first_line = markdown.count("\n", 0, block.start(1)) + 1
@@ -41,9 +40,9 @@ def bash_commands(markdown: str) -> list[tuple[int, str]]:
             text = "\n".join(lines[start:end + 1])
             words = split_command(text)
             if "ros2" in words:
-                assert words[0] == "ros2", f"README line {first_line + start}: a ros2 command this test cannot run " \
+                assert words[0] == "ros2", f"{page}:{first_line + start}: a ros2 command this test cannot run " \
                                            f"(write it on its own line): {text!r}"
-                out.append((first_line + start, text))
+                out.append((f"{page}:{first_line + start}", text))
             start = end + 1
     return out
 
@@ -54,8 +53,8 @@ def inline_commands(markdown: str) -> list[str]:
     return [span for span in re.findall(r"`(ros2 [^`]+)`", prose) if len(split_command(span)) >= 4]
 
 
-BASH = bash_commands(README)
-INLINE = inline_commands(README)
+BASH = [command for page, text in texts().items() for command in bash_commands(text, page)]
+INLINE = [span for text in texts().values() for span in inline_commands(text)]
 
 
 def console_scripts() -> set[str]:
@@ -63,7 +62,7 @@ def console_scripts() -> set[str]:
 
 
 def launched_nodes(command):
-    """The nodes a README `ros2 launch` line starts (this checkout is the package's share directory, as
+    """The nodes a page's `ros2 launch` line starts (this checkout is the package's share directory, as
     setup.py installs launch/ and config/ there)."""
     assert command.args.package_name == PACKAGE, command.text
     return resolve(ROOT / "launch" / command.args.launch_file_name, launch_arguments(command), {PACKAGE: ROOT})
@@ -83,7 +82,7 @@ def test_every_readme_ros2_command_is_one_the_subset_runs(line, text):
 def test_every_readme_launch_line_resolves_with_declared_arguments(line, text):
     nodes = launched_nodes(parse(text))
     flashrt = [n for n in nodes if n.package == PACKAGE]
-    assert [n.executable for n in flashrt] == ["flashrt_node"], f"README line {line}"
+    assert [n.executable for n in flashrt] == ["flashrt_node"], line
     assert "flashrt_node" in console_scripts()
 
 
@@ -129,10 +128,12 @@ def under_namespace(text: str, namespace: str) -> str:
 
 
 def readme_session():
-    """The README's commands from the launch line the `ros2 lifecycle set` lines drive, in README order."""
+    """The pages' commands from the launch line the `ros2 lifecycle set` lines drive, in page order."""
     commands = [(line, parse(text)) for line, text in BASH]
     first_lifecycle = next(i for i, (_, c) in enumerate(commands) if c.verb == ("lifecycle", "set"))
     launch = max(i for i, (_, c) in enumerate(commands[:first_lifecycle]) if c.verb == ("launch",))
+    before = [line for line, c in commands[:launch] if c.verb != ("launch",)]
+    assert not before, f"commands before the launch line the session starts from would never run: {before}"
     return commands[launch][1], commands[launch + 1:]
 
 
@@ -155,7 +156,7 @@ def test_readme_ros_commands_run_as_written_against_the_node_the_readme_launches
     try:
         with started(cmd, env, tmp_path / "node.log") as proc:
             for line, command in commands:
-                where = f"README line {line}: {command.text}"
+                where = f"{line}: {command.text}"
                 if command.verb == ("launch",):
                     continue  # another launch line (resolved in its own test); this test's node stays
                 assert proc.poll() is None, f"{where}: the node exited ({proc.returncode})"

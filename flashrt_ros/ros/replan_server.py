@@ -59,6 +59,18 @@ def check_goal_size(goal, obs_dim: int, max_mb: float) -> None:
                          "(or start the node with a larger replan_max_goal_mb)")
 
 
+def close_goal(goal_handle, result: Replan.Result) -> None:
+    """The goal's final status, from its result (Replan.action): SUCCEEDED when it ran, also when a cancel came
+    after it had finished (the commit happened); CANCELED when a cancel stopped it; ABORTED otherwise, and always
+    for a rejected goal, even one whose client cancelled it before the answer (rejected = true means ABORTED)."""
+    if result.success:
+        goal_handle.succeed()
+    elif goal_handle.is_cancel_requested and not result.rejected:
+        goal_handle.canceled()
+    else:
+        goal_handle.abort()
+
+
 class ReplanServer:
     def __init__(self, node):
         self.node = node
@@ -216,12 +228,7 @@ class ReplanServer:
             if result is None:
                 result = Replan.Result(success=False, message="no result (the node is shutting down)")
             try:
-                if result.success:
-                    goal_handle.succeed()  # also when a cancel came after it had finished: the commit happened
-                elif goal_handle.is_cancel_requested and not result.rejected:
-                    goal_handle.canceled()
-                else:
-                    goal_handle.abort()
+                close_goal(goal_handle, result)
             except Exception:  # noqa: BLE001 - the status could not be published: only when the context is going
                 if self.node.context.ok():
                     raise

@@ -14,6 +14,7 @@ from numba import njit
 from ..model.kernel_spec import KV_PAGE, META_KV_LEN, META_POS, SCORE_FLOOR
 from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
 from .cpu_program import ARG_COLS, _f, _i, _row
+from .cpu_registry import compiled
 from .cpu_simd import (
     _LANES,
     _scores1,
@@ -42,13 +43,22 @@ def _window(meta, kv_window):
 
 
 @njit(cache=True, nogil=True)
-def kv_write(qkv, log, k_off, v_off, meta, pages, n_pages, P, d):
+def _kv_write_row(qkv, log, k_off, v_off, meta, pages, n_pages, P, d):
     pos = meta[META_POS] % _WRAP
     page = pages[(pos // KV_PAGE) % P] % n_pages
     at = (page * KV_PAGE + pos % KV_PAGE) * d
     for c in range(d):
         log[k_off + at + c] = qkv[d + c]
         log[v_off + at + c] = qkv[2 * d + c]
+
+
+@compiled
+@njit(cache=True, nogil=True)
+def kv_write(op, sf, si, wf, gf, lf, rows, n_pages, P, d):
+    """Every row's k, v at its position in the log (arguments qkv, k_log, v_log, meta, kv_pages)."""
+    for b in range(rows):
+        _kv_write_row(_f(sf, wf, gf, lf, op, 0, b), lf, op[1 + ARG_COLS * 1 + 1], op[1 + ARG_COLS * 2 + 1],
+                      _i(si, op, 3, b), _i(si, op, 4, b), n_pages, P, d)
 
 
 _LOG2E, _LN2_HI, _LN2_LO = np.float32(1.4426950408889634), np.float32(0.693359375), np.float32(-2.12194440e-4)
@@ -321,6 +331,7 @@ def _same_chunk(op, si, rows, j, n_pages):
     return True
 
 
+@compiled
 @njit(cache=True, nogil=True)
 def attn_decode(op, sf, si, wf, gf, lf, rows, n_pages, P, d, n_heads, kv_window):
     """Attention of every row over its window; chunk j = page slot j (positions t with (t // KV_PAGE) % P == j),

@@ -2,10 +2,10 @@
 
 Memory is the NumPy backend's (the same arena, KV log, capsules, files). Binding a plan to a row range
 encodes it once as an integer program (kernel code, then per buffer: region, element offset, row stride,
-size; then the op's dimensions); replay is one call of cpu_kernels.run_program over the arena's flat
-regions, which writes in place and allocates nothing. The weight region is the arena's weight slab plus
-its GEMV matrices in column panels (cpu_panels.py), built once per arena. Cold prefill is the NumPy
-backend's tuned BLAS prefill, the fastest cold path on this CPU.
+size; then the op's dimensions); replay is one call of the run_program generated from the compiled kernels'
+registry (cpu_registry.py) over the arena's flat regions, which writes in place and allocates nothing. The
+weight region is the arena's weight slab plus its GEMV matrices in column panels (cpu_panels.py), built once
+per arena. Cold prefill is the NumPy backend's tuned BLAS prefill, the fastest cold path on this CPU.
 
 The first use compiles (tens of seconds); numba caches the machine code on disk, in a folder keyed by the
 compiled sources (numba_cache.py), so later starts load it in about a second.
@@ -36,7 +36,7 @@ def _kernels():
         from . import cpu_kernels as ck
         if _compile_s is None:
             t0 = time.perf_counter()
-            _warm_up(ck)
+            _warm_up(ck.run_program)
             _compile_s = time.perf_counter() - t0
             cached = sum(ck.run_program.stats.cache_hits.values()) > 0
             log.info("backend cpu: compiled step ready in %.1f s (%s)", _compile_s,
@@ -45,11 +45,21 @@ def _kernels():
         return ck
 
 
-def _warm_up(ck) -> None:
+def _warm_up(run_program) -> None:
     """One call on an empty program: compiles (or loads) run_program for the arena's argument types."""
     from . import cpu_program as cp
     f = np.zeros(1, np.float32)
-    ck.run_program(np.zeros((0, cp.DIM0 + cp.N_DIMS), np.int64), np.zeros(0), f, np.zeros(1, np.int64), f, f, f, 0)
+    run_program(np.zeros((0, cp.DIM0 + cp.N_DIMS), np.int64), np.zeros(0), f, np.zeros(1, np.int64), f, f, f, 0)
+
+
+def _program():
+    """The compiled program of the registry as it is now (the built-in one, or one with a kernel added)."""
+    ck = _kernels()
+    from .cpu_registry import program
+    built = program()
+    if built.run is not ck.run_program and not built.run.signatures:
+        _warm_up(built.run)  # at bind, not in the first step
+    return built
 
 
 def compile_seconds() -> float | None:
@@ -60,9 +70,10 @@ class CompiledReplay:
     """A plan bound to rows [start, start + count) of the arena: one encoded program, one call per replay."""
 
     def __init__(self, plan, arena, start: int, count: int):
-        ck = _kernels()
+        program = _program()
         from . import cpu_program as cp
-        self._run = ck.run_program
+        self._run = program.run
+        codes = program.codes
         self.rows = count
         self._regions = (arena.state.reshape(-1).view(np.float32), arena.state.reshape(-1).view(np.int64),
                          arena.work.view(np.float32), arena.weight_slab.view(np.float32),
@@ -74,11 +85,11 @@ class CompiledReplay:
         for o, op in enumerate(plan.ops):
             views = [arena[a][start:start + count] if arena.placements[a].spec.per_row else arena[a]
                      for a in op.args]
-            op.spec.spec.bind(views, op.const_dict(), contiguity=False)  # the twin's shape checks, once at bind
+            sym = op.spec.spec.bind(views, op.const_dict(), contiguity=False)  # the twin's shape checks, once
             if len(op.args) > cp.MAX_ARGS:
                 raise ValueError(f"backend cpu: {op.kernel} takes {len(op.args)} buffers, the program holds "
                                  f"{cp.MAX_ARGS}; raise cpu_program.MAX_ARGS")
-            self.prog[o, 0] = ck.KERNELS[op.kernel]
+            self.prog[o, 0] = codes[op.kernel]
             for i, a in enumerate(op.args):
                 spec = arena.placements[a].spec
                 region = (cp.REG_STATE if spec.is_state else cp.REG_LOG if spec.role == "kv"
@@ -92,7 +103,7 @@ class CompiledReplay:
                     prod(spec.shape))
             if op.kernel == "attn_decode":  # its kernel indexes q and its scratch in the work slab directly
                 assert all(self.prog[o, 1 + cp.ARG_COLS * i] == cp.REG_WORK for i in (0, 5, 6, 7, 8, 9))
-            dims, self.fconst[o] = _dims(op, arena)
+            dims, self.fconst[o] = program.kernels[codes[op.kernel]].encode(sym)
             self.prog[o, cp.DIM0:cp.DIM0 + len(dims)] = dims
         self._regions = self._regions[:3] + (self._use_panels(plan, arena),) + self._regions[4:]
 
@@ -117,41 +128,6 @@ class CompiledReplay:
 
     def replay(self) -> None:
         self._run(self.prog, self.fconst, *self._regions, self.rows)
-
-
-def _dims(op, arena) -> tuple[list[int], float]:
-    """The integer dimensions run_program passes to the op's kernel (and its float constant)."""
-    shape = {p: arena.placements[a].spec.shape for p, a in zip(op.spec.params, op.args)}
-    c = op.const_dict()
-    k = op.kernel
-    if k == "linear":
-        return [shape["x"][0], shape["y"][0], c["act"]], 0.0
-    if k in ("rmsnorm", "add", "obs_norm"):
-        return [shape[op.spec.params[0]][0]], 0.0
-    if k in ("kv_write", "attn_decode"):
-        n_pages, _, d = shape["k_log"]
-        extra = [c["n_heads"], c["kv_window"]] if k == "attn_decode" else []
-        return [n_pages, shape["kv_pages"][0], d] + extra, 0.0
-    if k == "causal_conv":
-        km1, d = shape["conv_state"]
-        return [d, km1], 0.0
-    if k == "gru_cell":
-        return [shape["x"][0], shape["h"][0]], 0.0
-    if k == "gru_commit":
-        return [shape["h"][0]], 0.0
-    if k == "ssm_step":
-        return list(shape["h"]), 0.0
-    if k == "temporal_ensemble":
-        return [shape["mtp_state"][0], shape["action"][0]], float(c["decay"])
-    if k == "rng_noise":
-        return [shape["action"][0], int(c["seed"])], float(c["std"])
-    if k == "meta_advance":
-        return [c["kv_window"]], 0.0
-    raise ValueError(f"backend cpu: no compiled kernel for plan op {k!r}; use backend numpy for this model")
-
-
-COMPILED_KERNELS = frozenset(("obs_norm", "linear", "add", "rmsnorm", "causal_conv", "gru_cell", "gru_commit",
-                              "ssm_step", "kv_write", "attn_decode", "temporal_ensemble", "rng_noise", "meta_advance"))
 
 
 class SplitReplay:
@@ -222,7 +198,8 @@ class CpuBackend(NumpyBackend):
         _kernels()  # compile (or load the cache) at construction, not in the first step
 
     def bind(self, plan, arena, start: int, count: int, threads: int = 1) -> CompiledReplay | SplitReplay:
-        unknown = sorted({op.kernel for op in plan.ops} - COMPILED_KERNELS)
+        from .cpu_registry import COMPILED
+        unknown = sorted({op.kernel for op in plan.ops} - set(COMPILED))
         if unknown:
             raise ValueError(f"backend cpu: no compiled kernel for {unknown}; use backend numpy for this model")
         if threads < 1:

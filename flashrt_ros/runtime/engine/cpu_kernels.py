@@ -1,5 +1,6 @@
-"""The compiled CPU step: every kernel of kernels.py as a numba function over one row, and ``run_program``,
-which runs a whole encoded plan (all ops, all rows of a range) in one nogil call (cpu_backend.py encodes it).
+"""The compiled CPU step: every kernel of kernels.py as a numba function over one row, registered under its
+spec's name (cpu_registry.py), and ``run_program``, generated from that registry, which runs a whole encoded
+plan (all ops, all rows of a range) in one nogil call (cpu_backend.py encodes it).
 
 Every reduction runs per row in an order fixed by the code and the config alone: a GEMV sums over its
 input index in order (vectorised across outputs, each with its own accumulator; the rows of a batch share
@@ -28,16 +29,8 @@ from ..model.kernel_spec import (
     SCORE_FLOOR,
 )
 from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
-from .cpu_attention import attn_decode, kv_write
-from .cpu_linear import _act, gru_cell, linear
-from .cpu_program import ARG_COLS, DIM0, N_DIMS, _f, _i
-
-# kernel codes of an encoded program (cpu_backend.py writes them by name)
-K_OBS_NORM, K_LINEAR, K_ADD, K_RMSNORM, K_CONV, K_GRU, K_GRU_COMMIT, K_SSM, K_KV_WRITE, K_ATTN, K_ENSEMBLE, \
-    K_NOISE, K_META = range(13)
-KERNELS = {"obs_norm": K_OBS_NORM, "linear": K_LINEAR, "add": K_ADD, "rmsnorm": K_RMSNORM, "causal_conv": K_CONV,
-           "gru_cell": K_GRU, "gru_commit": K_GRU_COMMIT, "ssm_step": K_SSM, "kv_write": K_KV_WRITE,
-           "attn_decode": K_ATTN, "temporal_ensemble": K_ENSEMBLE, "rng_noise": K_NOISE, "meta_advance": K_META}
+from .cpu_linear import _act
+from .cpu_registry import compiled, program
 
 _F0, _F1 = np.float32(0.0), np.float32(1.0)
 _EPS, _FLOOR, _NEG_BIG = np.float32(RMS_EPS), np.float32(SCORE_FLOOR), np.float32(-3e38)
@@ -45,31 +38,34 @@ _WRAP = np.int64(1) << np.int64(62)
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
+@compiled
 @njit(cache=True, nogil=True)
-def rmsnorm(x, g, y, ms_out, n):
-    ms = _F0
+def rmsnorm(x, g, y, ms, n):
+    acc = _F0
     for i in range(n):
-        ms += x[i] * x[i]
-    ms = np.sqrt(ms * np.float32(1.0 / n) + _EPS)
-    ms_out[0] = ms
+        acc += x[i] * x[i]
+    acc = np.sqrt(acc * np.float32(1.0 / n) + _EPS)
+    ms[0] = acc
     for i in range(n):
-        y[i] = x[i] / ms * g[i]
+        y[i] = x[i] / acc * g[i]
 
 
+@compiled
 @njit(cache=True, nogil=True)
-def causal_conv(x, cs, w, bias, out, d, km1):
-    """Per channel c: out = silu(x w[km1] + bias + sum_j cs[j] w[j], j in order); cs shifts in x; x += out.
+def causal_conv(x, conv_state, w, bias, out, d, km1):
+    """Per channel c: out = silu(x w[km1] + bias + sum_j conv_state[j] w[j], j in order); conv_state shifts in
+    x; x += out.
     Loops over channels innermost (each channel's sum in the same order), so the compiler vectorises them."""
     for c in range(d):
         out[c] = x[c] * w[km1 * d + c] + bias[c]
     for j in range(km1):
         for c in range(d):
-            out[c] += cs[j * d + c] * w[j * d + c]
+            out[c] += conv_state[j * d + c] * w[j * d + c]
     for j in range(km1 - 1):
         for c in range(d):
-            cs[j * d + c] = cs[(j + 1) * d + c]
+            conv_state[j * d + c] = conv_state[(j + 1) * d + c]
     for c in range(d):
-        cs[(km1 - 1) * d + c] = x[c]
+        conv_state[(km1 - 1) * d + c] = x[c]
     for c in range(d):
         acc = _act(out[c], ACT_SILU)
         out[c] = acc
@@ -83,6 +79,7 @@ def _softplus(v):  # as np.logaddexp(0, v) in float32
     return v + np.log1p(np.exp(-v))
 
 
+@compiled
 @njit(cache=True, nogil=True)
 def ssm_step(x, xn, h, proj, a_log, d_skip, d, N):
     for c in range(d):
@@ -100,13 +97,14 @@ def ssm_step(x, xn, h, proj, a_log, d_skip, d, N):
         x[c] += y + d_skip[c] * xn[c]
 
 
+@compiled
 @njit(cache=True, nogil=True)
-def temporal_ensemble(chunk, mtp, meta, scale, offset, action, K, A, decay):
+def temporal_ensemble(chunk, mtp_state, meta, scale, offset, action, K, A, decay):
     KA = K * A
     step = meta[META_STEP] % _WRAP
     slot = step % K
     for i in range(KA):
-        mtp[slot * KA + i] = chunk[i]
+        mtp_state[slot * KA + i] = chunk[i]
     for a in range(A):
         action[a] = _F0
     wsum = 0.0
@@ -114,7 +112,7 @@ def temporal_ensemble(chunk, mtp, meta, scale, offset, action, K, A, decay):
         w = np.float32(np.exp(-decay * age))
         base = ((step - age) % K) * KA + age * A
         for a in range(A):
-            action[a] += mtp[base + a] * w
+            action[a] += mtp_state[base + a] * w
         wsum += np.float64(w)
     inv = np.float32(1.0 / wsum)
     for a in range(A):
@@ -143,6 +141,7 @@ def _uniform(seed, counter, index, stream):
     return (np.float32(h >> np.uint64(8)) + np.float32(0.5)) * np.float32(1.0 / (1 << 24))
 
 
+@compiled
 @njit(cache=True, nogil=True)
 def rng_noise(action, meta, A, seed, std):
     counter = meta[META_RNG]
@@ -153,6 +152,7 @@ def rng_noise(action, meta, A, seed, std):
         action[i] += np.float32(std) * z
 
 
+@compiled
 @njit(cache=True, nogil=True)
 def meta_advance(meta, kv_window):
     meta[META_STEP] += 1
@@ -161,55 +161,30 @@ def meta_advance(meta, kv_window):
     meta[META_RNG] += 1
 
 
+@compiled
 @njit(cache=True, nogil=True)
-def run_program(prog, fconst, sf, si, wf, gf, lf, rows):
-    """The whole step: every op of prog in order, each over rows 0..rows-1 of its range."""
-    for o in range(prog.shape[0]):
-        op = prog[o]
-        k = op[0]
-        dims = op[DIM0:DIM0 + N_DIMS]
-        if k == K_ATTN:  # all rows at once: rows reading the same page share each load
-            attn_decode(op, sf, si, wf, gf, lf, rows, dims[0], dims[1], dims[2], dims[3], dims[4])
-            continue
-        if k == K_LINEAR:  # all rows at once: each weight load serves up to 4 rows
-            linear(op, sf, wf, gf, lf, rows, dims[0], dims[1], dims[2])
-            continue
-        if k == K_GRU:
-            gru_cell(op, sf, wf, gf, lf, rows, dims[0], dims[1])
-            continue
-        for b in range(rows):
-            if k == K_RMSNORM:
-                rmsnorm(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
-                        _f(sf, wf, gf, lf, op, 3, b), dims[0])
-            elif k == K_ADD:
-                x, y = _f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b)
-                for i in range(dims[0]):
-                    x[i] += y[i]
-            elif k == K_KV_WRITE:
-                kv_write(_f(sf, wf, gf, lf, op, 0, b), lf, op[1 + ARG_COLS * 1 + 1], op[1 + ARG_COLS * 2 + 1],
-                         _i(si, op, 3, b), _i(si, op, 4, b), dims[0], dims[1], dims[2])
-            elif k == K_CONV:
-                causal_conv(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
-                            _f(sf, wf, gf, lf, op, 3, b), _f(sf, wf, gf, lf, op, 4, b), dims[0], dims[1])
-            elif k == K_GRU_COMMIT:
-                h, hn, x = _f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b)
-                for i in range(dims[0]):
-                    h[i] = hn[i]
-                    x[i] += hn[i]
-            elif k == K_SSM:
-                ssm_step(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _f(sf, wf, gf, lf, op, 2, b),
-                         _f(sf, wf, gf, lf, op, 3, b), _f(sf, wf, gf, lf, op, 4, b), _f(sf, wf, gf, lf, op, 5, b),
-                         dims[0], dims[1])
-            elif k == K_OBS_NORM:
-                obs, mean, inv, x = (_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b),
-                                     _f(sf, wf, gf, lf, op, 2, b), _f(sf, wf, gf, lf, op, 3, b))
-                for i in range(dims[0]):
-                    x[i] = (obs[i] - mean[i]) * inv[i]
-            elif k == K_ENSEMBLE:
-                temporal_ensemble(_f(sf, wf, gf, lf, op, 0, b), _f(sf, wf, gf, lf, op, 1, b), _i(si, op, 2, b),
-                                  _f(sf, wf, gf, lf, op, 3, b), _f(sf, wf, gf, lf, op, 4, b),
-                                  _f(sf, wf, gf, lf, op, 5, b), dims[0], dims[1], fconst[o])
-            elif k == K_NOISE:
-                rng_noise(_f(sf, wf, gf, lf, op, 0, b), _i(si, op, 1, b), dims[0], dims[1], fconst[o])
-            elif k == K_META:
-                meta_advance(_i(si, op, 0, b), dims[0])
+def obs_norm(obs, mean, inv_std, x, n):
+    for i in range(n):
+        x[i] = (obs[i] - mean[i]) * inv_std[i]
+
+
+@compiled
+@njit(cache=True, nogil=True)
+def add(x, y, n):
+    for i in range(n):
+        x[i] += y[i]
+
+
+@compiled
+@njit(cache=True, nogil=True)
+def gru_commit(h, h_new, x, H):
+    for i in range(H):
+        h[i] = h_new[i]
+        x[i] += h_new[i]
+
+
+# the program of the built-in kernels (cpu_registry.py generates it); tests pick ops by these codes
+_BUILT_IN = program()
+run_program = _BUILT_IN.run
+KERNELS = _BUILT_IN.codes
+K_OBS_NORM, K_LINEAR, K_GRU, K_ATTN = (KERNELS[k] for k in ("obs_norm", "linear", "gru_cell", "attn_decode"))

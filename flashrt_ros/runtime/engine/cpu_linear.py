@@ -21,6 +21,7 @@ from numba import njit
 from ..model.kernel_spec import ACT_RELU, ACT_SILU, ACT_TANH
 from . import numba_cache  # noqa: F401  before any @njit: the cache keyed by these sources
 from .cpu_program import ARG_COLS, PANEL, REG_PANEL, REG_PANEL16, REG_STATE, REG_WEIGHT, REG_WORK, _row
+from .cpu_registry import compiled
 from .cpu_simd import (
     _LANES,
     _g1x1,
@@ -153,6 +154,7 @@ def _bias_act(yr, y_at, y_rs, br, b_at, rows, n, act):
             y[j] = _act(y[j] + bias[j], act)
 
 
+@compiled
 @njit(cache=True, nogil=True)
 def linear(op, sf, wf, gf, lf, rows, n_in, n_out, act):
     """kernels.linear of every row: y = act(x w + bias); arguments x, w, bias, y."""
@@ -161,6 +163,7 @@ def linear(op, sf, wf, gf, lf, rows, n_in, n_out, act):
               _row(op, 2, 0), rows, n_out, act)
 
 
+@compiled
 @njit(cache=True, nogil=True)
 def gru_cell(op, sf, wf, gf, lf, rows, n_in, H):
     """kernels.gru_cell of every row; arguments x, h, w_ih, w_hh, b_ih, b_hh, gi, gh, h_new."""

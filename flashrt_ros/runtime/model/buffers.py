@@ -88,7 +88,6 @@ class Arena:
         self.work = backend.zeros((max(size["work"], 1),), np.uint8)
         self.weight_slab = backend.zeros((max(size["weight"], 1),), np.uint8)
         self.log_slab = backend.zeros((max(size["log"], 1),), np.uint8)  # the KV log (prefaulted by KvLog)
-        self.log_nbytes = size["log"]
         self.views: dict[str, object] = {}
         for name, p in self.placements.items():
             s, dt = p.spec, np.dtype(p.spec.dtype)

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from .network import MIXERS
+
 # Parameters of the ROS node that are not PolicyConfig fields: a params file may hold them. The node
 # declares these (ros/params.py NODE_PARAMS, plus rclpy's use_sim_time); kept here, below the ROS layer, so
 # the ROS-free tools accept the same files (test_ros_params.py checks the two lists agree).
@@ -51,7 +53,7 @@ class PolicyConfig:
     conv_kernel: int = _f(4, "taps of the short causal conv; conv_state keeps conv_kernel-1 inputs", min=2)
     kv_window: int = _f(1024, "attention window in steps (10 s at 100 Hz); KV slots are reused modulo it", min=1)
     mixer: str = _f("gru", "recurrent mixer of each block: gru (a GRU cell) or ssm (a diagonal selective "
-                           "state-space model, Mamba-style)", choices=("gru", "ssm"),
+                           "state-space model, Mamba-style)", choices=MIXERS.keys(),
                     fingerprint=False)  # the plan and the state layout, both fingerprinted, differ per mixer
     chunk_len: int = _f(8, "actions predicted per step (action chunk / multi-token prediction)", min=1)
     chunk_blend: str = _f("newest", "temporal ensemble of the pending chunks: newest weighs the newest prediction "

@@ -245,7 +245,7 @@ spec("rmsnorm", "x:f32[B,n] g:f32[n] y:f32[B,n]:w ms:f32[B,1,1]:w",
      ("dense.cu", "rmsnorm_f32", "x x_rs g y y_rs B n", blocks("B", 32)))
 spec("causal_conv", "x:f32[B,d]:rw conv_state:f32[B,k-1,d]:rw w:f32[k,d] bias:f32[d] out:f32[B,d]:w tmp:f32[B,d]:w",
      ("recurrent.cu", "causal_conv_f32", "x x_rs conv_state conv_state_rs w bias out out_rs B d k", items("B * d")),
-     require=("k >= 2",))
+     derive="km1=k-1", require=("k >= 2",))
 spec("gru_cell", "x:f32[B,n_in] h:f32[B,H] w_ih:f32[n_in,3*H] w_hh:f32[H,3*H] b_ih:f32[3*H] b_hh:f32[3*H] "
      "gi:f32[B,3*H]:w gh:f32[B,3*H]:w h_new:f32[B,H]:w",
      ("recurrent.cu", "gru_cell_f32", "x x_rs h h_rs w_ih w_hh b_ih b_hh h_new h_new_rs B n_in H",

@@ -1,7 +1,8 @@
 """Kernel registry: every op of a plan names a kernel here.
 
 Each kernel has a NumPy reference twin (``*_ref``) that the numpy backend runs and the CUDA C
-kernel in ``kernels/*.cu`` is tested against. Twins write only through ``out=`` / in-place ops
+kernel in ``kernels/*.cu`` is tested against; its compiled CPU form registers under the same name in
+engine/cpu_registry.py. Twins write only through ``out=`` / in-place ops
 into preallocated buffers, so a replay allocates no arrays.
 
 Batch invariance: every reduction runs per row in a fixed order whatever the batch size. Dot
@@ -229,7 +230,7 @@ def ssm_scan_ref(proj, xn, a_log, d_skip, h, y):
     h[...] = hs
 
 
-def _window(meta, kv_window: int, n_slots: int) -> tuple[int, int, int]:
+def _window(meta, kv_window: int) -> tuple[int, int, int]:
     """(pos, first, count) of this step's window: positions first .. pos, count = min(kv_len + 1, W).
     Python ints, so a hostile meta wraps into range instead of indexing outside a buffer."""
     pos = int(meta[0, META_POS]) % (1 << 62)
@@ -278,7 +279,7 @@ def attn_decode_ref(qkv, k_log, v_log, meta, kv_pages, out, scores, chunk_m, chu
     B, d = out.shape
     hd = d // n_heads
     P, page_len = kv_pages.shape[1], k_log.shape[1]
-    pos, first, count = _window(meta, kv_window, P * page_len)
+    pos, first, count = _window(meta, kv_window)
     q = qkv[:, :d].reshape(B, n_heads, 1, hd)
     s = scores  # [B,H,P,1,KV_PAGE]: every operand below is BLAS-shaped, so nothing is copied
     for j in range(P):

@@ -1,13 +1,16 @@
 """The network, described once: the hybrid policy as input ops, one list of ops per layer, and output ops.
 
-Each op declares its buffers (small state, KV log, weights) and carries both forms of its math side by side:
+Each op declares its buffers (small state, KV log, weights, scratch) and carries both forms of its math side
+by side:
 
-  step(plan, cfg, layer)      the per-step form: kernel ops of the plan (kernels.py twins on NumPy,
-                              kernels/*.cu on CUDA). The live step and the batched replan bind this plan.
+  step(plan, cfg, layer)      the per-step form: kernel ops of the plan (kernels.py twins on NumPy, the numba
+                              kernels of engine/cpu_registry.py on the compiled CPU step, kernels/*.cu on CUDA).
+                              The live step and the batched replan bind this plan.
   sequence(seq, x, layer)     the sequence form over all n steps at once (sequence.py), for cold prefill;
                               it writes the op's state into the live row and returns the new x.
 
-policy.py builds the buffer table and the step plan by walking MODEL; prefill.py walks the same list.
+policy.py builds the buffer table and the step plan by walking MODEL; prefill.py walks the same list. The
+config's mixer choices are the keys of MIXERS.
 ``meta`` advances in one op (MetaAdvance), through one function (kernels.advance_meta).
 """
 from __future__ import annotations
@@ -41,8 +44,8 @@ class Op:
     def shared_weights(self, cfg) -> list[tuple[str, tuple[int, ...]]]:  # once for all layers
         return []
 
-    def scratch(self, cfg) -> list[tuple[str, tuple[int, ...]]]:  # per-row float32 work buffers of its own
-        return []
+    def scratch(self, cfg) -> list[tuple[str, tuple[int, ...]]]:  # per-row float32 work buffers its step uses
+        return []  # ops share a name (one buffer, one shape)
 
 
 # ---- input ---------------------------------------------------------------------------------------
@@ -52,6 +55,9 @@ class Input(Op):
     def weights(self, cfg, layer):
         return [("obs_mean", (cfg.obs_dim,)), ("obs_inv_std", (cfg.obs_dim,)),
                 ("in_proj.w", (cfg.obs_dim, cfg.d_model)), ("in_proj.b", (cfg.d_model,))]
+
+    def scratch(self, cfg):
+        return [("obs_n", (cfg.obs_dim,)), ("x", (cfg.d_model,)), ("tmp_d", (cfg.d_model,))]  # x: the residual
 
     def step(self, plan, cfg, layer):
         plan.add("obs_norm", "obs", "obs_mean", "obs_inv_std", "obs_n")
@@ -73,6 +79,9 @@ class CausalConv(Op):
     def weights(self, cfg, layer):
         p = f"layers.{layer}."
         return [(p + "conv.w", (cfg.conv_kernel, cfg.d_model)), (p + "conv.b", (cfg.d_model,))]
+
+    def scratch(self, cfg):
+        return [("conv_out", (cfg.d_model,)), ("tmp_d", (cfg.d_model,))]
 
     def step(self, plan, cfg, layer):
         p = f"layers.{layer}."
@@ -104,6 +113,10 @@ class Gru(Op):
         return [(p + "gru.w_ih", (d, 3 * d)), (p + "gru.w_hh", (d, 3 * d)), (p + "gru.b_ih", (3 * d,)),
                 (p + "gru.b_hh", (3 * d,))]
 
+    def scratch(self, cfg):
+        d = cfg.d_model
+        return [("gi", (3 * d,)), ("gh", (3 * d,)), ("h_new", (d,))]
+
     def step(self, plan, cfg, layer):
         p, h = f"layers.{layer}.", f"recurrent_state.{layer}"
         plan.add("gru_cell", "x", h, p + "gru.w_ih", p + "gru.w_hh", p + "gru.b_ih", p + "gru.b_hh", "gi", "gh",
@@ -134,8 +147,8 @@ class Ssm(Op):
 
     def scratch(self, cfg):
         d, P = cfg.d_model, cfg.d_model + 2 * SSM_STATE
-        return [("ssm_proj", (P,)), ("ssm_proj_tmp", (P,)), ("ssm_dt", (d,)), ("ssm_u", (d,)),
-                ("ssm_decay", (d, SSM_STATE)), ("ssm_dbx", (d, SSM_STATE)), ("ssm_y", (d,))]
+        return [("xn", (d,)), ("ms", (1, 1)), ("ssm_proj", (P,)), ("ssm_proj_tmp", (P,)), ("ssm_dt", (d,)),
+                ("ssm_u", (d,)), ("ssm_decay", (d, SSM_STATE)), ("ssm_dbx", (d, SSM_STATE)), ("ssm_y", (d,))]
 
     def step(self, plan, cfg, layer):
         p = f"layers.{layer}."
@@ -177,6 +190,15 @@ class Attention(Op):
     def shared_weights(self, cfg):
         return [("const.ones", (KV_PAGE, 1))]  # constant: per-chunk softmax denominators as a GEMV
 
+    def scratch(self, cfg):
+        d, H, P, hd = cfg.d_model, cfg.n_heads, window_pages(cfg.kv_window), cfg.d_model // cfg.n_heads
+        return [("xn", (d,)), ("ms", (1, 1)), ("qkv", (3 * d,)), ("qkv_tmp", (3 * d,)), ("attn", (d,)),
+                ("proj", (d,)), ("tmp_d", (d,)),
+                # one chunk per page slot (NumPy twin); CUDA uses attn_part
+                ("scores", (H, P, 1, KV_PAGE)), ("chunk_m", (H, P, 1, 1)), ("chunk_l", (H, P, 1, 1)),
+                ("chunk_acc", (H, P, hd)), ("attn_max", (H, 1, 1)), ("attn_den", (H, 1, 1)),
+                ("attn_part", (H, P, hd + 2))]  # CUDA split-K partials: (acc..., m, l) per chunk
+
     def step(self, plan, cfg, layer):
         p, k, v = f"layers.{layer}.", f"k_log.{layer}", f"v_log.{layer}"
         plan.add("rmsnorm", "x", p + "attn_norm.g", "xn", "ms", label=f"L{layer}.attn_norm")
@@ -212,6 +234,10 @@ class Mlp(Op):
         return [(p + "mlp_norm.g", (d,)), (p + "mlp.w1", (d, m)), (p + "mlp.b1", (m,)), (p + "mlp.w2", (m, d)),
                 (p + "mlp.b2", (d,))]
 
+    def scratch(self, cfg):
+        d, m = cfg.d_model, MLP_RATIO * cfg.d_model
+        return [("xn", (d,)), ("ms", (1, 1)), ("mlp_h", (m,)), ("mlp_tmp", (m,)), ("proj", (d,)), ("tmp_d", (d,))]
+
     def step(self, plan, cfg, layer):
         p = f"layers.{layer}."
         plan.add("rmsnorm", "x", p + "mlp_norm.g", "xn", "ms", label=f"L{layer}.mlp_norm")
@@ -241,6 +267,10 @@ class ChunkHead(Op):
         KA = cfg.chunk_len * cfg.action_dim
         return [("head_norm.g", (cfg.d_model,)), ("head.w", (cfg.d_model, KA)), ("head.b", (KA,)),
                 ("action_scale", (cfg.action_dim,)), ("action_offset", (cfg.action_dim,))]
+
+    def scratch(self, cfg):
+        return [("xn", (cfg.d_model,)), ("ms", (1, 1)), ("chunk_tmp", (cfg.chunk_len * cfg.action_dim,)),
+                ("act_tmp", (cfg.action_dim,))]
 
     def step(self, plan, cfg, layer):
         plan.add("rmsnorm", "x", "head_norm.g", "xn", "ms", label="head_norm")

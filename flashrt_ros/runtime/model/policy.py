@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from .buffers import SMALL_ROLES, BufferSpec
 from .config import PolicyConfig
-from .kernels import KV_PAGE, window_pages
-from .network import INPUTS, MLP_RATIO, OUTPUTS, block, walk
+from .network import INPUTS, OUTPUTS, block, walk
 from .plan import GraphPlan
 
 F32 = "float32"
@@ -45,27 +44,17 @@ class HybridPolicy:
 
     def work_specs(self) -> list[BufferSpec]:
         c = self.cfg
-        d, K, A, H = c.d_model, c.chunk_len, c.action_dim, c.n_heads
-        P, hd = window_pages(c.kv_window), c.d_model // c.n_heads
         io = [
             BufferSpec("obs", (c.obs_dim,), F32, "io"),
-            BufferSpec("action", (A,), F32, "io"),
-            BufferSpec("chunk", (K * A,), F32, "io"),  # chunk_len x action_dim, row-major
+            BufferSpec("action", (c.action_dim,), F32, "io"),
+            BufferSpec("chunk", (c.chunk_len * c.action_dim,), F32, "io"),  # chunk_len x action_dim, row-major
         ]
-        scratch = [
-            ("obs_n", (c.obs_dim,)), ("x", (d,)), ("xn", (d,)), ("tmp_d", (d,)), ("conv_out", (d,)),
-            ("gi", (3 * d,)), ("gh", (3 * d,)), ("h_new", (d,)), ("qkv", (3 * d,)), ("qkv_tmp", (3 * d,)),
-            ("attn", (d,)), ("proj", (d,)), ("mlp_h", (MLP_RATIO * d,)), ("mlp_tmp", (MLP_RATIO * d,)),
-            ("chunk_tmp", (K * A,)), ("act_tmp", (A,)), ("ms", (1, 1)),
-            # attention over the window, one chunk per page slot (NumPy twin); CUDA uses attn_part
-            ("scores", (H, P, 1, KV_PAGE)), ("chunk_m", (H, P, 1, 1)), ("chunk_l", (H, P, 1, 1)),
-            ("chunk_acc", (H, P, hd)), ("attn_max", (H, 1, 1)), ("attn_den", (H, 1, 1)),
-            ("attn_part", (H, P, hd + 2)),  # CUDA split-K partials: (acc..., m, l) per chunk
-        ]
-        names = {n for n, _ in scratch}
-        for op, _ in walk(c):  # an op's own work buffers, after the shared ones
-            scratch += [(n, s) for n, s in op.scratch(c) if n not in names and not names.add(n)]
-        return io + [BufferSpec(n, s, F32, "scratch") for n, s in scratch]
+        scratch: dict[str, tuple[int, ...]] = {}
+        for op, _ in walk(c):  # each op's work buffers, in network order; ops that share one agree on its shape
+            for name, shape in op.scratch(c):
+                if scratch.setdefault(name, shape) != shape:
+                    raise ValueError(f"scratch {name}: {type(op).__name__} wants {shape}, another op {scratch[name]}")
+        return io + [BufferSpec(n, s, F32, "scratch") for n, s in scratch.items()]
 
     def weight_specs(self) -> list[BufferSpec]:
         """Every op's weights in network order, then the constants shared by all layers."""

@@ -19,7 +19,6 @@ Pins are the primary's: a record's pinned flag is not copied, so the replica's s
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -57,7 +56,6 @@ class ReplicaStats:
     last_id: int  # the capsule the replica's row 0 holds (0: none yet)
     last_step: int
     last_stamp_ns: int  # the primary's stamp of that capsule
-    last_applied_at: float  # time.time() when it was applied (0: never)
     last_error: str
 
 
@@ -75,7 +73,6 @@ class StreamReplica:
         self.last_seq = 0
         self.waiting = True  # for a RESYNC: nothing applied yet, or the chain broke
         self._applied = self._refused = self._gaps = self._skipped = 0
-        self._applied_at = 0.0
         self._last_error = ""
         self._cut_after: int | None = None  # new_source: the old leaders' capsules after this id go,
         self._cut_keep = (0, 0)  # but not the new leader's own ids [first, end)
@@ -86,7 +83,7 @@ class StreamReplica:
         last = self.last
         return ReplicaStats(self._applied, self._refused, self._gaps, self._skipped, self.waiting, self.last_seq,
                             last.id if last else 0, last.step if last else 0, last.stamp_ns if last else 0,
-                            self._applied_at, self._last_error)
+                            self._last_error)
 
     def new_source(self, inherited_through: int, epoch: int) -> None:
         """Another node leads now, at ``epoch`` (a standby took over): its stream numbers records from its own
@@ -169,7 +166,6 @@ class StreamReplica:
             self.timeline = timeline
             self._adopt(timeline)
         self._applied += 1
-        self._applied_at = time.time()
         return True
 
     def _adopt(self, timeline: int) -> None:

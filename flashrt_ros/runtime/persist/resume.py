@@ -48,7 +48,6 @@ class LogContents:
     cut: str  # what was cut and where ("" when nothing)
     newest_mtime: float  # wall time the newest segment was last written (the resumed state's age)
     max_id: int
-    segments_read: int = 0
     live_id: int = 0  # a LIVE marker after the last record: the capsule a rollback made live (0: the newest)
     reset: bool = False  # a RESET marker is the last word: the live row resumes reset (step 0, zeros)
 
@@ -86,7 +85,6 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
     segs = list(iter_segment_paths(directory))
     records: list[Record] = []
     records_cut, cut, mtime = 0, "", 0.0
-    read = 0
     for i, path in enumerate(reversed(segs)):  # newest first, until enough records
         blob = path.read_bytes()
         if i == 0:
@@ -100,7 +98,6 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
                     path.unlink()
                 continue
             raise
-        read += 1
         if err is not None:
             if i != 0:
                 raise err
@@ -128,7 +125,7 @@ def read_log(directory: Path, layout: LogLayout, meta_of, keep: int, truncate: b
     records = [r for r in records if r.kind not in MARKERS]
     check_timeline(records)
     max_id = max([r.id for r in records] + [r.id for r in pins], default=0)
-    return LogContents(records, pins, records_cut, cut, mtime, max_id, read, live_id, last == RESET)
+    return LogContents(records, pins, records_cut, cut, mtime, max_id, live_id, last == RESET)
 
 
 def check_timeline(records: list[Record]) -> None:

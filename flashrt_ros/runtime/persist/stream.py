@@ -90,10 +90,6 @@ class StreamQueue(RecordQueue):
         self._thread = threading.Thread(target=self._run, name="flashrt-stream", daemon=True)
         self._thread.start()
 
-    def resync_next(self) -> None:
-        """The next capsule record goes out as a RESYNC (from the mirror: the step pays nothing)."""
-        self._resync_next = True
-
     def request_keyframe(self) -> None:
         """A subscriber asked for a keyframe: the next capsule record at least RESEND_MIN_S after the last
         keyframe goes out as a RESYNC. However often it is asked (a client in a loop, many clients), requests

@@ -1,0 +1,63 @@
+"""flashrt-sim: the simulated Pusher arm (MuJoCo) as a ROS node, or its scripted expert offline.
+
+    flashrt-sim [--seed S] [--expert] [--ros-args ...]       the node (ROS 2), 100 Hz on sim time (/clock)
+    flashrt-sim --expert --record DIR --episodes N [--seed S] [--seconds T] [--storage mcap|sqlite3]
+                                                            demonstrations as rosbag2 bags, no ROS graph
+    flashrt-sim --expert --success-rate [--episodes 100]    the expert on held-out seeds (none recorded)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="flashrt-sim", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--expert", action="store_true", help="the scripted expert drives the arm")
+    ap.add_argument("--record", metavar="DIR", help="with --expert: write one bag per episode to DIR, offline")
+    ap.add_argument("--success-rate", action="store_true",
+                    help="with --expert: its success rate over --episodes held-out episodes")
+    ap.add_argument("--episodes", type=int, default=None, help="episodes to record or evaluate (10 / 100)")
+    ap.add_argument("--seed", type=int, default=None, help="seed of the first episode (default 0)")
+    ap.add_argument("--seconds", type=float, default=10.0, help="longest episode, in sim seconds (default 10)")
+    ap.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap", help="bag storage (default mcap)")
+    ap.add_argument("--headless", action="store_true", help="no viewer (the only mode: accepted for scripts)")
+    return ap
+
+
+def main(argv=None) -> int:
+    """Exit 0 on success, 2 on bad arguments or an existing bag."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ros_args = argv[argv.index("--ros-args"):] if "--ros-args" in argv else []
+    args = _parser().parse_args(argv[:len(argv) - len(ros_args)])
+    if (args.record or args.success_rate) and not args.expert:
+        print("flashrt-sim: --record and --success-rate need --expert", file=sys.stderr)
+        return 2
+    if args.record:
+        from .record import COMMAND_TOPIC, OBS_TOPIC, record_episodes
+        try:
+            done = record_episodes(args.record, args.episodes or 10, args.seed or 0, args.seconds, args.storage)
+        except (ValueError, FileExistsError) as e:
+            print(f"flashrt-sim: {e}", file=sys.stderr)
+            return 2
+        ok = sum(r.success for r in done)
+        print(f"wrote {len(done)} bags to {args.record} ({ok} successful; {OBS_TOPIC} obs_dim 21, {COMMAND_TOPIC})")
+        return 0
+    if args.success_rate:
+        from .expert import success_rate
+        from .record import HELD_OUT_SEED_BASE
+        n = args.episodes or 100
+        first = HELD_OUT_SEED_BASE + (args.seed or 0)
+        rate = success_rate(range(first, first + n), args.seconds)
+        print(f"expert success rate: {rate:.2f} over {n} held-out episodes")
+        return 0
+    from .node import main as node_main
+    # only the flags given: a launch file's parameters (after --ros-args) must not be overridden by defaults
+    params = (["-p", f"seed:={args.seed}"] if args.seed is not None else []) + (["-p", "expert:=true"] if args.expert
+                                                                                 else [])
+    return node_main(["flashrt-sim", "--ros-args", *params, *ros_args[1:]])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

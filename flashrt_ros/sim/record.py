@@ -1,0 +1,120 @@
+"""The expert's demonstrations as rosbag2 bags, one episode each, for flashrt-train (rosbags; no ROS graph).
+
+Each bag holds, on sim time (the first observation at 0 s, then every 10 ms):
+  /observation         std_msgs/msg/Float32MultiArray      what the policy node steps on (OBS_NAMES, obs_dim 21)
+  /joint_states        sensor_msgs/msg/JointState          the arm's positions and velocities
+  /action_trajectory   trajectory_msgs/msg/JointTrajectory one point: the expert's joint targets
+The command is written COMMAND_LAG_NS after its observation (bag time) and carries the observation's stamp, so
+flashrt-train pairs them one to one (--obs-topic /observation --action-topic /action_trajectory).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .expert import PusherExpert
+from .world import ARM_JOINTS, CONTROL_HZ, PusherWorld
+
+OBS_TOPIC = "/observation"
+JOINT_STATE_TOPIC = "/joint_states"
+COMMAND_TOPIC = "/action_trajectory"
+COMMAND_LAG_NS = 1_000_000  # the expert answers 1 ms after its observation, well inside one period
+HOLD_AFTER_SUCCESS_S = 0.5  # the episode goes on this long once the object is in, so the bags show it resting
+F32, JS, JT = "std_msgs/msg/Float32MultiArray", "sensor_msgs/msg/JointState", "trajectory_msgs/msg/JointTrajectory"
+# held-out episodes (success rate) use seeds at and past 2**32; recordings stay below, so the two never meet
+HELD_OUT_SEED_BASE = 2 ** 32
+
+
+def recording_seed(seed: int, episode: int) -> int:
+    """Seed of a recorded episode: below HELD_OUT_SEED_BASE for any --seed and --episodes the CLI takes."""
+    if not 0 <= seed < 10_000 or not 0 <= episode < 100_000:
+        raise ValueError(f"--seed must be in [0, 10000) and --episodes at most 100000, got {seed}, {episode}")
+    return seed * 100_000 + episode
+
+
+@dataclass
+class Recorded:
+    path: Path
+    seed: int
+    steps: int
+    success: bool
+
+
+class _Messages:
+    """Builds the three messages of a step from rosbags' Humble types."""
+
+    def __init__(self, ts):
+        self.ts, T = ts, ts.types
+        self.T = T
+        self.layout = T["std_msgs/msg/MultiArrayLayout"](dim=[], data_offset=0)
+        self.zero = T["builtin_interfaces/msg/Duration"](sec=0, nanosec=0)
+
+    def header(self, ns: int):
+        T = self.T
+        return T["std_msgs/msg/Header"](stamp=T["builtin_interfaces/msg/Time"](sec=ns // 10**9, nanosec=ns % 10**9),
+                                        frame_id="")
+
+    def observation(self, obs) -> bytes:
+        return self.ts.serialize_cdr(self.T[F32](layout=self.layout, data=np.asarray(obs, np.float32)), F32)
+
+    def joint_state(self, ns: int, q, dq) -> bytes:
+        msg = self.T[JS](header=self.header(ns), name=list(ARM_JOINTS), position=np.asarray(q, np.float64),
+                         velocity=np.asarray(dq, np.float64), effort=np.zeros(0))
+        return self.ts.serialize_cdr(msg, JS)
+
+    def command(self, ns: int, targets) -> bytes:
+        T, empty = self.T, np.zeros(0)
+        point = T["trajectory_msgs/msg/JointTrajectoryPoint"](positions=np.asarray(targets, np.float64),
+                                                              velocities=empty, accelerations=empty, effort=empty,
+                                                              time_from_start=self.zero)
+        return self.ts.serialize_cdr(T[JT](header=self.header(ns), joint_names=list(ARM_JOINTS), points=[point]), JT)
+
+
+def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seconds: float,
+                   storage: str = "mcap") -> Recorded:
+    """One episode from reset(seed) into a new bag at path; ends HOLD_AFTER_SUCCESS_S after success or at seconds."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+
+    ts = get_typestore(Stores.ROS2_HUMBLE)
+    m = _Messages(ts)
+    plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
+    obs = world.reset(seed)
+    steps, succeeded_at = int(round(seconds * CONTROL_HZ)), None
+    with Writer(Path(path), version=8, storage_plugin=plugin) as w:  # version 8: Humble reads its metadata
+        c_obs = w.add_connection(OBS_TOPIC, F32, typestore=ts)
+        c_js = w.add_connection(JOINT_STATE_TOPIC, JS, typestore=ts)
+        c_cmd = w.add_connection(COMMAND_TOPIC, JT, typestore=ts)
+        for step in range(steps):
+            ns = world.time_ns
+            targets = expert(obs)
+            w.write(c_obs, ns, m.observation(obs))
+            w.write(c_js, ns, m.joint_state(ns, world.joint_positions(), world.joint_velocities()))
+            w.write(c_cmd, ns + COMMAND_LAG_NS, m.command(ns, targets))
+            obs = world.step(targets)
+            if succeeded_at is None and world.success():
+                succeeded_at = step
+            if succeeded_at is not None and step - succeeded_at >= HOLD_AFTER_SUCCESS_S * CONTROL_HZ:
+                break
+    return Recorded(Path(path), seed, step + 1, succeeded_at is not None)
+
+
+def record_episodes(out_dir: str | Path, episodes: int, seed: int = 0, seconds: float = 10.0,
+                    storage: str = "mcap", world: PusherWorld | None = None, expert=None) -> list[Recorded]:
+    """episodes bags, episode_000 ... in out_dir (created; refused if it already holds one of them)."""
+    if episodes < 1:
+        raise ValueError(f"--episodes must be >= 1, got {episodes}")
+    if not seconds > 0:
+        raise ValueError(f"--seconds must be > 0, got {seconds}")
+    seeds = [recording_seed(seed, i) for i in range(episodes)]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"episode_{i:03d}" for i in range(episodes)]
+    taken = [p for p in paths if p.exists()]
+    if taken:
+        raise FileExistsError(f"{taken[0]} exists; choose a new directory")
+    world = world or PusherWorld()
+    expert = expert or PusherExpert(world)
+    return [record_episode(p, world, expert, s, seconds, storage) for p, s in zip(paths, seeds)]
