@@ -128,22 +128,24 @@ def spin_until(node, future, timeout: float = 10.0):
 
 
 TEST_DOMAINS = 19  # tests take ROS_DOMAIN_IDs 1..19; the Makefile, .ci/run and the demo take 20 + pid % 80
+# Set by conftest before each test: whether it carries the `graph` marker, which schedules it (pytest.ini).
+GRAPH_TEST = True
 
 
 class _NextDomain:
     """The next test's domain: another than the last test's (domain_coordinator's default selector starts at 1
     on every call, so a run's tests all shared domain 1 with the dead shared-memory ports of every earlier
-    test's kills)."""
+    test's kills). Each xdist worker starts its round elsewhere, so two workers seldom take turns on one domain."""
 
-    def __init__(self):
-        self.value = 0
+    def __init__(self, worker: int = 0):
+        self.value = worker * 7
 
     def __call__(self) -> int:
         self.value += 1
         return (self.value - 1) % TEST_DOMAINS + 1
 
 
-_NEXT_DOMAIN = _NextDomain()
+_NEXT_DOMAIN = _NextDomain(int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0))
 
 
 @contextlib.contextmanager
@@ -155,6 +157,9 @@ def fresh_domain():
     import socket
 
     from domain_coordinator.impl import PORT_BASE
+    if not GRAPH_TEST:
+        raise RuntimeError("a test that takes a ROS domain carries the `graph` marker (or uses a graph fixture): "
+                           "make test schedules the tests by their markers (pytest.ini)")
     for _ in range(TEST_DOMAINS):
         did = _NEXT_DOMAIN()
         reservation = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -14,7 +14,7 @@ from ros_harness import ROOT, fresh_domain, ros_env
 
 from flashrt_ros.ros.platform.dead_participants import shm_port
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.graph]  # env: a domain of its own
 SIGNAL_LIMIT_S = 5.0
 
 

@@ -15,7 +15,7 @@ from ros_harness import ROOT, NodeProcess, Planner, fresh_domain, ros_env
 
 from conftest import observation_trace
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.graph]  # ros_context: a domain of its own
 NS = "/shutdown"
 LONG = 120_000.0
 

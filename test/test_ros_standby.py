@@ -15,7 +15,7 @@ from ros_harness import NodeProcess, dds_ids, export_content, joint_state, prima
 
 from conftest import observation_trace
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.serial]  # kills, leases and takeovers timed against a 100 Hz stream
 
 OBS = observation_trace(200)
 

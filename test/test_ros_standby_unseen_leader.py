@@ -8,7 +8,7 @@ import time
 import pytest
 from ros_harness import NodeProcess, Planner
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.serial]  # liveliness leases timed, as in test_ros_standby
 
 LEASE_MS = 200.0
 LOST = "/robot1_ghost/flashrt: not seen alive since it claimed the robot: liveliness lapsed for"
