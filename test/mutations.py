@@ -1342,6 +1342,11 @@ MUTATIONS = [
              "    except ZeroDivisionError:  # SIGINT (flashrt-demo stopping, Ctrl-C)",
              ["test/test_ros_tool_sigterm.py::test_demo_ends_cleanly_on_sigterm_with_what_it_measured"],
              "the demo's planner prints a KeyboardInterrupt traceback when the demo stops it"),
+    Mutation("demo_planner_traceback_when_stopped_early", "flashrt_ros/tools/demo/planner.py",
+             "    except KeyboardInterrupt:  # stopped before the node was ready",
+             "    except ZeroDivisionError:  # stopped before the node was ready",
+             ["test/test_ros_tool_sigterm.py::test_demo_stopped_before_its_planner_is_ready_ends_without_a_traceback"],
+             "a demo stopped while its planner waits for the node prints the planner's KeyboardInterrupt traceback"),
     # issue 45: mutations that survived, now caught
     Mutation("leader_equal_epochs_outrank", ROS + "group/leader.py",
              "    return theirs.epoch > epoch or theirs.epoch == epoch and their_stamp < stamp_ns\n",

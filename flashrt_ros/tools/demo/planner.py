@@ -6,12 +6,19 @@ commits one branch. Prints a live line; writes a JSON summary.
 """
 from __future__ import annotations
 
-import argparse
-import json
+import signal
 import sys
-import threading
-import time
-from pathlib import Path
+
+# flashrt-demo stops the planner with SIGINT, which may land while the imports below or main()'s set-up still
+# run: exit quietly then (130, no summary yet); main() puts the KeyboardInterrupt back before it waits for the node.
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import numpy as np
 import rclpy
@@ -69,8 +76,12 @@ def main(argv=None) -> int:
 
     spinner = threading.Thread(target=spin, name="planner_executor", daemon=True)
     spinner.start()
+    interrupted_early = False
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from here a stop writes the summary so far
     try:
         client.wait_until_ready(30.0)
+    except KeyboardInterrupt:  # stopped before the node was ready: an empty summary, no traceback
+        interrupted_early = True
     except BaseException:  # no node to plan with: nothing to summarise, but leave nothing spinning
         executor.shutdown(timeout_sec=2.0)
         spinner.join(timeout=2.0)  # its last callback ends before the node it runs on goes
@@ -115,9 +126,9 @@ def main(argv=None) -> int:
               flush=True)
 
     deep = DeepRollbackCheck(client)
-    rounds, stopped = 0, False
+    rounds, stopped = 0, interrupted_early
     try:
-        while time.monotonic() - t0 < args.duration:
+        while not stopped and time.monotonic() - t0 < args.duration:
             if deep.anchor_id == 0 and time.monotonic() - t0 >= DEEP_ANCHOR_AFTER_S and steps.last is not None:
                 deep.take_anchor(steps.last)
             next_round = time.monotonic() + args.period
@@ -128,10 +139,11 @@ def main(argv=None) -> int:
                 counts["timeouts"] += 1
                 print(f"t={time.monotonic() - t0:5.1f}s {e}", flush=True)
             time.sleep(max(0.0, next_round - time.monotonic()))
-        if steps.last is not None:
+        if not stopped and steps.last is not None:
             deep.check(steps.last)
             print(f"deep rollback: {deep.summary()}", flush=True)
-        time.sleep(1.5)  # one more /diagnostics period
+        if not stopped:
+            time.sleep(1.5)  # one more /diagnostics period
     except KeyboardInterrupt:  # SIGINT (flashrt-demo stopping, Ctrl-C): the summary of the rounds so far, no traceback
         stopped = True
     finally:
