@@ -1423,4 +1423,9 @@ MUTATIONS = [
              "        u = _unit(obj - goal)\n",
              ["test/test_sim_expert.py"],
              "the expert comes at the object from the goal's side and pushes it away"),
+    Mutation("replay_rollback_depth_limit_one_short", "flashrt_ros/tools/replay/cli.py",
+             "        if args.rollback_depth > keeps:\n",
+             "        if args.rollback_depth >= keeps:\n",
+             ["test/test_replay_exit_codes.py::test_a_rollback_depth_past_what_the_config_keeps_is_bad_input_before_any_step"],
+             "flashrt-replay refuses a rollback depth the store does keep"),
 ]

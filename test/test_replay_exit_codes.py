@@ -58,6 +58,15 @@ def test_an_unreadable_config_is_bad_input(small, tmp_path):
     assert "--config" in res.stderr and res.stderr.count("\n") == 1
 
 
+def test_a_rollback_depth_past_what_the_config_keeps_is_bad_input_before_any_step(small, tmp_path):
+    bag, cfg = small  # capsule_capacity 4, max_branches 1: two steps restorable
+    summary, res = replay(bag, "--config", cfg, "--rollback-every", 10, "--rollback-depth", 3,
+                          "--out", tmp_path / "out", expect=2)
+    assert "--rollback-depth 3" in res.stderr and "keeps 2 steps" in res.stderr and res.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+    replay(bag, "--config", cfg, "--rollback-every", 10, "--rollback-depth", 2, expect=0)
+
+
 def _colcon_like_install(tmp_path, with_share_config: bool):
     """The package as a colcon install lays it out: Python modules in one place (no config/ beside them),
     config and interface definitions in the ament share, found through AMENT_PREFIX_PATH."""

@@ -271,6 +271,13 @@ def _replay(argv) -> int:
     if args.joints and max(args.joints) >= cfg.policy.action_dim:
         raise BagError(f"--joints {max(args.joints)}: the policy has action_dim {cfg.policy.action_dim} "
                        f"(dimensions 0..{cfg.policy.action_dim - 1})")
+    if args.rollback_every:  # a depth past what the store keeps fails at the first check, as an internal error
+        from ...runtime.state.sizing import StoreSizes
+
+        keeps = StoreSizes.plan(cfg.policy).rollback_depth_steps
+        if args.rollback_depth > keeps:
+            raise BagError(f"--rollback-depth {args.rollback_depth}: config {cfg.path} keeps {keeps} steps restorable "
+                           "(capsule_capacity, capsule_budget_mb); lower --rollback-depth or raise those")
     src = open_observations(args.bag, args.topic, args.max_decompressed_mb)
     for note in src.notes:
         progress(f"warning: {note}")
