@@ -137,7 +137,9 @@ test-jazzy: $(JAZZY_STAMP) $(JAZZY_IFACE_STAMP)
 	@# the compiled CPU step into the shared cache first: on a fresh clone the first node would compile it
 	@# (~30 s) inside a test's 30 s wait for the node (make test compiles it in its earlier, ROS-free tests)
 	$(JAZZY_VENV)/bin/python -c 'from flashrt_ros.runtime.engine.backend import warm_cpu_step; warm_cpu_step("cpu")'
-	$(WITH_TEMP_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q -m ros test
+	@# as make test: every ROS test on TEST_WORKERS cores but the `serial` ones, which run alone after them
+	$(WITH_TEMP_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q $(PARALLEL) -m "ros and not serial" test
+	$(WITH_TEMP_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q -m "ros and serial" test
 	$(WITH_TEMP_ROS_LOG) $(JAZZY_VENV)/bin/python -m pytest -q -m "not ros" $(JAZZY_ROS_FREE)
 
 # ---- PyTorch (optional: pip install .[train]) in its own venv, Python 3.11 -----------------------------
