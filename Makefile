@@ -40,7 +40,7 @@ IFACE_SRC := $(wildcard flashrt_interfaces/*.txt flashrt_interfaces/*.xml flashr
                         flashrt_interfaces/srv/* flashrt_interfaces/action/*)
 PKG_SRC := setup.py setup.cfg scripts/venv_scripts.cfg
 
-.PHONY: help setup interfaces demo test test-compat test-jazzy test-train test-install lint bench bench-ros bench-persist bench-stream plots reproduce gpu-check mutate clean
+.PHONY: help setup interfaces demo test test-compat test-jazzy test-train test-install lint bench bench-ros bench-persist bench-stream plots reproduce gpu-check mutate train-policy clean
 help:
 	@echo "make demo        run the main demo on the CPU default (creates .venv on first use);"
 	@echo "                 DEMO_ARGS=\"--duration 5\" for a short one"
@@ -58,6 +58,8 @@ help:
 	@echo "                 (out/reproduce_<table>.json; REPRODUCE_ARGS=\"--tables history\" for a subset)"
 	@echo "make lint        ruff + the layer order (import-linter, .importlinter)"
 	@echo "make gpu-check   GPU tests + benchmarks (needs a CUDA device)"
+	@echo "make train-policy record the sim expert's bags, train the Pusher policy (.venv-train), write"
+	@echo "                 $(SIM_POLICY) and print its validation loss (~10 min)"
 	@echo "make mutate      break the code on purpose, one named mutation at a time; each must be caught"
 	@echo "                 (CHANGED=1: only those of the files changed since main; MODULES=path; MUTATIONS=a,b)"
 
@@ -155,6 +157,21 @@ test-install: $(SETUP_STAMP)
 test-train: $(TRAIN_STAMP)
 	$(TRAIN_VENV)/bin/python -c 'import torch; print("test-train: torch", torch.__version__)'
 	$(TRAIN_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m train --durations=10 test
+
+# The shipped Pusher policy (docs/sim.md): the scripted expert's demonstrations, recorded offline, then
+# behaviour cloning in .venv-train; `make demo` and the sim launch file run the file without torch. A small GRU
+# policy answering each observation alone (chunk_len 1: the action and the trajectory's first point agree).
+SIM_POLICY := config/policies/pusher.safetensors
+SIM_POLICY_RUN := out/train-policy
+SIM_POLICY_EPISODES ?= 150
+SIM_POLICY_TRAIN := --obs-topic /observation --action-topic /action_trajectory --d-model 64 --n-layers 2 \
+  --n-heads 4 --kv-window 128 --mixer gru --chunk-len 1 --window 256 --batch 8 --steps 1500 --eval-every 250 \
+  --lr 2e-3 --val-bags 0.1 --threads 1
+train-policy: $(SETUP_STAMP) $(TRAIN_STAMP)
+	rm -rf $(SIM_POLICY_RUN)
+	$(VENV)/bin/flashrt-sim --expert --record $(SIM_POLICY_RUN)/bags --episodes $(SIM_POLICY_EPISODES)
+	$(TRAIN_VENV)/bin/flashrt-train $(SIM_POLICY_RUN)/bags $(SIM_POLICY_TRAIN) --out $(SIM_POLICY_RUN)/run
+	$(PY) -m flashrt_ros.sim.ship $(SIM_POLICY_RUN)/run $(SIM_POLICY)
 
 # ruff, then the layer order (.importlinter): a wrong-way import fails here.
 lint: $(SETUP_STAMP)
