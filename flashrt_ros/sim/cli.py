@@ -1,8 +1,10 @@
 """flashrt-sim: the simulated Pusher arm (MuJoCo) as a ROS node, or its scripted expert offline.
 
     flashrt-sim [--seed S] [--expert] [--ros-args ...]       the node (ROS 2), 100 Hz on sim time (/clock)
-    flashrt-sim --expert --record DIR --episodes N [--seed S] [--seconds T] [--storage mcap|sqlite3] [--perturb R]
-                                                            demonstrations as rosbag2 bags, no ROS graph
+    flashrt-sim --expert --record DIR --episodes N [--seed S] [--seconds T] [--storage mcap|sqlite3]
+                [--perturb RAD] [--driver FILE]             demonstrations as rosbag2 bags, no ROS graph (the
+                                                            arm perturbed, or driven by a policy file; the
+                                                            expert's targets recorded)
     flashrt-sim --expert --success-rate [--episodes 100]    the expert on held-out seeds (none recorded)
     flashrt-sim --policy FILE --success-rate [--episodes 100] [--ros]
                                                             a policy file on the same seeds: offline (a Session
@@ -32,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--perturb", type=float, default=0.0, metavar="RAD",
                     help="with --record: the arm executes the expert's targets plus a drifting offset of this std; "
                          "the bags keep the expert's targets (default 0)")
+    ap.add_argument("--driver", metavar="FILE", help="with --record: this policy file drives the arm and the bags "
+                    "keep the expert's answers (DAgger)")
     ap.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap", help="bag storage (default mcap)")
     ap.add_argument("--headless", action="store_true", help="no viewer (the only mode: accepted for scripts)")
     return ap
@@ -76,10 +80,12 @@ def main(argv=None) -> int:
         print("flashrt-sim: --policy and --ros go with --success-rate", file=sys.stderr)
         return 2
     if args.record:
+        from .evaluate import policy_session
         from .record import COMMAND_TOPIC, OBS_TOPIC, record_episodes
         try:
             done = record_episodes(args.record, args.episodes or 10, args.seed or 0, args.seconds, args.storage,
-                                   perturb=args.perturb)
+                                   perturb=args.perturb,
+                                   driver=policy_session(args.driver, args.backend) if args.driver else None)
         except (ValueError, FileExistsError) as e:
             print(f"flashrt-sim: {e}", file=sys.stderr)
             return 2

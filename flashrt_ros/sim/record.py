@@ -9,6 +9,8 @@ flashrt-train pairs them one to one (--obs-topic /observation --action-topic /ac
 With perturb > 0 the arm executes the expert's targets plus a slowly varying offset (std perturb rad per joint)
 while the bag records the expert's own targets: the demonstrations then show how to recover from states the
 expert alone never visits, which a cloned policy's small errors lead it into (DART-style noise injection).
+With a driver (a policy Session: DAgger) the arm executes the policy's targets and the bag records the expert's
+answer to each observation the policy led the arm into.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .evaluate import joint_targets
 from .expert import PusherExpert
 from .world import ARM_JOINTS, CONTROL_HZ, PusherWorld
 
@@ -77,9 +80,10 @@ class _Messages:
 
 
 def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seconds: float,
-                   storage: str = "mcap", perturb: float = 0.0) -> Recorded:
+                   storage: str = "mcap", perturb: float = 0.0, driver=None) -> Recorded:
     """One episode from reset(seed) into a new bag at path; ends HOLD_AFTER_SUCCESS_S after success or at seconds.
-    perturb: std (rad) of the offset added to what the arm executes, never to what is recorded."""
+    perturb: std (rad) of the offset added to what the arm executes, never to what is recorded. driver: a Session
+    on a policy file whose targets the arm executes instead of the expert's (from a fresh state each episode)."""
     from rosbags.rosbag2 import StoragePlugin, Writer
     from rosbags.typesys import Stores, get_typestore
 
@@ -87,6 +91,8 @@ def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seco
     m = _Messages(ts)
     plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
     obs = world.reset(seed)
+    if driver is not None:
+        driver.reset()
     steps, succeeded_at = int(round(seconds * CONTROL_HZ)), None
     rng, offset = np.random.default_rng([seed, 1]), np.zeros(len(ARM_JOINTS))
     with Writer(Path(path), version=8, storage_plugin=plugin) as w:  # version 8: Humble reads its metadata
@@ -102,7 +108,8 @@ def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seco
             if perturb > 0:
                 fresh = rng.normal(0.0, perturb * np.sqrt(1 - PERTURB_MEMORY ** 2), len(ARM_JOINTS))
                 offset = PERTURB_MEMORY * offset + fresh
-            obs = world.step(targets + offset)
+            executed = targets if driver is None else joint_targets(driver, driver.step(np.float32(obs)).chunk)
+            obs = world.step(executed + offset)
             if succeeded_at is None and world.success():
                 succeeded_at = step
             if succeeded_at is not None and step - succeeded_at >= HOLD_AFTER_SUCCESS_S * CONTROL_HZ:
@@ -112,7 +119,7 @@ def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seco
 
 def record_episodes(out_dir: str | Path, episodes: int, seed: int = 0, seconds: float = 10.0,
                     storage: str = "mcap", world: PusherWorld | None = None, expert=None,
-                    perturb: float = 0.0) -> list[Recorded]:
+                    perturb: float = 0.0, driver=None) -> list[Recorded]:
     """episodes bags, episode_000 ... in out_dir (created; refused if it already holds one of them)."""
     if episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {episodes}")
@@ -129,4 +136,4 @@ def record_episodes(out_dir: str | Path, episodes: int, seed: int = 0, seconds: 
         raise FileExistsError(f"{taken[0]} exists; choose a new directory")
     world = world or PusherWorld()
     expert = expert or PusherExpert(world)
-    return [record_episode(p, world, expert, s, seconds, storage, perturb) for p, s in zip(paths, seeds)]
+    return [record_episode(p, world, expert, s, seconds, storage, perturb, driver) for p, s in zip(paths, seeds)]
