@@ -158,18 +158,25 @@ test-train: $(TRAIN_STAMP)
 	$(TRAIN_VENV)/bin/python -c 'import torch; print("test-train: torch", torch.__version__)'
 	$(TRAIN_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m train --durations=10 test
 
-# The shipped Pusher policy (docs/sim.md): the scripted expert's demonstrations, recorded offline, then
-# behaviour cloning in .venv-train; `make demo` and the sim launch file run the file without torch. A small GRU
-# policy answering each observation alone (chunk_len 1: the action and the trajectory's first point agree).
+# The shipped Pusher policy (docs/sim.md), recorded offline and trained in .venv-train: the expert's rollouts and
+# perturbed ones (the arm off the expert's path, the expert's targets kept), a first policy on them, then that
+# policy driving the arm with the expert's answers recorded (DAgger), and the shipped policy on all three.
+# A small GRU policy answering each observation alone (chunk_len 1: the action is the trajectory's first point).
 SIM_POLICY := config/policies/pusher.safetensors
 SIM_POLICY_RUN := out/train-policy
-SIM_POLICY_EPISODES ?= 150
-SIM_POLICY_TRAIN := --obs-topic /observation --action-topic /action_trajectory --d-model 64 --n-layers 2 \
-  --n-heads 4 --kv-window 128 --mixer gru --chunk-len 1 --window 256 --batch 8 --steps 1500 --eval-every 250 \
+SIM_POLICY_TRAIN := --obs-topic /observation --action-topic /action_trajectory --d-model 96 --n-layers 2 \
+  --n-heads 4 --kv-window 64 --mixer gru --chunk-len 1 --window 128 --batch 16 --steps 1500 --eval-every 250 \
   --lr 2e-3 --val-bags 0.1 --threads 1
+# bags of one corpus need distinct names: $(call sim_bags,NAME,EPISODES,FLAGS) records NAME_000 ... into the corpus
+sim_bags = $(VENV)/bin/flashrt-sim --expert --record $(SIM_POLICY_RUN)/$(1) --episodes $(2) $(3) && \
+  for b in $(SIM_POLICY_RUN)/$(1)/episode_*; do mv $$b $(SIM_POLICY_RUN)/bags/$(1)_$${b\#\#*_}; done
 train-policy: $(SETUP_STAMP) $(TRAIN_STAMP)
-	rm -rf $(SIM_POLICY_RUN)
-	$(VENV)/bin/flashrt-sim --expert --record $(SIM_POLICY_RUN)/bags --episodes $(SIM_POLICY_EPISODES)
+	rm -rf $(SIM_POLICY_RUN) && mkdir -p $(SIM_POLICY_RUN)/bags
+	$(call sim_bags,expert,150,--seed 0)
+	$(call sim_bags,perturbed,150,--seed 1 --perturb 0.05)
+	$(TRAIN_VENV)/bin/flashrt-train $(SIM_POLICY_RUN)/bags $(SIM_POLICY_TRAIN) --out $(SIM_POLICY_RUN)/first
+	$(PY) -m flashrt_ros.sim.ship $(SIM_POLICY_RUN)/first $(SIM_POLICY_RUN)/first.safetensors
+	$(call sim_bags,dagger,100,--seed 3 --seconds 6 --driver $(SIM_POLICY_RUN)/first.safetensors)
 	$(TRAIN_VENV)/bin/flashrt-train $(SIM_POLICY_RUN)/bags $(SIM_POLICY_TRAIN) --out $(SIM_POLICY_RUN)/run
 	$(PY) -m flashrt_ros.sim.ship $(SIM_POLICY_RUN)/run $(SIM_POLICY)
 
