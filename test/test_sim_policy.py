@@ -63,6 +63,13 @@ def test_episodes_of_different_seeds_differ(world, session):
     assert world.state() != one
 
 
+def test_the_shipped_policy_pushes_the_object_into_the_goal_on_a_held_out_episode(world, session):
+    # seed 2^32 + 4: one the shipped policy solves offline and through ROS (docs/sim.md), 55 of the 100 are
+    result = run_policy_episode(world, session, HELD_OUT_SEED_BASE + 4, seconds=10.0)
+    assert result.success, result
+    assert world.object_to_goal() <= world.config.success_radius
+
+
 def test_a_policy_of_another_robot_is_refused(tmp_path):
     cfg = PolicyConfig(obs_dim=14, action_dim=7, d_model=16, n_layers=1, n_heads=2, kv_window=8, chunk_len=1)
     path = tmp_path / "arm14.safetensors"
