@@ -7,8 +7,10 @@ PYTHON ?= python3
 PIP_Q := -q --disable-pip-version-check
 # `make demo DEMO_ARGS="--duration 5"`: a short mission (CI); any flashrt-demo option goes here.
 DEMO_ARGS ?=
-# processes for the tests that need no ROS graph (pytest-xdist); CI has 2 cores
+# processes for every test but the `serial` ones (pytest-xdist); CI has 2 cores
 TEST_WORKERS ?= 2
+# Whole test files to a worker: a module-scoped fixture (a node, a bench run, a compiled plan) is made once.
+PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 
 # DDS must never leave this machine; every run gets its own domain: 20..99 (tests take 1..19; 0..101 keeps every
 # DDS port below the kernel's ephemeral range, ROS docs "About Domain ID").
@@ -87,11 +89,12 @@ demo: $(SETUP_STAMP) $(IFACE_STAMP)
 test: $(SETUP_STAMP) $(IFACE_STAMP)
 	$(VENV)/bin/ruff check -q flashrt_ros test launch scripts
 	$(VENV)/bin/lint-imports --no-cache
-	@# the slowest tests named at the end: the suite's time is watched (about 10 minutes is the aim).
-	@# The tests that need no ROS graph on TEST_WORKERS cores; then the ROS ones one at a time, since they time
-	@# DDS round trips and a node's 100 Hz loop, which a second test beside them would disturb.
-	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not ros and not train and not network" --durations=10 --durations-min=5 test
-	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -m ros --durations=10 --durations-min=5 test
+	@# the slowest tests named at the end: the suite's time is watched (at most 5 minutes is the aim).
+	@# Every test on TEST_WORKERS cores, those that start ROS nodes too (each on a domain of its own); then the
+	@# `serial` ones one at a time, since they time DDS round trips or a node's 100 Hz loop, which a test beside
+	@# them would disturb.
+	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q $(PARALLEL) -m "not serial and not train and not network" --durations=10 --durations-min=5 test
+	$(WITH_TEMP_ROS_LOG) $(PY) -m pytest -q -m "serial and not train and not network" --durations=10 --durations-min=5 test
 
 # ---- the robot's stack: Python 3.10 (JetPack 6 / Humble) with numpy 1.x, no ROS wheels -------------
 COMPAT_VENV := .venv-compat
@@ -111,7 +114,7 @@ test-compat: $(COMPAT_STAMP)
 	  "numpy", numpy.__version__); sys.exit(sys.version_info[:2] != (3, 10) or numpy.__version__ >= "2")'
 	@# Python 3.10's compiled CPU step into the shared cache first: a test's tool subprocess would compile it cold
 	$(COMPAT_VENV)/bin/python -c 'from flashrt_ros.runtime.engine.backend import warm_cpu_step; warm_cpu_step("cpu")'
-	$(COMPAT_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m "not ros and not train and not network" test
+	$(COMPAT_VENV)/bin/python -m pytest -q $(PARALLEL) -m "not ros and not train and not network" test
 
 # ---- ROS 2 Jazzy wheels in a second venv --------------------------------------------------------------
 JAZZY_VENV := .venv-jazzy
@@ -156,7 +159,7 @@ test-install: $(SETUP_STAMP)
 
 test-train: $(TRAIN_STAMP)
 	$(TRAIN_VENV)/bin/python -c 'import torch; print("test-train: torch", torch.__version__)'
-	$(TRAIN_VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) -m train --durations=10 test
+	$(TRAIN_VENV)/bin/python -m pytest -q $(PARALLEL) -m train --durations=10 test
 
 # The shipped Pusher policy (docs/sim.md), recorded offline and trained in .venv-train: the expert's rollouts and
 # perturbed ones (the arm off the expert's path, the expert's targets kept: plain cloning never succeeded, 0/30).

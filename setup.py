@@ -36,7 +36,7 @@ setup(
     tests_require=["pytest"],
     entry_points={
         "console_scripts": [
-            "flashrt_node = flashrt_ros.ros.node:main",
+            "flashrt_node = flashrt_ros.ros.main:main",
             "flashrt-bench = flashrt_ros.tools.bench.cli:main",
             "flashrt-demo = flashrt_ros.tools.demo.cli:main",
             "flashrt-replay = flashrt_ros.tools.replay.cli:main",

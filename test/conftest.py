@@ -34,16 +34,34 @@ collect_ignore_glob = [glob for glob, module in (("test_train_*.py", "torch"), (
                        if importlib.util.find_spec(module) is None]
 
 
+# The fixtures that give a test a ROS graph (a domain of its own, nodes on it); a test that reserves a domain
+# some other way carries the `graph` marker itself (ros_harness.fresh_domain refuses a test without it).
+GRAPH_FIXTURES = {"ros_domain"}
+
+
 def pytest_collection_modifyitems(items):
-    """The `ros` marker (tests that need the ROS 2 wheels) also goes on every test in a test_ros_*.py
-    file and every test that starts rclpy (the ros_domain fixture), so `-m "not ros"` (make
-    test-compat, a venv without ROS) selects exactly the tests that need no ROS wheels. The `train` marker
-    (PyTorch, make test-train) goes on every test in a test_train_*.py file."""
+    """Markers from what a test does. `ros` (needs the ROS 2 wheels): every test in a test_ros_*.py file and every
+    `graph` test, so `-m "not ros"` (make test-compat, a venv without ROS) selects exactly the tests that need no ROS
+    wheels. `graph` (starts nodes, needs DDS): every user of a graph fixture. `train` (PyTorch, make test-train):
+    every test in a test_train_*.py file."""
     for item in items:
-        if item.path.name.startswith("test_ros_") or "ros_domain" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & GRAPH_FIXTURES:
+            item.add_marker(pytest.mark.graph)
+        if item.path.name.startswith("test_ros_") or item.get_closest_marker("graph"):
             item.add_marker(pytest.mark.ros)
         if item.path.name.startswith("test_train_"):
             item.add_marker(pytest.mark.train)
+    # the modules that start nodes (the slowest) first, each kept whole (make test hands each xdist worker whole
+    # files): two workers end together, not one of them on a last node test while the other is idle
+    slow = {item.path for item in items if item.get_closest_marker("graph")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures are set up
+def pytest_runtest_setup(item):
+    import ros_harness
+    ros_harness.GRAPH_TEST = item.get_closest_marker("graph") is not None
 
 
 CPU_BACKENDS = ["numpy", "cpu"]  # the reference and the compiled CPU step: one contract

@@ -42,14 +42,14 @@ def param_args(params: dict) -> list[str]:
 
 
 class NodeProcess:
-    """`python -m flashrt_ros.ros.node` with the launch file's arguments (params file + namespace)."""
+    """`python -m flashrt_ros.ros.main` with the launch file's arguments (params file + namespace)."""
 
     def __init__(self, env: dict, log_path: Path, namespace: str = "/test", extra_args: tuple = (),
                  params_file: Path | str | None = PARAMS, preexec_fn=None, **params):
         self.namespace = namespace
         self.log_path = log_path
         files = ["--params-file", str(params_file)] if params_file else []
-        cmd = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "-r", f"__ns:={namespace}",
+        cmd = [sys.executable, "-m", "flashrt_ros.ros.main", "--ros-args", "-r", f"__ns:={namespace}",
                *files, *param_args({**FAST, **params}), *extra_args]
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
@@ -128,22 +128,24 @@ def spin_until(node, future, timeout: float = 10.0):
 
 
 TEST_DOMAINS = 19  # tests take ROS_DOMAIN_IDs 1..19; the Makefile, .ci/run and the demo take 20 + pid % 80
+# Set by conftest before each test: whether it carries the `graph` marker, which schedules it (pytest.ini).
+GRAPH_TEST = True
 
 
 class _NextDomain:
     """The next test's domain: another than the last test's (domain_coordinator's default selector starts at 1
     on every call, so a run's tests all shared domain 1 with the dead shared-memory ports of every earlier
-    test's kills)."""
+    test's kills). Each xdist worker starts its round elsewhere, so two workers seldom take turns on one domain."""
 
-    def __init__(self):
-        self.value = 0
+    def __init__(self, worker: int = 0):
+        self.value = worker * 7
 
     def __call__(self) -> int:
         self.value += 1
         return (self.value - 1) % TEST_DOMAINS + 1
 
 
-_NEXT_DOMAIN = _NextDomain()
+_NEXT_DOMAIN = _NextDomain(int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0))
 
 
 @contextlib.contextmanager
@@ -155,6 +157,9 @@ def fresh_domain():
     import socket
 
     from domain_coordinator.impl import PORT_BASE
+    if not GRAPH_TEST:
+        raise RuntimeError("a test that takes a ROS domain carries the `graph` marker (or uses a graph fixture): "
+                           "make test schedules the tests by their markers (pytest.ini)")
     for _ in range(TEST_DOMAINS):
         did = _NEXT_DOMAIN()
         reservation = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -179,7 +184,7 @@ def forget_dead_ports(domain: int) -> list[int]:
     fresh boot has; the node's own handling of them is tested on purpose (test_dead_participants, the kills)."""
     import fcntl
 
-    from flashrt_ros.ros.dead_participants import MAX_IDS, MIN_AGE_S, PORT_PREFIXES, SHM_DIR, shm_port
+    from flashrt_ros.ros.platform.dead_participants import MAX_IDS, MIN_AGE_S, PORT_PREFIXES, SHM_DIR, shm_port
     dead = []
     for pid in range(MAX_IDS):
         port = shm_port(domain, pid)
@@ -201,7 +206,7 @@ def forget_dead_ports(domain: int) -> list[int]:
 
 def dds_ids() -> str:
     """This process's DDS participant ids and the domain's dead ones: what a missing answer is read with."""
-    from flashrt_ros.ros.dead_participants import dead_participant_ids, own_participant_ids
+    from flashrt_ros.ros.platform.dead_participants import dead_participant_ids, own_participant_ids
     domain = int(os.environ.get("ROS_DOMAIN_ID") or 0)
     return (f"domain {domain}: the test process has ids {own_participant_ids(domain)}, "
             f"dead ids {dead_participant_ids(domain)}")
@@ -224,7 +229,7 @@ def call(planner, srv_type, name: str, timeout: float = 10.0, **fields):
 
 def stamp_ns(msg) -> int:
     """A message's header stamp in nanoseconds."""
-    from flashrt_ros.ros.convert import stamp_to_ns
+    from flashrt_ros.ros.io.convert import stamp_to_ns
     return stamp_to_ns(msg.header.stamp)
 
 
@@ -249,7 +254,7 @@ class Planner:
 
         from flashrt_interfaces.msg import PolicyStep
         from flashrt_ros.ros.client import FlashRTClient
-        from flashrt_ros.ros.step_link import policy_step_qos
+        from flashrt_ros.ros.io.step_link import policy_step_qos
         self.rclpy = rclpy
         self.namespace = namespace
         self.node = rclpy.create_node(name)
@@ -264,7 +269,7 @@ class Planner:
 
     def wait_ready(self, timeout: float = 30.0, subscribers: int = 1) -> None:
         """subscribers: the nodes that read the observations (2 with a standby)."""
-        from flashrt_ros.ros.step_link import wait_linked
+        from flashrt_ros.ros.io.step_link import wait_linked
         self.client.wait_until_ready(timeout)
         wait_linked(self.node, self.pub, self.step_sub, timeout, subscribers=subscribers)
 

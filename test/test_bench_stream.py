@@ -28,6 +28,7 @@ def quick(tmp_path_factory):
     return json.loads(out.read_text()), res
 
 
+@pytest.mark.graph  # quick: a bench run on a domain of its own
 def test_every_key_of_the_issue_is_reported_with_the_load_it_ran_under(quick):
     d, res = quick
     for key in ("stream_step_overhead", "replica_lag_ms", "replica_whatif_byte_exact", "late_replica",
@@ -41,6 +42,7 @@ def test_every_key_of_the_issue_is_reported_with_the_load_it_ran_under(quick):
     assert "stream: block 1/2" in res.stderr and "failover: kill 1/1" in res.stderr  # progress on stderr
 
 
+@pytest.mark.graph
 def test_replicas_failover_and_seek_are_byte_exact_in_the_quick_run(quick):
     d, _ = quick
     w = d["replica_whatif_byte_exact"]

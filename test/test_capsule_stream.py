@@ -222,8 +222,9 @@ def test_a_reset_on_the_primary_resets_the_replica_and_the_next_capsule_stands_a
 
 
 def _taken_over(s, records, through_id: int, held: np.ndarray, epoch: int = 2, what_if: bool = False):
-    """A standby that heard the stream up to capsule ``through_id``, then took over at ``epoch`` (as node.py's
-    roles do): restores that capsule, numbers in its epoch's ids, steps the observations it held, streams."""
+    """A standby that heard the stream up to capsule ``through_id``, then took over at ``epoch`` (as GroupRole
+    does, ros/group/roles.py): restores that capsule, numbers in its epoch's ids, steps the observations it held,
+    streams."""
     sb, standby = replica_of(s)
     feed(standby, [rec for rec in records if rec.capsule_id <= through_id])
     if what_if:  # a what-if served while it stood by: its id is every replica's what-if id

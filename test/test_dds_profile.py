@@ -1,10 +1,10 @@
-"""The Fast DDS profile the node starts with (ros/dds_profile.py): set only when the user chose nothing, and a
+"""The Fast DDS profile the node starts with (ros/platform/dds_profile.py): set only when the user chose nothing, and a
 valid profile that changes the shared-memory segment and nothing about where traffic may go."""
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from flashrt_ros.ros.dds_profile import SOURCE_PROFILE, default_fast_dds_ports, use_shipped_profile
+from flashrt_ros.ros.platform.dds_profile import SOURCE_PROFILE, default_fast_dds_ports, use_shipped_profile
 
 NS = {"d": "http://www.eprosima.com"}
 

@@ -1,4 +1,4 @@
-"""A node restarted after a kill -9 keeps off the dead participant's id (flashrt_ros/ros/dead_participants.py):
+"""A node restarted after a kill -9 keeps off the dead participant's id (flashrt_ros/ros/platform/dead_participants.py):
 the lock files are read as Fast DDS leaves them, the ports are really bound, and a real restarted participant
 takes another id."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 import pytest
 from ros_harness import forget_dead_ports
 
-from flashrt_ros.ros.dead_participants import (
+from flashrt_ros.ros.platform.dead_participants import (
     MAX_IDS,
     dead_participant_ids,
     hold_dead_participant_ids,
@@ -88,7 +88,7 @@ def test_held_ids_bind_their_metatraffic_ports_until_released(tmp_path):
 
 
 def test_own_ids_are_the_lock_files_this_process_holds_not_those_it_only_has_open(tmp_path):
-    from flashrt_ros.ros.dead_participants import own_participant_ids
+    from flashrt_ros.ros.platform.dead_participants import own_participant_ids
     listener = _lock_file(tmp_path, 3, prefix="fastrtps")
     peer = _lock_file(tmp_path, 5)  # a sender's zombie check opens a peer's lock file for an instant
     other_domain = tmp_path / f"fastdds_port{shm_port(DOMAIN + 1, 0)}_el"
@@ -103,7 +103,7 @@ def test_own_ids_are_the_lock_files_this_process_holds_not_those_it_only_has_ope
 
 
 def test_the_log_line_names_the_id_taken_and_the_ids_kept_off():
-    from flashrt_ros.ros.dead_participants import HeldIds
+    from flashrt_ros.ros.platform.dead_participants import HeldIds
     assert HeldIds(DOMAIN).line() == "" and HeldIds(DOMAIN).line([]) == ""
     assert HeldIds(DOMAIN).line([3]) == f"DDS participant: id 3 of domain {DOMAIN}"
     line = HeldIds(DOMAIN, ids=[0, 1]).line([3])
@@ -127,7 +127,7 @@ def test_no_domain_or_a_bad_one_holds_nothing_it_cannot_name(tmp_path, domain):
 
 _PARTICIPANT = """
 import json, os, sys, rclpy
-from flashrt_ros.ros.dead_participants import hold_dead_participant_ids, own_participant_ids
+from flashrt_ros.ros.platform.dead_participants import hold_dead_participant_ids, own_participant_ids
 held = hold_dead_participant_ids() if sys.argv[1] == "hold" else None
 rclpy.init()
 node = rclpy.create_node("restarted")

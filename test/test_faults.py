@@ -292,6 +292,7 @@ def test_a_service_waiting_for_the_runtime_lock_delays_no_cancel_and_survives_a_
     assert "ERROR" not in out, out[-3000:]  # e.g. a response sent on the destroyed service
 
 
+@pytest.mark.serial  # a 100 Hz stream against a replan's run time
 def test_a_100_hz_stream_is_stepped_and_published_during_a_long_replan_in_order_and_none_lost(ros_domain, tmp_path):
     from action_msgs.msg import GoalStatus
     from rclpy.action import ActionClient

@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from flashrt_ros.ros.freed_memory import keep_freed_memory
+from flashrt_ros.ros.platform.freed_memory import keep_freed_memory
 
 PROBE = """
 import resource, sys
 if sys.argv[1] == "keep":
-    from flashrt_ros.ros.freed_memory import keep_freed_memory
+    from flashrt_ros.ros.platform.freed_memory import keep_freed_memory
     print(keep_freed_memory(), file=sys.stderr)
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from flashrt_ros.ros.gc_freeze import collect_and_freeze, thaw
+from flashrt_ros.ros.platform.gc_freeze import collect_and_freeze, thaw
 
 
 class Record:  # a capsule record's shape: plain attributes, no cycle

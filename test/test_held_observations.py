@@ -1,5 +1,5 @@
 """The standby's held observations (ROS-free): what a takeover steps, and since when the primary's record is due."""
-from flashrt_ros.ros.held_observations import HeldObservations
+from flashrt_ros.ros.group.held_observations import HeldObservations
 
 
 def test_an_observation_that_arrives_after_its_record_is_not_held():

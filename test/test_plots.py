@@ -7,12 +7,14 @@ import textwrap
 
 import numpy as np
 import pytest
-from fixtures.replay_cli import TINY_CONFIG, config_with
+from fixtures.replay_cli import TINY_CONFIG, config_with, replay_in_process
 
 from conftest import ROOT
 
 
 def run_tool(module: str, *args, env=None, timeout=300) -> subprocess.CompletedProcess:
+    if module == "replay" and env is None:  # main(argv) in this process: a process start saved per call
+        return replay_in_process(*args)
     return subprocess.run([sys.executable, "-m", f"flashrt_ros.tools.{module}", *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -141,7 +141,7 @@ def test_readme_ros_commands_run_as_written_against_the_node_the_readme_launches
     import rclpy
 
     from flashrt_interfaces.msg import PolicyStep
-    from flashrt_ros.ros.step_link import policy_step_qos
+    from flashrt_ros.ros.io.step_link import policy_step_qos
 
     launch, commands = readme_session()
     (node,) = launched_nodes(launch)

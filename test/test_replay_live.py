@@ -15,7 +15,7 @@ import pytest
 from fixtures.make_bags import JOINTS, T0_NS, trace, write_joint_messages
 from fixtures.replay_cli import ROOT, TINY_CONFIG, config_with, replay
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.graph]  # live_env: a domain of its own
 DAY_NS = 86_400 * 10**9
 
 
@@ -74,6 +74,7 @@ def test_offline_and_live_see_the_same_arrays_when_the_joint_order_changes_mid_b
     assert json.loads(res.stdout)["identical"]  # joint_names: mapped by name, the reorder changes nothing
 
 
+@pytest.mark.serial  # its wall time is asserted
 def test_a_one_day_gap_in_the_bag_replays_in_about_the_capped_time(live_env, tmp_path):
     stamps = [T0_NS + i * 10_000_000 for i in range(20)] + [T0_NS + DAY_NS + i * 10_000_000 for i in range(20)]
     bag = write_joint_messages(tmp_path / "gap", trace(40), stamps)

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import observation_trace
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.serial]  # the 100 Hz loop's receive gaps are timed
 
 
 @pytest.fixture

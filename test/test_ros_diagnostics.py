@@ -10,7 +10,7 @@ from flashrt_ros.runtime.engine.backend import cuda_probe, select
 
 
 def _stats(steps: int, rate_hz: float):
-    from flashrt_ros.ros.node import NodeStats
+    from flashrt_ros.ros.io.stats import NodeStats
     stats = NodeStats(steps=steps)
     stats.latencies_ms = [0.5] * steps
     stats.step_times = deque(i / rate_hz for i in range(steps))
@@ -27,7 +27,7 @@ BACKENDS = ["numpy"] + (["cuda"] if cuda_probe() is None else [])  # on a GPU ma
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_hardware_id_names_the_device_the_policy_runs_on(backend):
-    from flashrt_ros.ros.diagnostics import cpu_model, device_name
+    from flashrt_ros.ros.io.diagnostics import cpu_model, device_name
     name = device_name(select(backend))
     if backend == "cuda":  # the GPU's name and compute capability
         assert re.fullmatch(r".+ \(sm_\d+\)", name)
@@ -40,7 +40,7 @@ def test_hardware_id_names_the_device_the_policy_runs_on(backend):
 
 
 def test_status_is_named_without_the_leading_slash_and_reports_rollback_depth_in_seconds():
-    from flashrt_ros.ros.diagnostics import diagnostics_message
+    from flashrt_ros.ros.io.diagnostics import diagnostics_message
     usage = StoreUsage(capsules=51, pinned=1, capacity=128, bytes_used=1000, budget_bytes=4000, oldest_step=50,
                        newest_step=100, log_entries_used=100, log_entries_total=400)
     msg = diagnostics_message("/robot1/flashrt", "active", "some CPU", _stats(100, 100.0), None, usage, 10.0)
@@ -52,7 +52,7 @@ def test_status_is_named_without_the_leading_slash_and_reports_rollback_depth_in
 
 
 def test_an_inactive_node_reports_its_state_as_a_warning_not_silence():
-    from flashrt_ros.ros.diagnostics import diagnostics_message
+    from flashrt_ros.ros.io.diagnostics import diagnostics_message
     msg = diagnostics_message("/flashrt", "inactive", "some CPU", _stats(0, 100.0), None, None, 10.0)
     status, values = _values(msg)
     assert status.level == status.WARN and "inactive" in status.message
@@ -60,7 +60,7 @@ def test_an_inactive_node_reports_its_state_as_a_warning_not_silence():
 
 
 def test_a_step_p99_over_the_deadline_is_a_warning_naming_both_and_one_slow_step_in_a_hundred_is_not():
-    from flashrt_ros.ros.diagnostics import diagnostics_message
+    from flashrt_ros.ros.io.diagnostics import diagnostics_message
     stats = _stats(100, 100.0)
     stats.latencies_ms = [0.5] * 99 + [20.0]  # p99 0.695 ms: under the 10 ms deadline
     status, _ = _values(diagnostics_message("/flashrt", "active", "some CPU", stats, None, None, 10.0))
@@ -72,7 +72,7 @@ def test_a_step_p99_over_the_deadline_is_a_warning_naming_both_and_one_slow_step
 
 
 def test_capsules_the_store_could_not_take_are_a_warning():
-    from flashrt_ros.ros.diagnostics import diagnostics_message
+    from flashrt_ros.ros.io.diagnostics import diagnostics_message
     stats = _stats(100, 100.0)
     stats.capsule_errors = 2  # snapshots refused: a store full of pins
     status, values = _values(diagnostics_message("/flashrt", "active", "some CPU", stats, None, None, 10.0))
@@ -85,7 +85,7 @@ def test_a_persisting_node_is_ok_warns_while_records_are_dropped_and_is_ok_again
     from persist_fixtures import settings
 
     from conftest import observation_trace, small_config
-    from flashrt_ros.ros.diagnostics import diagnostics_message
+    from flashrt_ros.ros.io.diagnostics import diagnostics_message
     from flashrt_ros.runtime import Session
     obs, stats = observation_trace(12), _stats(100, 100.0)
     s = Session(small_config())

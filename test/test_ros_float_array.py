@@ -22,7 +22,7 @@ class FloatPlanner:
 
         from flashrt_interfaces.msg import PolicyStep
         from flashrt_ros.ros.client import FlashRTClient
-        from flashrt_ros.ros.step_link import policy_step_qos
+        from flashrt_ros.ros.io.step_link import policy_step_qos
         self.rclpy, self.namespace = rclpy, "/test"
         self.node = rclpy.create_node("float_planner")
         self.client = FlashRTClient(self.node, "/test")
@@ -40,7 +40,7 @@ class FloatPlanner:
 
 @pytest.fixture
 def float_node(ros_domain, tmp_path):
-    from flashrt_ros.ros.step_link import wait_linked
+    from flashrt_ros.ros.io.step_link import wait_linked
     proc = NodeProcess(ros_domain, tmp_path / "node.log", capsule_dir=str(tmp_path / "capsules"),
                        observation_type="float32_array")
     planner = FloatPlanner()

@@ -26,7 +26,7 @@ def test_every_call_in_flight_during_a_deactivate_and_a_cleanup_is_answered(flas
     from lifecycle_msgs.msg import Transition
 
     from flashrt_interfaces.srv import SetPin
-    from flashrt_ros.ros.qos import SERVICE_QOS
+    from flashrt_ros.ros.io.qos import SERVICE_QOS
     _, planner = flashrt
     for o in observation_trace(5):
         planner.step(o)

@@ -10,7 +10,7 @@ import yaml
 from launch_subset import NodeAction, declared, resolve
 
 from conftest import ROOT
-from flashrt_ros.ros.convert import (
+from flashrt_ros.ros.io.convert import (
     JointNamesMismatch,
     ObservationReader,
     check_file_name,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from builtin_interfaces.msg import Time
 
 from flashrt_interfaces.msg import Leader
-from flashrt_ros.ros.leader import outranks
+from flashrt_ros.ros.group.leader import outranks
 
 
 def claim(node: str, epoch: int, stamp_ns: int) -> Leader:

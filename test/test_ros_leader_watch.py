@@ -18,7 +18,7 @@ def test_a_replica_follows_a_lower_epoch_once_the_node_of_the_higher_claim_left_
     import rclpy
 
     from flashrt_interfaces.msg import Leader
-    from flashrt_ros.ros.leader import leader_qos
+    from flashrt_ros.ros.group.leader import leader_qos
     replica = NodeProcess(ros_domain, tmp_path / "replica.log", namespace="/ws", role="replica",
                           primary="/robot1/flashrt", capsule_dir=str(tmp_path / "replica_caps"))
     planner = Planner(namespace="/ws")

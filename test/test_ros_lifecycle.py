@@ -50,7 +50,7 @@ def set_param(planner, name, value):
 def test_lifecycle_transitions_over_ros_with_diagnostics_in_every_state(ros_domain, tmp_path):
     from lifecycle_msgs.msg import Transition
 
-    from flashrt_ros.ros.diagnostics import cpu_model  # a ROS module: not importable where ROS is absent
+    from flashrt_ros.ros.io.diagnostics import cpu_model  # a ROS module: not importable where ROS is absent
     proc = NodeProcess(ros_domain, tmp_path / "node.log", autostart=False, backend="auto", use_sim_time=False,
                        extra_args=LAUNCH_ARGS)
     planner = Planner()

@@ -191,7 +191,7 @@ def test_without_joint_names_the_first_message_fixes_nothing_and_bad_joint_state
     _, planner = flashrt
     diags = []
     planner.node.create_subscription(DiagnosticArray, "/diagnostics", diags.append, 10)
-    from flashrt_ros.ros.convert import message_to_obs
+    from flashrt_ros.ros.io.convert import message_to_obs
     ref = reference_session()
     obs = observation_trace(10)
 

@@ -3,7 +3,7 @@ reader."""
 import sys
 import threading
 
-from flashrt_ros.ros.node_stats import LATENCY_WINDOW, NodeStats
+from flashrt_ros.ros.io.stats import LATENCY_WINDOW, NodeStats
 
 
 def test_counters_and_latencies_written_from_several_threads_are_exact():

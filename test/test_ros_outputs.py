@@ -9,8 +9,8 @@ from ros_harness import Diagnostics, joint_state
 from test_ros_float_array import float_node  # noqa: F401 - the fixture
 
 from conftest import observation_trace
-from flashrt_ros.ros.convert import stamp_to_ns
-from flashrt_ros.ros.outputs import trajectory_points
+from flashrt_ros.ros.io.convert import stamp_to_ns
+from flashrt_ros.ros.io.outputs import trajectory_points
 
 pytestmark = pytest.mark.ros
 
@@ -146,7 +146,7 @@ def test_a_stamp_before_1970_is_refused_and_counted_and_the_next_observation_ste
 
 
 def test_action_joint_names_default_to_generated_names_and_must_fit_action_dim():
-    from flashrt_ros.ros.outputs import action_joint_names
+    from flashrt_ros.ros.io.outputs import action_joint_names
     assert action_joint_names([], 3) == ["action_0", "action_1", "action_2"]
     assert action_joint_names(["a", "b"], 2) == ["a", "b"]
     with pytest.raises(ValueError, match="action_joint_names: 2 names for action_dim 7"):
@@ -161,7 +161,7 @@ def test_action_joint_names_a_controller_would_refuse_are_refused_naming_the_bad
     """Issue 44.5: 'a/b', 'x y', ' ', 'é' and '..' were accepted and sent in JointTrajectory (ros2_control names
     a joint's interfaces '<joint>/<interface>'); refused when the parameter is set, and at configure for the
     names a policy file brings (outputs.action_joint_names)."""
-    from flashrt_ros.ros.outputs import action_joint_names
+    from flashrt_ros.ros.io.outputs import action_joint_names
     from flashrt_ros.ros.params import check_node_param
     names = ["shoulder_pan_joint", bad, "_wrist2"]
     with pytest.raises(ValueError, match=r"action_joint_names: .* \(index 1\) is not a joint name a controller "
@@ -178,7 +178,7 @@ def test_action_joint_names_a_controller_would_refuse_are_refused_naming_the_bad
 def test_trajectory_points_are_the_chunk_in_the_robots_units_with_finite_difference_velocities():
     """Positions get action_scale / action_offset as 'action' does (the chunk head's tanh alone never leaves
     (-1, 1)); velocities are central differences over control_period_s, one-sided at point 0, zero last."""
-    from flashrt_ros.ros.outputs import trajectory_points
+    from flashrt_ros.ros.io.outputs import trajectory_points
     chunk = np.array([[0.0, 0.5], [0.25, 0.5], [0.75, -0.5], [1.0, -1.0]], np.float32)
     pos, vel = trajectory_points(chunk, np.array([2.0, 4.0], np.float32), np.array([1.0, -1.0], np.float32), 0.5)
     assert pos.tolist() == [[1.0, 1.0], [1.5, 1.0], [2.5, -3.0], [3.0, -5.0]]

@@ -12,9 +12,9 @@ import time
 import pytest
 from ros_harness import ROOT, fresh_domain, ros_env
 
-from flashrt_ros.ros.dead_participants import shm_port
+from flashrt_ros.ros.platform.dead_participants import shm_port
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.graph]  # env: a domain of its own
 SIGNAL_LIMIT_S = 5.0
 
 
@@ -52,7 +52,7 @@ def test_sigterm_ends_a_node_stuck_in_a_system_call_within_5_s(env, tmp_path):
     fifo = tmp_path / "planted"
     os.mkfifo(fifo)
     code = ("import os, sys\n"
-            "import flashrt_ros.ros.node as n\n"
+            "import flashrt_ros.ros.main as n\n"
             "def stuck():\n"
             "    print('stuck now', file=sys.stderr, flush=True)\n"
             f"    os.open({str(fifo)!r}, os.O_RDONLY)\n"
@@ -99,7 +99,7 @@ def _node_in_private_shm(environ, did: int, log_path, code: str):
 def test_a_fifo_at_a_fast_dds_port_lock_name_refuses_the_start_naming_it(env, tmp_path):
     environ, did = env
     log_path = tmp_path / "node.log"
-    code = "import sys, flashrt_ros.ros.node as n; sys.exit(n.main(sys.argv))"
+    code = "import sys, flashrt_ros.ros.main as n; sys.exit(n.main(sys.argv))"
     proc, log, lock = _node_in_private_shm(environ, did, log_path, code)
     try:
         rc = proc.wait(60.0)
@@ -120,7 +120,7 @@ def test_sigterm_ends_a_start_that_fast_dds_hangs_within_5_s(env, tmp_path):
     Python signal handler runs: until the node exists SIGTERM keeps its default action and ends the process."""
     environ, did = env
     log_path = tmp_path / "node.log"
-    code = ("import sys, flashrt_ros.ros.node as n\n"
+    code = ("import sys, flashrt_ros.ros.main as n\n"
             "n.planted_port_files = lambda *a: []\n"
             "print('starting', file=sys.stderr, flush=True)\n"
             "sys.exit(n.main(sys.argv))\n")

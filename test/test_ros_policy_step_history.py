@@ -17,7 +17,7 @@ DEACTIVATE, ACTIVATE = 4, 3  # lifecycle_msgs/Transition ids
 class LateSubscriber:
     def __init__(self, planner):
         from flashrt_interfaces.msg import PolicyStep
-        from flashrt_ros.ros.step_link import policy_step_qos
+        from flashrt_ros.ros.io.step_link import policy_step_qos
         self.planner, self.steps = planner, []
         self.sub = planner.node.create_subscription(PolicyStep, f"{planner.namespace}/policy_step",
                                                     self.steps.append, policy_step_qos())

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.ros
 
 def test_a_late_subscriber_gets_no_steps_older_than_the_lifespan_and_a_prompt_one_gets_the_history(flashrt):
     from flashrt_interfaces.msg import PolicyStep
-    from flashrt_ros.ros.step_link import POLICY_STEP_DEPTH, POLICY_STEP_LIFESPAN_S, policy_step_qos
+    from flashrt_ros.ros.io.step_link import POLICY_STEP_DEPTH, POLICY_STEP_LIFESPAN_S, policy_step_qos
     _, planner = flashrt
     node = planner.node
     for o in observation_trace(20):

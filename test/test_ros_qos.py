@@ -39,7 +39,7 @@ def test_params_file_qos_overrides_reach_the_endpoints(ros_domain, tmp_path):
     from ros_harness import NodeProcess, Planner
 
     from conftest import observation_trace
-    from flashrt_ros.ros.step_link import policy_step_qos
+    from flashrt_ros.ros.io.step_link import policy_step_qos
 
     # observation_reliable false would give best effort: the override wins over the shortcut
     proc = NodeProcess(ros_domain, tmp_path / "node.log", params_file=params_file(tmp_path, OVERRIDES),
@@ -88,8 +88,8 @@ def test_output_bag_records_the_policy_step_qos_the_node_offers(tmp_path):
     from rclpy.qos import DurabilityPolicy
     from test_replay_outputs import humble_read_metadata
 
-    from flashrt_ros.ros.qos import action_default
-    from flashrt_ros.ros.step_link import policy_step_qos
+    from flashrt_ros.ros.io.qos import action_default
+    from flashrt_ros.ros.io.step_link import policy_step_qos
     obs = trace(5)
     bag = write_joint_messages(tmp_path / "in", obs, [T0_NS + i * 10_000_000 for i in range(5)])
     replay(bag, "--config", config_with(tmp_path, base=TINY_CONFIG), "--out", tmp_path / "out")

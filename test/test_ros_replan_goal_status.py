@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flashrt_interfaces.action import Replan
-from flashrt_ros.ros.replan_server import close_goal
+from flashrt_ros.ros.services.replan import close_goal
 
 
 class GoalHandle:

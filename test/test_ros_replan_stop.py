@@ -14,7 +14,8 @@ from ros_harness import NodeProcess, Planner, fresh_domain, ros_env
 
 from conftest import observation_trace
 
-pytestmark = pytest.mark.ros
+# graph: long_node takes a domain; serial: a cancel and a deactivate are timed (PROMPT_S)
+pytestmark = [pytest.mark.ros, pytest.mark.graph, pytest.mark.serial]
 # Its own namespace: rclpy may keep endpoints of an earlier test's context in this process alive (the
 # global executor holds their handles), and this module needs to know every action client of its node.
 NS = "/replan_stop"

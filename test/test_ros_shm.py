@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import observation_trace
-from flashrt_ros.ros.shm_segments import SEGMENT_LOCK
+from flashrt_ros.ros.platform.shm_segments import SEGMENT_LOCK
 
 pytestmark = pytest.mark.ros
 
@@ -29,7 +29,7 @@ def _held_segments() -> set[str]:
 
 @pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this OS")
 def test_cleaning_dead_segments_keeps_every_live_processs_segment_and_the_node_talking(flashrt):
-    from flashrt_ros.ros.shm_segments import remove_dead_segments
+    from flashrt_ros.ros.platform.shm_segments import remove_dead_segments
     proc, planner = flashrt
     planner.run(observation_trace(3))
     held = _held_segments()

@@ -15,7 +15,7 @@ from ros_harness import ROOT, NodeProcess, Planner, fresh_domain, ros_env
 
 from conftest import observation_trace
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.graph]  # ros_context: a domain of its own
 NS = "/shutdown"
 LONG = 120_000.0
 
@@ -76,7 +76,7 @@ def test_a_node_whose_dds_teardown_hangs_exits_1_with_every_threads_stack(ros_co
     failed to configure from exiting: here the context's shutdown never returns, and the node must still exit
     (1, past TEARDOWN_LIMIT_S) with the stacks that show where it hung."""
     hang = ("import sys, time, rclpy\n"
-            "import flashrt_ros.ros.node as node\n"
+            "import flashrt_ros.ros.main as node\n"
             "node.TEARDOWN_LIMIT_S = 1.0\n"
             "rclpy.try_shutdown = lambda: time.sleep(3600)  # a teardown that never ends\n"
             "sys.exit(node.main(sys.argv))\n")

@@ -43,7 +43,7 @@ def test_the_policy_steps_on_the_sims_observations_and_its_trajectory_moves_the_
     from sensor_msgs.msg import JointState
 
     from flashrt_interfaces.msg import PolicyStep
-    from flashrt_ros.ros.step_link import policy_step_qos
+    from flashrt_ros.ros.io.step_link import policy_step_qos
 
     listener = rclpy.create_node("loop_listener")
     steps, joints = [], []

@@ -15,14 +15,14 @@ from ros_harness import NodeProcess, dds_ids, export_content, joint_state, prima
 
 from conftest import observation_trace
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.serial]  # kills, leases and takeovers timed against a 100 Hz stream
 
 OBS = observation_trace(200)
 
 
 def _profile_with_health_check(tmp_path, ms: int):
     """The node's Fast DDS profile with another shared-memory health check."""
-    from flashrt_ros.ros.dds_profile import shipped_profile
+    from flashrt_ros.ros.platform.dds_profile import shipped_profile
     text = shipped_profile().read_text()
     assert text.count("<healthy_check_timeout_ms>") == 1
     path = tmp_path / "fastdds.xml"
@@ -139,7 +139,7 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
         procs.append(replica)
         # claims from outside, a name no node can have or an epoch past the ids' range: logged and ignored by all
         from flashrt_interfaces.msg import Leader
-        from flashrt_ros.ros.leader import leader_qos
+        from flashrt_ros.ros.group.leader import leader_qos
         forger = planner.node.create_publisher(Leader, "/robot1/flashrt_leader", leader_qos())
         forger.publish(Leader(epoch=99, node="/robot1/no such node!", capsule_id=0))
         planner.run(OBS[:30])
@@ -152,7 +152,7 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
         # epoch was taken anyway, the takeover's came out past the last, and the standby broke halfway into
         # leading) and one past it (refused for its epoch)
         from flashrt_interfaces.msg import CapsuleRecord
-        from flashrt_ros.ros.capsule_stream import stream_qos
+        from flashrt_ros.ros.group.stream import stream_qos
         from flashrt_ros.runtime.persist.replica import MAX_EPOCH
         records = planner.node.create_publisher(CapsuleRecord, "/robot1/flashrt/capsule_stream", stream_qos(100.0))
         t_forged = time.monotonic()

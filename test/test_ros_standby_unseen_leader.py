@@ -8,7 +8,7 @@ import time
 import pytest
 from ros_harness import NodeProcess, Planner
 
-pytestmark = pytest.mark.ros
+pytestmark = [pytest.mark.ros, pytest.mark.serial]  # liveliness leases timed, as in test_ros_standby
 
 LEASE_MS = 200.0
 LOST = "/robot1_ghost/flashrt: not seen alive since it claimed the robot: liveliness lapsed for"
@@ -23,8 +23,8 @@ def _log_time(log: str, text: str) -> float:
 def test_a_standby_judges_a_followed_leader_it_never_saw_alive_lost_after_the_idle_patience(ros_domain, tmp_path):
     from flashrt_interfaces.msg import Leader
     from flashrt_ros.ros.client import FlashRTClient
-    from flashrt_ros.ros.leader import leader_qos
-    from flashrt_ros.ros.standby import IDLE_LEASES
+    from flashrt_ros.ros.group.leader import leader_qos
+    from flashrt_ros.ros.group.standby import IDLE_LEASES
     standby = NodeProcess(ros_domain, tmp_path / "standby.log", namespace="/robot1_standby", role="standby",
                           primary="/robot1/flashrt", capsule_dir=str(tmp_path / "standby_caps"),
                           liveliness_lease_ms=LEASE_MS)

@@ -15,7 +15,9 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.ros
+# serial: each SIGTERM lands a set time after a line the tool prints, and under a neighbour's load it landed
+# elsewhere (the demo's planner still importing; the bench inside a message take: RuntimeError, exit 1)
+pytestmark = [pytest.mark.ros, pytest.mark.serial]
 
 BIN = Path(sys.executable).parent
 

@@ -6,7 +6,7 @@ import fcntl
 import os
 import time
 
-from flashrt_ros.ros.shm_segments import MIN_AGE_S, removal_line, remove_dead_segments, skipped_line
+from flashrt_ros.ros.platform.shm_segments import MIN_AGE_S, removal_line, remove_dead_segments, skipped_line
 
 
 def _segment(shm, name: str, age_s: float, size: int = 1 << 20) -> None:

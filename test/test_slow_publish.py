@@ -1,5 +1,5 @@
 """The primary's WARN for a capsule record whose publish stalled: the first sign of a needless takeover."""
-from flashrt_ros.ros.slow_publish import SLOW_PUBLISH_MS, slow_publish_line
+from flashrt_ros.ros.group.slow_publish import SLOW_PUBLISH_MS, slow_publish_line
 
 
 def test_a_record_publish_past_the_threshold_is_logged_with_the_takeover_it_risks():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashrt_ros.ros.stall_clock import StallClock
+from flashrt_ros.ros.group.stall_clock import StallClock
 
 TICK = 0.02
 

@@ -20,14 +20,9 @@ import math
 import os
 from pathlib import Path
 
-from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, SetParametersResult
-from rclpy.exceptions import InvalidParameterValueException
-from rclpy.parameter import Parameter
-
 from ..runtime.engine.backend import BACKENDS
-from ..runtime.model.config import FLOAT32_MAX, PolicyConfig
-from ..runtime.model.policy_file import read_policy, resolve_policy_config
-from .convert import check_controller_joint_names
+from ..runtime.model.config import PolicyConfig
+from .io.convert import check_controller_joint_names
 
 
 def default_capsule_dir() -> str:
@@ -91,7 +86,7 @@ NODE_RANGES = {
 }
 
 
-def _number_in(name: str, v, lo, hi):
+def number_in(name: str, v, lo, hi):
     """v as the type of the range (an int is taken for a float), inside [lo, hi]; ValueError naming name."""
     if isinstance(lo, float):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -106,7 +101,7 @@ def _number_in(name: str, v, lo, hi):
 
 def _ranged(name: str, v):
     lo, hi = NODE_RANGES[name]
-    return _number_in(name, v, lo, hi)
+    return number_in(name, v, lo, hi)
 
 
 def _capsule_dir(name: str, v) -> str:
@@ -176,7 +171,7 @@ NODE_PARAMS = {
                          "/diagnostics) and the next one written is a whole-window resync point; raised at "
                          "configure to hold at least 3 whole-window records",
                          _ranged, False),
-    # output for ros2_control (outputs.py); QoS overrides: qos.py
+    # output for ros2_control (io/outputs.py); QoS overrides: io/qos.py
     "publish_trajectory": (False, "also publish the action chunk as trajectory_msgs/JointTrajectory on "
                            "'action_trajectory' (for joint_trajectory_controller): point k = chunk[k] as positions "
                            "(in action units, not blended), finite-difference velocities, at time_from_start "
@@ -192,7 +187,7 @@ NODE_PARAMS = {
                             "its state untouched, and counted (stamps_in_future on /diagnostics): a stamp years "
                             "ahead would go into the step's capsule, policy_step and history. Covers the clock "
                             "offset between the sensor's computer and this one", _ranged, False),
-    # real-time scheduling (realtime.py), as ros2_control's controller_manager offers it
+    # real-time scheduling (platform/realtime.py), as ros2_control's controller_manager offers it
     "thread_priority": (0, "SCHED_FIFO priority (1..99) of the thread that steps observations; 0 = normal "
                         "scheduling. Needs CAP_SYS_NICE or an rtprio limit (ulimit -r); where it is not allowed "
                         "the node says so in one warning and runs on normally. The replan worker is unchanged",
@@ -202,7 +197,7 @@ NODE_PARAMS = {
                     "processes take the cores first, so a replan takes longer when they are busy. Needs no "
                     "privilege; only ever raised while the node runs (restart it to lower it). 0 = leave it",
                     _ranged, False),
-    # the capsule stream and replicas (capsule_stream.py, replica.py)
+    # the capsule stream and replicas (group/stream.py, group/replica.py)
     "role": ("primary", "primary | replica | standby. A primary steps observations and publishes every capsule "
              "record on ~/capsule_stream; a replica steps nothing: it rebuilds the primary's capsule store from that "
              "stream and serves list_capsules, export_capsule and what-if replan goals from it, off the robot; a "
@@ -239,6 +234,19 @@ NODE_PARAMS = {
                                 "living process holds (kill -9 and crashes leave them, each keeping up to 16 MiB "
                                 "of RAM with the shipped DDS profile); only ones older than 60 s, never a live "
                                 "process's", _bool, False),
+    "use_shipped_dds_profile": (True, "at start, unless FASTDDS_DEFAULT_PROFILES_FILE is set, Fast DDS reads the "
+                                "shipped config/fastdds.xml (a 16 MiB shared-memory segment: a capsule stream "
+                                "keyframe reaches a replica in ~9 ms instead of ~50 ms in 512 KiB pieces); false = "
+                                "the RMW's defaults. Read before the node exists: set it with -p or a params file",
+                                _bool, False),
+    "hold_dead_participant_ids": (True, "at start, keep Fast DDS off the participant ids of processes that died "
+                                  "(kill -9): a restarted node on a dead one's shared-memory port could hear nothing "
+                                  "for a minute; false = whatever id Fast DDS gives. Read before the node exists: "
+                                  "set it with -p or a params file", _bool, False),
+    "thread_safe_action_client": (True, "a replica forwards its committing replans through an rclpy action client "
+                                  "made safe for a node spun on another thread (rclpy issue 1123: a goal response "
+                                  "taken before its future was registered was dropped); false = rclpy's own", _bool,
+                                  False),
     "stream_keyframe_s": (10.0, "a whole-window record (RESYNC) goes out on ~/capsule_stream at least this often, "
                           "in s: where a late replica or a bag can start", _ranged, False),
 }
@@ -248,103 +256,9 @@ FLOAT_PARAMS = ({n for n, (default, *_) in NODE_PARAMS.items() if isinstance(def
 READ_ONLY_NOTE = " [read-only: set at start-up (params file or -p); restart the node to change it]"
 
 
-def command_line_overrides(argv, node_name: str) -> dict:
-    """``-p name:=value`` of the ROS arguments, typed as rcl types them (YAML). Needed because when a
-    params file and ``-p`` give one parameter values of different types (``kv_window: 1024`` in the
-    file, ``-p kv_window:=abc``), rcl keeps both and rclpy silently returns the file's: the ``-p``
-    value, which must win, would be lost without a word."""
-    import yaml
-
-    out, in_ros_args, it = {}, False, iter(argv or ())
-    for arg in it:
-        if arg == "--ros-args":
-            in_ros_args = True
-        elif arg == "--":
-            in_ros_args = False
-        elif in_ros_args and arg in ("-p", "--param"):
-            name, sep, text = next(it, "").partition(":=")
-            if not sep:
-                continue
-            prefix, _, name = name.rpartition(":")
-            if prefix and prefix.strip("/").split("/")[-1] != node_name:
-                continue  # meant for another node
-            try:
-                out[name] = yaml.safe_load(text) if text else ""
-            except yaml.YAMLError:
-                out[name] = text
-    return out
-
-
-def policy_range(f: dataclasses.Field):
-    """A PolicyConfig field's range: its `min`, up to the type's largest value; None for a string."""
-    lo = f.metadata.get("min")
-    if lo is None:
-        return None
-    if f.type in ("int", int):
-        return int(lo), int(f.metadata.get("max", INT64_MAX))
-    return float(lo), float(f.metadata.get("max", FLOAT32_MAX))
-
-
-def _with_range(descriptor: ParameterDescriptor, lo, hi) -> ParameterDescriptor:
-    if isinstance(lo, float):
-        descriptor.floating_point_range = [FloatingPointRange(from_value=lo, to_value=hi, step=0.0)]
-    else:
-        descriptor.integer_range = [IntegerRange(from_value=lo, to_value=hi, step=1)]
-    return descriptor
-
-
-def _declared_value(node, name: str, default, overrides: dict):
-    """What the parameter starts with: -p, else the params file, else the default; an integer given for
-    a float parameter becomes that float (the parameter stays a double)."""
-    if name in overrides:
-        value = overrides[name]
-    else:
-        given = getattr(node, "_parameter_overrides", {}).get(name)  # the params file (rclpy keeps it there)
-        value = default if given is None or given.type_ == Parameter.Type.NOT_SET else given.value
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    return value
-
-
-def declare_all(node, overrides: dict | None = None) -> None:
-    """``overrides``: command_line_overrides(); those values are declared as given (see there)."""
-    overrides = overrides or {}
-
-    def declare(name, default, description, read_only, rng):
-        value = _declared_value(node, name, default, overrides)
-        if name == "replan_max_deadline_ms" and rng is not None:
-            try:  # its start-up value is its ceiling: clients may lower it, never raise it past this
-                rng = (rng[0], _number_in(name, value, *rng))
-            except ValueError:
-                pass  # configure fails and says why
-        def descriptor():
-            return ParameterDescriptor(description=description, read_only=read_only, dynamic_typing=True)
-
-        try:
-            node.declare_parameter(name, value, _with_range(descriptor(), *rng) if rng else descriptor(),
-                                   ignore_override=True)
-        except InvalidParameterValueException:  # out of range: configure names it in one line
-            node.declare_parameter(name, value, descriptor(), ignore_override=True)
-
-    for f in dataclasses.fields(PolicyConfig):
-        declare(f.name, f.default, f.metadata["help"] + READ_ONLY_NOTE, True, policy_range(f))
-    for name, (default, help_text, _, live) in NODE_PARAMS.items():
-        declare(name, default, help_text + ("" if live else READ_ONLY_NOTE), not live, NODE_RANGES.get(name))
-
-
 def check_node_param(name: str, value):
     """The one validation of a node parameter, at configure and when it is set at runtime."""
     return NODE_PARAMS[name][2](name, value)
-
-
-def _declared_range(node, name: str):
-    """The range in the parameter's descriptor (replan_max_deadline_ms: up to its start-up value)."""
-    d = node.describe_parameter(name)
-    if d.floating_point_range:
-        return d.floating_point_range[0].from_value, d.floating_point_range[0].to_value
-    if d.integer_range:
-        return d.integer_range[0].from_value, d.integer_range[0].to_value
-    return None
 
 
 def check_deadlines(deadline_ms: float, max_deadline_ms: float) -> None:
@@ -354,82 +268,3 @@ def check_deadlines(deadline_ms: float, max_deadline_ms: float) -> None:
                          "replan_deadline_ms first, or set both at once")
 
 
-def read_config(node) -> tuple[PolicyConfig, dict]:
-    """PolicyConfig and the node's own parameters; ValueError naming the parameter."""
-    values = {f.name: _value(node, f.name) for f in dataclasses.fields(PolicyConfig)}
-    for f in dataclasses.fields(PolicyConfig):
-        rng, v = policy_range(f), values[f.name]
-        # a value of the wrong type is left to PolicyConfig, which names the type it expects
-        if rng is not None and isinstance(v, type(rng[0])) and not isinstance(v, bool):
-            _number_in(f.name, v, *rng)
-    cfg = PolicyConfig(**values)  # checks types and ranges field by field, naming the field
-    cfg = resolve_policy_config(cfg)  # policy_path: the file's architecture (obs_dim, action_dim, ...) from here on
-    own = {n: check_node_param(n, _value(node, n)) for n in NODE_PARAMS}
-    policy_file = cfg.policy_path or cfg.weights_path
-    if policy_file and not own["action_joint_names"]:  # a policy file names its action channels: the joints,
-        names = list(read_policy(policy_file).action_names)  # where a controller takes them (a bag's may not)
-        try:
-            own["action_joint_names"] = check_controller_joint_names("action_names", names) if names else []
-        except ValueError:
-            pass  # unset: the node warns that the trajectory's joints are unnamed
-    ceiling = _declared_range(node, "replan_max_deadline_ms")
-    if ceiling is not None:
-        _number_in("replan_max_deadline_ms", own["replan_max_deadline_ms"], *ceiling)
-    check_deadlines(own["replan_deadline_ms"], own["replan_max_deadline_ms"])
-    if own["role"] != "primary":
-        if not own["primary"].strip():
-            raise ValueError(f"primary: role {own['role']} needs the primary node's name, e.g. /robot1/flashrt")
-        if own["persist_dir"] or own["resume"]:
-            raise ValueError(f"persist_dir: a {own['role']} keeps no capsule log of its own (its store is the "
-                             "primary's stream); leave persist_dir empty and resume false")
-        own["primary"] = primary_node_name(own["primary"])
-    # where a standby steps and publishes, for good (a takeover changes its role, not its topics)
-    own["robot_namespace"] = own["primary"].rsplit("/", 1)[0] if own["role"] == "standby" else None
-    return cfg, own
-
-
-def primary_node_name(value: str) -> str:
-    """``/robot1/flashrt`` as given; a namespace alone (``/robot1``, ``robot1``) names its node flashrt."""
-    name = "/" + value.strip().strip("/")
-    return name if name.rsplit("/", 1)[-1] == "flashrt" else f"{name.rstrip('/')}/flashrt"
-
-
-def _value(node, name: str):
-    p = node.get_parameter(name)
-    return None if p.type_ == Parameter.Type.NOT_SET else p.value
-
-
-def _as_double(p: Parameter) -> Parameter:
-    if p.name in FLOAT_PARAMS and p.type_ == Parameter.Type.INTEGER:
-        return Parameter(p.name, Parameter.Type.DOUBLE, float(p.value))
-    return p
-
-
-def guard_live_params(node) -> None:
-    """Read-only parameters are refused by rclpy itself; the live ones get the configure-time check, the
-    deadline pair is checked together, and an integer for a double parameter is set as that double."""
-
-    def check(params):
-        new = {p.name: p for p in params}
-        try:
-            for p in params:
-                if p.name not in LIVE_PARAMS:
-                    continue
-                if p.name in FLOAT_PARAMS and p.type_ != Parameter.Type.DOUBLE:
-                    # reached only where rclpy has no pre-set callback to convert an integer (Humble)
-                    raise ValueError(f"{p.name}: expected a floating point number (e.g. 30.0), got {p.value!r}")
-                check_node_param(p.name, None if p.type_ == Parameter.Type.NOT_SET else p.value)
-                rng = _declared_range(node, p.name)
-                if rng is not None:
-                    _number_in(p.name, p.value, *rng)
-            if {"replan_deadline_ms", "replan_max_deadline_ms"} & new.keys():
-                deadline, cap = (float(new[n].value) if n in new else float(node.get_parameter(n).value)
-                                 for n in ("replan_deadline_ms", "replan_max_deadline_ms"))
-                check_deadlines(deadline, cap)
-        except ValueError as e:
-            return SetParametersResult(successful=False, reason=str(e))
-        return SetParametersResult(successful=True)
-
-    if hasattr(node, "add_pre_set_parameters_callback"):  # rclpy >= Iron
-        node.add_pre_set_parameters_callback(lambda params: [_as_double(p) for p in params])
-    node.add_on_set_parameters_callback(check)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..ros.convert import message_to_obs
+from ..ros.io.convert import message_to_obs
 from ..tools.replay import bags as bagio
 from ..tools.replay.bags import BagError
 

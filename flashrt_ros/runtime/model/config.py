@@ -25,6 +25,7 @@ NODE_PARAMETERS = frozenset({
     "persist_dir", "resume", "resume_fresh_on_mismatch", "persist_fsync_ms", "persist_fsync_records",
     "persist_segment_mb", "persist_budget_mb", "persist_queue_mb", "replan_max_goal_mb",
     "thread_priority", "replan_nice", "gc_freeze_period_s", "keep_freed_memory", "clean_dead_shm_segments",
+    "use_shipped_dds_profile", "hold_dead_participant_ids", "thread_safe_action_client",
     "publish_trajectory", "action_joint_names", "control_period_s", "max_future_stamp_ms",
     "role", "primary", "capsule_stream", "stream_keyframe_s", "liveliness_lease_ms", "standby_takeover_delay_ms",
 })

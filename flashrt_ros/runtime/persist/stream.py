@@ -1,6 +1,6 @@
 """The capsule stream: every timeline capsule record (format.py: DELTA, RESYNC, LIVE, RESET) handed to a
 ``publish`` callback on a thread of its own, as the disk writer takes them (the step thread only queues a
-host copy, tap.py). The ROS node publishes them on ``~/capsule_stream``; a replica (replica.py) rebuilds
+host copy, tap.py). The ROS node publishes them on ``~/capsule_stream``; a replica (ros/group/replica.py) rebuilds
 the store from them.
 
 Keyframes: a DELTA goes out as a RESYNC (the whole window, from this thread's host mirror, costing the step

@@ -121,10 +121,10 @@ def run(args) -> dict:
     from flashrt_interfaces.msg import PolicyStep
 
     from ...ros.client import FlashRTClient
-    from ...ros.step_link import policy_step_qos, wait_linked
+    from ...ros.io.step_link import policy_step_qos, wait_linked
 
     procs = [subprocess.Popen([sys.executable, "-c", TRIGGER_NODE], env=env),
-             subprocess.Popen([sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file",
+             subprocess.Popen([sys.executable, "-m", "flashrt_ros.ros.main", "--ros-args", "--params-file",
                                params_file(None), "-p", f"backend:={args.backend}", "-p", "observation_reliable:=true",
                                "-p", f"thread_priority:={args.thread_priority}", "-p",
                                f"replan_nice:={args.replan_nice}"],

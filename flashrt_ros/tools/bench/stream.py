@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...ros.dds_profile import use_shipped_profile
-from ...ros.replica import LAG_EDGES_MS
+from ...ros.group.replica import LAG_EDGES_MS
+from ...ros.platform.dds_profile import use_shipped_profile
 from ...runtime import PolicyConfig
 from ...runtime.persist.replica import LOCAL_IDS_FROM
 from ..common import init_rclpy, p50_p99, progress, stop_processes, synthetic_trace

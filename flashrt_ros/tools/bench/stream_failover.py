@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...ros.convert import stamp_to_ns
+from ...ros.io.convert import stamp_to_ns
 from ...runtime import PolicyConfig, Session
 from ..common import p50_p99, progress, stop_processes, synthetic_trace
 from ..demo.mission import params_file

@@ -7,14 +7,14 @@ import sys
 import time
 from pathlib import Path
 
-from ...ros.convert import stamp_to_ns
+from ...ros.io.convert import stamp_to_ns
 from ..demo.mission import params_file
 
 RATE_HZ = 100.0
 
 
 def start_node(env, log_dir: Path, ns: str, backend: str, **params) -> subprocess.Popen:
-    args = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "-r", f"__ns:={ns}", "--params-file",
+    args = [sys.executable, "-m", "flashrt_ros.ros.main", "--ros-args", "-r", f"__ns:={ns}", "--params-file",
             params_file(None), "-p", f"backend:={backend}", "-p", "observation_reliable:=true"]
     for k, v in params.items():
         args += ["-p", f"{k}:={v}"]
@@ -33,8 +33,8 @@ class Robot:
 
         from flashrt_interfaces.msg import Leader, PolicyStep
 
-        from ...ros.leader import leader_qos
-        from ...ros.step_link import policy_step_qos
+        from ...ros.group.leader import leader_qos
+        from ...ros.io.step_link import policy_step_qos
         self.node, self.ns, self.JointState = node, ns, JointState
         self.steps: list = []  # (receipt monotonic time, PolicyStep)
         self.diag: dict = {}  # node name -> [values of each status]

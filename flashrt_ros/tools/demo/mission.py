@@ -41,7 +41,7 @@ def run(args) -> dict:
     env = ros_env()
     py = sys.executable
     work = Path(tempfile.mkdtemp(prefix="flashrt-demo."))
-    node_cmd = [py, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file", params_file(args.config),
+    node_cmd = [py, "-m", "flashrt_ros.ros.main", "--ros-args", "--params-file", params_file(args.config),
                 "-p", f"backend:={args.backend}", "-p", f"capsule_dir:={work / 'capsules'}"]
     if args.thread_priority:  # else the params file's value
         node_cmd += ["-p", f"thread_priority:={args.thread_priority}"]

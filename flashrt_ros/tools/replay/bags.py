@@ -328,7 +328,7 @@ def check_json_output(path: str | Path) -> Path:
 
 
 def _output_qos(transient_local: bool = False):
-    """What the node offers by default (ros/qos.py): reliable, keep last 10; action volatile, policy_step
+    """What the node offers by default (ros/io/qos.py): reliable, keep last 10; action volatile, policy_step
     transient-local (step_link.policy_step_qos), so `ros2 bag play` matches the same subscribers."""
     from rosbags.interfaces import Qos, QosDurability, QosHistory, QosLiveliness, QosReliability, QosTime
 

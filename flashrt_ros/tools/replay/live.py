@@ -104,7 +104,7 @@ def _run_live(args, src, ts, cfg, sink) -> dict:
     env = ros_env()
     os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOG_DIR")})
     obs_type = observation_type(src.msgtype)  # what the node subscribes to
-    node_cmd = [sys.executable, "-m", "flashrt_ros.ros.node", "--ros-args", "--params-file", args.config,
+    node_cmd = [sys.executable, "-m", "flashrt_ros.ros.main", "--ros-args", "--params-file", args.config,
                 "-p", f"backend:={args.backend}", "-p", "observation_reliable:=true",
                 "-p", f"observation_type:={obs_type}"]
     log_path = Path(env["ROS_LOG_DIR"]) / f"flashrt_replay_node.{os.getpid()}.log"
@@ -136,7 +136,7 @@ def _stream(args, src, ts, cfg, sink, node, proc) -> dict:
     from flashrt_interfaces.msg import PolicyStep
 
     from ...ros.client import FlashRTClient
-    from ...ros.step_link import policy_step_qos, wait_linked
+    from ...ros.io.step_link import policy_step_qos, wait_linked
 
     client = FlashRTClient(node)
     got: list = []
@@ -204,7 +204,7 @@ def _record_stream(node, out) -> list:
 
     from flashrt_interfaces.msg import CapsuleRecord
 
-    from ...ros.capsule_stream import stream_qos
+    from ...ros.group.stream import stream_qos
     newest = [0]
 
     def on_record(msg) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...ros.convert import ObservationReader
+from ...ros.io.convert import ObservationReader
 from ...runtime.model.config import PolicyConfig, load_ros_params
 from ...runtime.model.policy_file import resolve_policy_config
 from ...runtime.state.capsule_file import MAX_STAMP_NS

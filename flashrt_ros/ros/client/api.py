@@ -28,22 +28,20 @@ from __future__ import annotations
 import importlib
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
 
 import numpy as np
 import rclpy
-from action_msgs.msg import GoalStatus
 from rclpy.action import ActionClient
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from std_srvs.srv import Trigger
-from unique_identifier_msgs.msg import UUID
 
 from flashrt_interfaces.action import Replan
 from flashrt_interfaces.srv import DropCapsule, ExportCapsule, ImportCapsule, ListCapsules, Rollback, Snapshot
 
-from .convert import check_file_name
-from .qos import SERVICE_QOS
+from ..io.convert import check_file_name
+from ..io.qos import SERVICE_QOS
+from .action_client import ThreadSafeActionClient
+from .task import FlashRTTimeout, ReplanOutcome, ReplanTask
 
 SERVICES = {"snapshot": Snapshot, "rollback": Rollback, "list_capsules": ListCapsules,
             "drop_capsule": DropCapsule, "export_capsule": ExportCapsule, "import_capsule": ImportCapsule,
@@ -57,180 +55,21 @@ REPEATABLE_SERVICES = ("list_capsules", "export_capsule")
 RESEND_AFTER_S = 2.0
 # A burst of goals or answers must not overflow the rclpy default depth of 10.
 ACTION_QOS = QoSProfile(depth=256, reliability=ReliabilityPolicy.RELIABLE)
-BUSY = "rejected: busy: another replan is running (at most one runs at a time; send it again when that one is done)"
-
-
-class FlashRTTimeout(TimeoutError):
-    """No answer: the node (or the service / action) is not there, or did not reply in time."""
 
 
 def _none_id(capsule_id: int | None) -> int:
     return 0 if capsule_id is None else int(capsule_id)
 
 
-@dataclass
-class ReplanOutcome:
-    accepted: bool  # False: refused before running (reason says why); nothing ran, nothing changed
-    reason: str  # why it was refused, '' when accepted
-    status: int  # action_msgs/GoalStatus
-    result: Replan.Result  # always a Result; for a refusal success=False, rejected=True
-    branches: int
-    feedback: list = field(default_factory=list)
-    rtt_ms: float = 0.0
-
-    @property
-    def succeeded(self) -> bool:
-        return self.status == GoalStatus.STATUS_SUCCEEDED and self.result.success
-
-    @property
-    def cancelled(self) -> bool:
-        return self.status == GoalStatus.STATUS_CANCELED
-
-    def actions(self, branches: int | None = None, action_dim: int | None = None) -> np.ndarray:
-        """[branches, steps_done, action_dim] float32 (steps_done < horizon for a partial result).
-        branches / action_dim, if given, are checked against the answer."""
-        flat = np.asarray(self.result.actions, np.float32)
-        steps = int(self.result.steps_done)
-        if steps == 0 or self.branches == 0:
-            return flat.reshape(self.branches, 0, action_dim or 0)
-        out = flat.reshape(self.branches, steps, -1)
-        if branches not in (None, out.shape[0]) or action_dim not in (None, out.shape[2]):
-            raise ValueError(f"actions are {out.shape}, not [{branches}, steps, {action_dim}]")
-        return out
-
-
-class ReplanTask:
-    """A Replan goal in flight; never blocks unless asked to (get_result)."""
-
-    def __init__(self, client: FlashRTClient, goal: Replan.Goal, feedback_callback=None):
-        self._client = client
-        self.goal = goal
-        self.feedback: list = []
-        self._user_feedback = feedback_callback
-        self._t0 = time.perf_counter()
-        self._goal_handle = None
-        self._result_future = None
-        self._outcome: ReplanOutcome | None = None
-        self._done = threading.Event()
-        # the goal's id, ours: rclpy drops a goal's feedback callback only once its result came, so a refused or
-        # given-up goal's (and this task, its observations) stayed in the client for good; we drop it by this id
-        self._goal_key = uuid.uuid4().bytes
-        self._send_future = client.replan_client.send_goal_async(goal, feedback_callback=self._on_feedback,
-                                                                 goal_uuid=UUID(uuid=list(self._goal_key)))
-        self._send_future.add_done_callback(self._on_goal_response)
-
-    def _on_feedback(self, msg) -> None:
-        self.feedback.append(msg.feedback)
-        if self._user_feedback is not None:
-            self._user_feedback(msg.feedback)
-
-    def _on_goal_response(self, future) -> None:
-        if future.cancelled():  # the caller gave up waiting (FlashRTTimeout): no answer to record
-            self._client.replan_client.forget_feedback(self._goal_key)
-            return
-        handle = future.result()
-        if handle is None or not handle.accepted:  # the ROS-level rejection only ever means busy (Replan.action)
-            self._client.replan_client.forget_feedback(self._goal_key)
-            self._finish(GoalStatus.STATUS_UNKNOWN, Replan.Result(success=False, rejected=True, message=BUSY))
-            return
-        self._goal_handle = handle
-        self._result_future = handle.get_result_async()
-        self._result_future.add_done_callback(self._on_result)
-
-    def _on_result(self, future) -> None:
-        if not future.cancelled():
-            self._finish(future.result().status, future.result().result)
-
-    def _finish(self, status: int, result: Replan.Result) -> None:
-        reason = result.message if result.rejected else ""
-        self._outcome = ReplanOutcome(not result.rejected, reason, status, result, int(self.goal.branches),
-                                      self.feedback, (time.perf_counter() - self._t0) * 1e3)
-        self._done.set()
-
-    def is_task_complete(self) -> bool:
-        """True once the answer is in (spins the node once, without waiting, if nobody else does)."""
-        if not self._done.is_set() and not self._client.spun_elsewhere():
-            rclpy.spin_once(self._client.node, timeout_sec=0.0)
-        return self._done.is_set()
-
-    def get_result(self, timeout_s: float = 10.0) -> ReplanOutcome:
-        """Wait for the answer; FlashRTTimeout if it does not come within timeout_s. A timed-out task is
-        given up: its requests still waiting for the node are cancelled here (the node is not told; call
-        cancel() first to stop a goal that runs)."""
-        try:
-            self._client.wait_for(self._done, timeout_s, "the replan result")
-        except FlashRTTimeout:
-            for future in (self._send_future, self._result_future):
-                if future is not None and not future.done():
-                    future.cancel()
-            raise
-        return self._outcome
-
-    def cancel(self, timeout_s: float = 5.0) -> bool:
-        """Ask the node to stop the goal after its current batched step (it then never commits).
-        Returns whether the node took the request; False if the goal had already ended or was refused."""
-        # not given up on a timeout: the goal may still be accepted, run and commit; get_result() sees it
-        handle = self._client.wait_for(self._send_future, timeout_s, "the goal response", give_up=False)
-        if handle is None or not handle.accepted or self._done.is_set():
-            return False
-        response = self._client.wait_for(handle.cancel_goal_async(), timeout_s, "the cancel response")
-        return len(response.goals_canceling) > 0
-
-
-class _ActionClient(ActionClient):
-    """rclpy's ActionClient, safe on a node that an executor spins on another thread.
-
-    - Whole when an executor first looks at it. rclpy adds it to the node (which wakes that executor) before
-      it makes its lock; the executor then raised AttributeError in get_num_entities and its spin thread
-      died, so no answer reached the node again.
-    - A response is never taken before its request's future is registered. rclpy sends a request, then
-      registers the future its response completes: in some releases outside any lock (the Jazzy wheels
-      here), in others once inside its lock and again after it (9.1). A response taken in that gap was
-      dropped ("Ignoring unexpected goal response") or completed a future nobody held, and the replan ended
-      in FlashRTTimeout. Sending and taking share one lock here, whatever the rclpy release does inside.
-    - A goal leaves no future behind: the releases that register twice never complete the first future, so
-      it stayed in the client's futures, which every wake of the client walks.
-    """
-
-    def __init__(self, *args, **kwargs):
-        self._lock = threading.Lock()  # rclpy makes its own after joining the node; this one covers the gap
-        self._exchange_lock = threading.Lock()  # a request's send and registration vs the executor's take
-        super().__init__(*args, **kwargs)
-
-    def take_data(self):
-        with self._exchange_lock:
-            return super().take_data()
-
-    def send_goal_async(self, *args, **kwargs):
-        with self._exchange_lock:
-            futures = getattr(self, "_futures", [])  # rclpy's Waitable list (every release here and Humble's)
-            before = list(futures)  # held, so no id below is reused while the call runs
-            known = {id(f) for f in before}  # answered ones may leave the list meanwhile: compare by identity
-            future = super().send_goal_async(*args, **kwargs)
-            for orphan in [f for f in futures if id(f) not in known and f is not future]:
-                self.remove_future(orphan)
-            return future
-
-    def _get_result_async(self, *args, **kwargs):
-        with self._exchange_lock:
-            return super()._get_result_async(*args, **kwargs)
-
-    def _cancel_goal_async(self, *args, **kwargs):
-        with self._exchange_lock:
-            return super()._cancel_goal_async(*args, **kwargs)
-
-    def forget_feedback(self, goal_key: bytes) -> None:
-        """Drop a goal's feedback callback (rclpy drops it only with a result, which a refused goal never gets)."""
-        getattr(self, "_feedback_callbacks", {}).pop(goal_key, None)
-
-
 class FlashRTClient:
-    def __init__(self, node, namespace: str = ""):
+    def __init__(self, node, namespace: str = "", thread_safe_actions: bool = True):
+        """``thread_safe_actions`` False: rclpy's own ActionClient (client/action_client.py says what it risks)."""
         self.node = node
         self.namespace = namespace.rstrip("/")
         self.clients = {name: node.create_client(t, self._name(name), qos_profile=SERVICE_QOS)
                         for name, t in SERVICES.items()}
-        self.replan_client = _ActionClient(node, Replan, self._name("replan"), goal_service_qos_profile=ACTION_QOS,
+        action_client = ThreadSafeActionClient if thread_safe_actions else ActionClient
+        self.replan_client = action_client(node, Replan, self._name("replan"), goal_service_qos_profile=ACTION_QOS,
                                            result_service_qos_profile=ACTION_QOS,
                                            cancel_service_qos_profile=ACTION_QOS)
         self._optional: dict = {}

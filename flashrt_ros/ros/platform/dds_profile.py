@@ -1,4 +1,7 @@
-"""The Fast DDS profile a flashrt node starts with: config/fastdds.xml, a 16 MiB shared-memory segment
+"""Works around Fast DDS's default 512 KiB shared-memory segment (Fast DDS 2.6 on Humble, 2.14 on Jazzy, 3.x),
+which carries a 4 MiB keyframe in pieces; off: the node's ``use_shipped_dds_profile`` false.
+
+The Fast DDS profile a flashrt node starts with: config/fastdds.xml, a 16 MiB shared-memory segment
 (Fast DDS's default is 512 KiB) so that a capsule stream keyframe (4 MiB at the default model) reaches a
 replica in ~9 ms instead of ~50 ms (measured on this machine; the XML says why). Its shared-memory health
 check stays at Fast DDS's 1 s, on purpose (the XML says why: a shorter one cost live but stalled processes
@@ -17,7 +20,7 @@ from pathlib import Path
 
 PROFILE_VARS = ("FASTDDS_DEFAULT_PROFILES_FILE", "FASTRTPS_DEFAULT_PROFILES_FILE")  # Fast DDS 3 / 2.x (Humble)
 FASTDDS_RMWS = ("", "rmw_fastrtps_cpp", "rmw_fastrtps_dynamic_cpp")
-SOURCE_PROFILE = Path(__file__).resolve().parents[2] / "config" / "fastdds.xml"
+SOURCE_PROFILE = Path(__file__).resolve().parents[3] / "config" / "fastdds.xml"
 
 
 def shipped_profile() -> Path | None:

@@ -18,9 +18,9 @@ from std_srvs.srv import Trigger
 
 from flashrt_interfaces.msg import CapsuleRecord
 
-from ..runtime.persist.replica import LOCAL_IDS_FROM, MAX_EPOCH, RecordRefused, StreamReplica
-from .capsule_stream import stream_qos
+from ...runtime.persist.replica import LOCAL_IDS_FROM, MAX_EPOCH, RecordRefused, StreamReplica
 from .leader import LEADER_TOPIC, LeaderWatch
+from .stream import stream_qos
 
 RESYNC_ASK_S = 0.5
 LAG_EDGES_MS = (1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 80, 100, 150, 200, 500, 1000)  # + one bucket past the last
@@ -33,8 +33,10 @@ def replica_refusal(primary: str, what: str) -> str:
 
 
 class ReplicaLink:
-    def __init__(self, node, session, primary: str, qos=None, event_callbacks=None, follow_leader: bool = False):
+    def __init__(self, node, session, primary: str, qos=None, event_callbacks=None, follow_leader: bool = False,
+                 thread_safe_actions: bool = True):
         self.node, self.primary = node, primary
+        self._thread_safe_actions = thread_safe_actions  # the client that forwards commits (client/action_client.py)
         self.replica = StreamReplica(session)
         self.replica.on_cut = self._on_cut
         self.replica.on_new_run = self._on_new_run
@@ -54,11 +56,11 @@ class ReplicaLink:
 
     def _connect(self, primary: str) -> None:
         """The stream, the resync service and (for forwarded commits) the services and action of ``primary``."""
-        from .client import FlashRTClient
+        from ..client.api import FlashRTClient
 
         made = []
         try:
-            made.append(FlashRTClient(self.node, primary.rsplit("/", 1)[0]))
+            made.append(FlashRTClient(self.node, primary.rsplit("/", 1)[0], self._thread_safe_actions))
             made.append(self.node.create_client(Trigger, f"{primary}/capsule_stream/resync"))
             made.append(self.node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record,
                                                       self._qos, event_callbacks=self._event_callbacks))

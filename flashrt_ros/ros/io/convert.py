@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..runtime.inputs import MAX_LABEL_CHARS
+from ...runtime.inputs import MAX_LABEL_CHARS
 
 OBSERVATION_TYPES = ("joint_state", "float32_array")
 

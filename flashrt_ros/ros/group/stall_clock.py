@@ -1,5 +1,5 @@
 """A process's own stalls, from the gaps between the ticks of a timer it runs (ROS-free: times are passed in,
-so it is unit-tested without a ROS graph). The standby (ros/standby.py) does not count time it stood still as
+so it is unit-tested without a ROS graph). The standby (group/standby.py) does not count time it stood still as
 the primary's silence."""
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Before: it rebuilds the store from the stream as a replica does, and buffers the
 are newer than its newest record (the primary stepped them, or was about to, after that capsule).
 When the primary's liveliness lapses (automatic liveliness on its capsule stream, lease
 ``liveliness_lease_ms``) and it had an observation to step but published no record for QUIET_LEASES leases
-(or, with nothing to step, the lapse lasts IDLE_LEASES leases), the node takes over (node.py): it
+(or, with nothing to step, the lapse lasts IDLE_LEASES leases), the node takes over (roles.py): it
 restores its newest capsule, claims the next epoch on flashrt_leader, steps the buffered observations in order and
 publishes from then on. Its policy_step numbering continues the primary's, so a consumer drops duplicates
 by step. Byte-identity with a primary that never crashed holds for a timeline that only stepped after the
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import time
 
-from .capsule_stream import stream_qos
-from .convert import stamp_to_ns
+from ..io.convert import stamp_to_ns
 from .held_observations import HeldObservations
 from .replica import ReplicaLink
 from .stall_clock import STALL_TICK_S, StallClock
+from .stream import stream_qos
 
 try:  # rclpy >= Iron
     from rclpy.event_handler import SubscriptionEventCallbacks
@@ -47,7 +47,8 @@ IDLE_LEASES = 5.0
 
 
 class StandbyLink(ReplicaLink):
-    def __init__(self, node, session, primary: str, lease_ms: float, on_primary_lost, takeover_delay_ms: float = 0.0):
+    def __init__(self, node, session, primary: str, lease_ms: float, on_primary_lost, takeover_delay_ms: float = 0.0,
+                 thread_safe_actions: bool = True):
         self.lease_s = lease_ms / 1e3
         self.delay_s = takeover_delay_ms / 1e3  # on top of the rule: a second standby lets the first take over
         self.on_primary_lost = on_primary_lost
@@ -61,7 +62,8 @@ class StandbyLink(ReplicaLink):
         # follows whoever leads the robot, as a replica does: after another standby took over, its stream and
         # its liveliness are the ones watched
         super().__init__(node, session, primary, stream_qos(lease_ms),
-                         SubscriptionEventCallbacks(liveliness=self._on_liveliness), follow_leader=True)
+                         SubscriptionEventCallbacks(liveliness=self._on_liveliness), follow_leader=True,
+                         thread_safe_actions=thread_safe_actions)
         self._ticker = node.create_timer(STALL_TICK_S, lambda: self.stall.tick(time.monotonic()))
 
     def _on_record(self, msg) -> None:

@@ -1,4 +1,8 @@
-"""Keep a restarting node off the participant ids of Fast DDS processes that died (kill -9, a crash).
+"""Works around eProsima/Fast-DDS#5053 (https://github.com/eProsima/Fast-DDS/issues/5053: no shared-memory traffic
+after a process restarts: its zombie-port removal deletes a port others still write to, as the proposed fix
+eProsima/Fast-DDS#4737 describes), seen with Fast DDS 2.6 and 2.14; off: the node's ``hold_dead_participant_ids`` false.
+
+Keep a restarting node off the participant ids of Fast DDS processes that died (kill -9, a crash).
 
 Fast DDS gives a new participant the lowest id whose metatraffic UDP port is free, so a node restarted on the
 same computer takes its dead predecessor's id and the same shared-memory port (7411 + 250 * domain + 2 * id).
@@ -160,9 +164,10 @@ class HeldIds:
                 "processes that sent to them may still write to their shared-memory ports)")
 
 
-def hold_dead_participant_ids(environ=os.environ, shm_dir: Path = SHM_DIR) -> HeldIds:
+def hold_dead_participant_ids(environ=os.environ, shm_dir: Path = SHM_DIR, hold: bool = True) -> HeldIds:
     """Bind the metatraffic port of every dead participant id of this process's domain (ROS_DOMAIN_ID) that
-    nobody else binds. Anything that cannot be read or bound is left alone."""
+    nobody else binds. Anything that cannot be read or bound is left alone. ``hold`` False (the node's
+    hold_dead_participant_ids): nothing is bound, only the domain is read."""
     try:
         domain_id = int(environ.get("ROS_DOMAIN_ID") or 0)
     except ValueError:
@@ -170,6 +175,8 @@ def hold_dead_participant_ids(environ=os.environ, shm_dir: Path = SHM_DIR) -> He
     if not 0 <= domain_id <= MAX_DOMAIN_ID:  # rclpy refuses it anyway; its ports would be someone else's
         return HeldIds(domain_id)
     held = HeldIds(domain_id)
+    if not hold:
+        return held
     for pid in dead_participant_ids(domain_id, shm_dir, skipped=held.skipped):
         try:
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

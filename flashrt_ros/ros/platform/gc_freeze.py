@@ -1,4 +1,7 @@
-"""Python's cyclic garbage collector, kept off the step: what survived a collection moves to the permanent
+"""Works around CPython's full collection (3.10-3.13), which walks every tracked object while it holds the
+GIL: a pause that grows with the capsule store; off: the node's ``gc_freeze_period_s`` 0.
+
+Python's cyclic garbage collector, kept off the step: what survived a collection moves to the permanent
 generation (gc.freeze) every ``gc_freeze_period_s``, so the collector never walks the node's long-lived
 objects (the capsule index, the observation history, rclpy's entities) again.
 
@@ -35,8 +38,4 @@ class GcFreezer:
     """A timer of ``node`` (its executor thread) that calls collect_and_freeze every ``period_s``; 0 = off."""
 
     def __init__(self, node, period_s: float):
-        self.timer = node.create_timer(period_s, self._tick) if period_s > 0 else None
-        self.last_ms = 0.0
-
-    def _tick(self) -> None:
-        self.last_ms = collect_and_freeze()
+        self.timer = node.create_timer(period_s, collect_and_freeze) if period_s > 0 else None

@@ -1,4 +1,7 @@
-"""Keep freed heap memory mapped in the node's process (glibc's mallopt), so that the capsule stream's
+"""Works around glibc malloc's dynamic mmap threshold and heap trimming (glibc 2.35 / 2.39): every large block
+goes back to the kernel and is faulted in afresh; off: the node's ``keep_freed_memory`` false.
+
+Keep freed heap memory mapped in the node's process (glibc's mallopt), so that the capsule stream's
 keyframes (a few 4 MiB buffers each: the record's bytes, the message, the RMW's copy, and on a replica the
 same on the way in) reuse pages instead of faulting in fresh ones every time.
 

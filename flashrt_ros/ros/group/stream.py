@@ -17,7 +17,7 @@ from std_srvs.srv import Trigger
 
 from flashrt_interfaces.msg import CapsuleRecord
 
-from .convert import ns_to_stamp
+from ..io.convert import ns_to_stamp
 from .slow_publish import slow_publish_line
 
 STREAM_TOPIC = "~/capsule_stream"

@@ -1,4 +1,8 @@
-"""Fast DDS shared-memory segments that dead processes left in /dev/shm (kill -9, a crash): each keeps its
+"""Works around eProsima/Fast-DDS#2790 (https://github.com/eProsima/Fast-DDS/issues/2790: segments of killed
+processes fill /dev/shm; Fast DDS only offers the `fastdds shm clean` tool); off: the node's
+``clean_dead_shm_segments`` false.
+
+Fast DDS shared-memory segments that dead processes left in /dev/shm (kill -9, a crash): each keeps its
 RAM (tmpfs) until it is removed, up to 16 MiB with the shipped profile, so a robot whose node is restarted
 after crashes loses memory with each one. ROS-free, unit-tested without a graph.
 

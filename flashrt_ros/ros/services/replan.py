@@ -30,9 +30,9 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from flashrt_interfaces.action import Replan
 
-from ..runtime.errors import CapsuleError
-from .convert import replan_observations
-from .realtime import apply_thread_nice
+from ...runtime.errors import CapsuleError
+from ..io.convert import replan_observations
+from ..platform.realtime import apply_thread_nice
 
 # Deep enough that a burst of goals from several clients is never dropped before it is answered
 # (the rclpy default, depth 10, lost 9 of 20 goals sent at once).

@@ -31,10 +31,10 @@ from flashrt_interfaces.srv import (
     Snapshot,
 )
 
-from ..runtime.errors import CapsuleError
+from ...runtime.errors import CapsuleError
+from ..io.convert import capsule_info_to_msg, request_refusal
+from ..io.qos import SERVICE_QOS
 from .capsule_dir import CapsuleDir
-from .convert import capsule_info_to_msg, request_refusal
-from .qos import SERVICE_QOS
 
 
 class NotServing(Exception):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..runtime.state.capsule_file import sweep_stale_temporaries
-from ..runtime.state.private_dir import check_private_dir, overlapping
-from .convert import check_file_name
+from ...runtime.state.capsule_file import sweep_stale_temporaries
+from ...runtime.state.private_dir import check_private_dir, overlapping
+from ..io.convert import check_file_name
 
 
 class CapsuleDirError(ValueError):

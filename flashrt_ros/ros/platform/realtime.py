@@ -1,4 +1,6 @@
-"""thread_priority: SCHED_FIFO for the thread that steps observations, as ros2_control's controller_manager
+"""Not a workaround: the Linux scheduling the node's parameters ask for (off by default).
+
+thread_priority: SCHED_FIFO for the thread that steps observations, as ros2_control's controller_manager
 does for its control loop (realtime_tools::configure_sched_fifo), but off by default here. replan_nice: a
 nice value for the replan worker, which needs no privilege (bulk work yields the cores).
 

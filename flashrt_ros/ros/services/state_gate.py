@@ -1,17 +1,17 @@
 """Services and the replan action in every lifecycle state, as nav2 servers behave; and the replica role's
-refusals (replica.py) of the services that would change the robot's state.
+refusals (group/replica.py) of the services that would change the robot's state.
 
 They are created once, with the node, and live as long as it does: a caller never sees them vanish or
 waits on a service that is gone. While the node is not active every call and goal is answered at once
 with a refusal that names the state, and nothing is touched. The gate sits here, around the handlers of
-services.py and replan_server.py, so those stay about the work itself.
+capsules.py and replan.py, so those stay about the work itself.
 """
 from __future__ import annotations
 
 from flashrt_interfaces.action import Replan
 
-from .replan_server import ReplanServer
-from .services import CapsuleServices
+from .capsules import CapsuleServices
+from .replan import ReplanServer
 
 PAUSE_WAIT_S = 5.0  # deactivate waits this long for a running replan to stop (one batched step, normally)
 
@@ -25,8 +25,8 @@ def inactive_refusal(state: str) -> str:
     return f"flashrt is {state}: activate it first (ros2 lifecycle set <node> activate)"
 
 
-try:  # services.py's refusal type where it has one: answered "<service> refused: ...", logged as a warning
-    from .services import NotServing as _Refusal
+try:  # capsules.py's refusal type where it has one: answered "<service> refused: ...", logged as a warning
+    from .capsules import NotServing as _Refusal
 except ImportError:
     _Refusal = ValueError
 

@@ -20,7 +20,7 @@ from rclpy.validate_full_topic_name import validate_full_topic_name
 
 from flashrt_interfaces.msg import Leader
 
-from ..runtime.persist.replica import MAX_EPOCH
+from ...runtime.persist.replica import MAX_EPOCH
 from .slow_publish import SLOW_PUBLISH_MS
 
 LEADER_TOPIC = "flashrt_leader"
