@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from launch_subset import resolve
 
-from flashrt_ros.ros.outputs import trajectory_points
+from flashrt_ros.ros.io.outputs import trajectory_points
 from flashrt_ros.sim import ros_eval
 from flashrt_ros.sim.evaluate import joint_targets, policy_session
 from flashrt_ros.sim.record import HELD_OUT_SEED_BASE

@@ -40,7 +40,7 @@ def policy_session(policy_path: str, backend: str = "cpu") -> Session:
 
 
 def joint_targets(session: Session, chunk: np.ndarray) -> np.ndarray:
-    """The chunk's first point in radians: what the sim takes from the node's action_trajectory (ros/outputs.py)."""
+    """The chunk's first point in radians: what the sim takes from the node's action_trajectory (ros/io/outputs.py)."""
     w = session.weights
     return chunk[0].astype(np.float64) * w["action_scale"].astype(np.float64) + w["action_offset"].astype(np.float64)
 

@@ -60,7 +60,7 @@ class _Observer:
 
         from flashrt_interfaces.msg import PolicyStep
 
-        from ..ros.step_link import policy_step_qos
+        from ..ros.io.step_link import policy_step_qos
 
         reliable = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
         self.node, self.clock_ns, self.observations, self.steps = node, 0, [], 0
