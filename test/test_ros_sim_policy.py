@@ -33,6 +33,7 @@ def test_the_offline_targets_are_the_first_point_of_the_nodes_trajectory():
     assert joint_targets(session, chunk).tobytes() == np.asarray(positions[0], np.float64).tobytes()
 
 
+@pytest.mark.serial  # the sim's 100 Hz loop in real time: the policy must answer most of its observations
 def test_an_episode_through_ros_steps_the_policy_on_the_sims_observations(ros_domain, monkeypatch, capsys):
     from flashrt_ros.sim import cli
 
