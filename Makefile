@@ -42,7 +42,7 @@ IFACE_SRC := $(wildcard flashrt_interfaces/*.txt flashrt_interfaces/*.xml flashr
                         flashrt_interfaces/srv/* flashrt_interfaces/action/*)
 PKG_SRC := setup.py setup.cfg scripts/venv_scripts.cfg
 
-.PHONY: help setup interfaces demo test test-compat test-jazzy test-train test-install lint bench bench-ros bench-persist bench-stream plots reproduce gpu-check mutate clean
+.PHONY: help setup interfaces demo test test-compat test-jazzy test-train test-install lint bench bench-ros bench-persist bench-stream plots reproduce gpu-check mutate train-policy clean
 help:
 	@echo "make demo        run the main demo on the CPU default (creates .venv on first use);"
 	@echo "                 DEMO_ARGS=\"--duration 5\" for a short one"
@@ -60,6 +60,8 @@ help:
 	@echo "                 (out/reproduce_<table>.json; REPRODUCE_ARGS=\"--tables history\" for a subset)"
 	@echo "make lint        ruff + the layer order (import-linter, .importlinter)"
 	@echo "make gpu-check   GPU tests + benchmarks (needs a CUDA device)"
+	@echo "make train-policy record the sim expert's bags, train the Pusher policy (.venv-train), write"
+	@echo "                 $(SIM_POLICY) and print its validation loss (~20 min)"
 	@echo "make mutate      break the code on purpose, one named mutation at a time; each must be caught"
 	@echo "                 (CHANGED=1: only those of the files changed since main; MODULES=path; MUTATIONS=a,b)"
 
@@ -160,6 +162,24 @@ test-install: $(SETUP_STAMP)
 test-train: $(TRAIN_STAMP)
 	$(TRAIN_VENV)/bin/python -c 'import torch; print("test-train: torch", torch.__version__)'
 	$(TRAIN_VENV)/bin/python -m pytest -q $(PARALLEL) -m train --durations=10 test
+
+# The shipped Pusher policy (docs/sim.md), recorded offline and trained in .venv-train: the expert's rollouts and
+# perturbed ones (the arm off the expert's path, the expert's targets kept: plain cloning never succeeded, 0/30).
+# A small GRU policy answering each observation alone (chunk_len 1: the action is the trajectory's first point).
+SIM_POLICY := config/policies/pusher.safetensors
+SIM_POLICY_RUN := out/train-policy
+SIM_POLICY_TRAIN := --obs-topic /observation --action-topic /action_trajectory --d-model 96 --n-layers 2 \
+  --n-heads 4 --kv-window 64 --mixer gru --chunk-len 1 --window 128 --batch 16 --steps 4000 --eval-every 250 \
+  --lr 2e-3 --val-bags 0.1 --threads 1
+# bags of one corpus need distinct names: $(call sim_bags,NAME,EPISODES,FLAGS) records NAME_000 ... into the corpus
+sim_bags = $(VENV)/bin/flashrt-sim --expert --record $(SIM_POLICY_RUN)/$(1) --episodes $(2) $(3) && \
+  for b in $(SIM_POLICY_RUN)/$(1)/episode_*; do mv $$b $(SIM_POLICY_RUN)/bags/$(1)_$${b\#\#*_}; done
+train-policy: $(SETUP_STAMP) $(TRAIN_STAMP)
+	rm -rf $(SIM_POLICY_RUN) && mkdir -p $(SIM_POLICY_RUN)/bags
+	$(call sim_bags,expert,150,--seed 0)
+	$(call sim_bags,perturbed,150,--seed 1 --perturb 0.05)
+	$(TRAIN_VENV)/bin/flashrt-train $(SIM_POLICY_RUN)/bags $(SIM_POLICY_TRAIN) --out $(SIM_POLICY_RUN)/run
+	$(PY) -m flashrt_ros.sim.ship $(SIM_POLICY_RUN)/run $(SIM_POLICY)
 
 # ruff, then the layer order (.importlinter): a wrong-way import fails here.
 lint: $(SETUP_STAMP)

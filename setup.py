@@ -13,6 +13,7 @@ setup(
         ("share/" + package_name, ["package.xml"]),
         ("share/" + package_name + "/launch", glob("launch/*.launch.py")),
         ("share/" + package_name + "/config", glob("config/*.yaml") + glob("config/*.xml")),
+        ("share/" + package_name + "/config/policies", glob("config/policies/*.safetensors")),
         ("share/" + package_name + "/kernels", glob("kernels/*.cu") + glob("kernels/*.cuh")),
     ],
     # Supported ranges (JetPack 6 / Humble: Python 3.10 with numpy 1.x, up to Python 3.13 with numpy 2);

@@ -5,7 +5,8 @@ lifecycle node stepping on its observations, both in one namespace.
 
 flashrt-sim publishes observation (std_msgs/Float32MultiArray, 21 channels) and joint_states, and takes the
 policy's action_trajectory (JointTrajectory, the arm's joint names) as joint targets. The policy node reads
-params_file (the sizes of the policy), then the overrides below that wire it to the arm; it runs on sim time.
+params_file, then policy_path (by default the shipped policy trained on the sim's expert), then the overrides below
+that wire it to the arm; it runs on sim time.
 """
 import os
 
@@ -30,12 +31,17 @@ def generate_launch_description():
     sim = Node(package=PACKAGE, executable="flashrt-sim", name="flashrt_sim", namespace=namespace, output="screen",
                parameters=[{"seed": ParameterValue(LaunchConfiguration("seed"), value_type=int),
                             "expert": ParameterValue(LaunchConfiguration("expert"), value_type=bool)}])
+    policy_path = {"policy_path": ParameterValue(LaunchConfiguration("policy_path"), value_type=str)}
     policy = LifecycleNode(package=PACKAGE, executable="flashrt_node", name="flashrt", namespace=namespace,
-                           parameters=[LaunchConfiguration("params_file"), POLICY_OVERRIDES], output="screen")
+                           parameters=[LaunchConfiguration("params_file"), policy_path, POLICY_OVERRIDES],
+                           output="screen")
     return LaunchDescription([
         DeclareLaunchArgument("namespace", default_value="sim", description="namespace of both nodes and topics"),
         DeclareLaunchArgument("params_file", default_value=os.path.join(
             get_package_share_directory(PACKAGE), "config", "flashrt.yaml"), description="the policy's parameters"),
+        DeclareLaunchArgument("policy_path", default_value=os.path.join(
+            get_package_share_directory(PACKAGE), "config", "policies", "pusher.safetensors"),
+            description="the policy file (trained on the sim's expert: docs/sim.md); '' = params_file's architecture"),
         DeclareLaunchArgument("seed", default_value="0", description="the first episode's seed"),
         DeclareLaunchArgument("expert", default_value="false",
                               description="true: the scripted expert drives the arm (the policy only watches)"),

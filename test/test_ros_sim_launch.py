@@ -22,7 +22,8 @@ def _commands(tmp_path: Path) -> dict[str, list[str]]:
     commands = {}
     for node in nodes:
         if node.executable == "flashrt_node":
-            node.parameters.append({k: v for k, v in FAST.items() if k != "observation_reliable"})  # a quick start
+            # a quick start; the window is the shipped policy file's (policy_path), not FAST's
+            node.parameters.append({k: v for k, v in FAST.items() if k not in ("observation_reliable", "kv_window")})
         commands[node.executable] = node.command(str(bin_dir / node.executable), tmp_path)
     return commands
 

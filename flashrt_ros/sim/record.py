@@ -6,6 +6,11 @@ Each bag holds, on sim time (the first observation at 0 s, then every 10 ms):
   /action_trajectory   trajectory_msgs/msg/JointTrajectory one point: the expert's joint targets
 The command is written COMMAND_LAG_NS after its observation (bag time) and carries the observation's stamp, so
 flashrt-train pairs them one to one (--obs-topic /observation --action-topic /action_trajectory).
+With perturb > 0 the arm executes the expert's targets plus a slowly varying offset (std perturb rad per joint)
+while the bag records the expert's own targets: the demonstrations then show how to recover from states the
+expert alone never visits, which a cloned policy's small errors lead it into (DART-style noise injection).
+With a driver (a policy Session: DAgger) the arm executes the policy's targets and the bag records the expert's
+answer to each observation the policy led the arm into.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .evaluate import joint_targets
 from .expert import PusherExpert
 from .world import ARM_JOINTS, CONTROL_HZ, PusherWorld
 
@@ -25,6 +31,7 @@ HOLD_AFTER_SUCCESS_S = 0.5  # the episode goes on this long once the object is i
 F32, JS, JT = "std_msgs/msg/Float32MultiArray", "sensor_msgs/msg/JointState", "trajectory_msgs/msg/JointTrajectory"
 # held-out episodes (success rate) use seeds at and past 2**32; recordings stay below, so the two never meet
 HELD_OUT_SEED_BASE = 2 ** 32
+PERTURB_MEMORY = 0.95  # the offset's correlation from one step to the next: a drift over ~0.2 s, not jitter
 
 
 def recording_seed(seed: int, episode: int) -> int:
@@ -73,8 +80,10 @@ class _Messages:
 
 
 def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seconds: float,
-                   storage: str = "mcap") -> Recorded:
-    """One episode from reset(seed) into a new bag at path; ends HOLD_AFTER_SUCCESS_S after success or at seconds."""
+                   storage: str = "mcap", perturb: float = 0.0, driver=None) -> Recorded:
+    """One episode from reset(seed) into a new bag at path; ends HOLD_AFTER_SUCCESS_S after success or at seconds.
+    perturb: std (rad) of the offset added to what the arm executes, never to what is recorded. driver: a Session
+    on a policy file whose targets the arm executes instead of the expert's (from a fresh state each episode)."""
     from rosbags.rosbag2 import StoragePlugin, Writer
     from rosbags.typesys import Stores, get_typestore
 
@@ -82,7 +91,10 @@ def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seco
     m = _Messages(ts)
     plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
     obs = world.reset(seed)
+    if driver is not None:
+        driver.reset()
     steps, succeeded_at = int(round(seconds * CONTROL_HZ)), None
+    rng, offset = np.random.default_rng([seed, 1]), np.zeros(len(ARM_JOINTS))
     with Writer(Path(path), version=8, storage_plugin=plugin) as w:  # version 8: Humble reads its metadata
         c_obs = w.add_connection(OBS_TOPIC, F32, typestore=ts)
         c_js = w.add_connection(JOINT_STATE_TOPIC, JS, typestore=ts)
@@ -93,7 +105,11 @@ def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seco
             w.write(c_obs, ns, m.observation(obs))
             w.write(c_js, ns, m.joint_state(ns, world.joint_positions(), world.joint_velocities()))
             w.write(c_cmd, ns + COMMAND_LAG_NS, m.command(ns, targets))
-            obs = world.step(targets)
+            if perturb > 0:
+                fresh = rng.normal(0.0, perturb * np.sqrt(1 - PERTURB_MEMORY ** 2), len(ARM_JOINTS))
+                offset = PERTURB_MEMORY * offset + fresh
+            executed = targets if driver is None else joint_targets(driver, driver.step(np.float32(obs)).chunk)
+            obs = world.step(executed + offset)
             if succeeded_at is None and world.success():
                 succeeded_at = step
             if succeeded_at is not None and step - succeeded_at >= HOLD_AFTER_SUCCESS_S * CONTROL_HZ:
@@ -102,12 +118,15 @@ def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seco
 
 
 def record_episodes(out_dir: str | Path, episodes: int, seed: int = 0, seconds: float = 10.0,
-                    storage: str = "mcap", world: PusherWorld | None = None, expert=None) -> list[Recorded]:
+                    storage: str = "mcap", world: PusherWorld | None = None, expert=None,
+                    perturb: float = 0.0, driver=None) -> list[Recorded]:
     """episodes bags, episode_000 ... in out_dir (created; refused if it already holds one of them)."""
     if episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {episodes}")
     if not seconds > 0:
         raise ValueError(f"--seconds must be > 0, got {seconds}")
+    if not perturb >= 0:
+        raise ValueError(f"--perturb must be >= 0, got {perturb}")
     seeds = [recording_seed(seed, i) for i in range(episodes)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,4 +136,4 @@ def record_episodes(out_dir: str | Path, episodes: int, seed: int = 0, seconds: 
         raise FileExistsError(f"{taken[0]} exists; choose a new directory")
     world = world or PusherWorld()
     expert = expert or PusherExpert(world)
-    return [record_episode(p, world, expert, s, seconds, storage) for p, s in zip(paths, seeds)]
+    return [record_episode(p, world, expert, s, seconds, storage, perturb, driver) for p, s in zip(paths, seeds)]
