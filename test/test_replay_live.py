@@ -181,7 +181,7 @@ TERM, INT = signal.SIGTERM, signal.SIGINT
     ((TERM,), _after_step(40), ()),
     ((TERM,), _after_step(150), ()),
     ((TERM,), _after_step(30), ("--rate", 1)),  # paced: mostly waiting for the bag's next stamp
-    ((TERM,), _after_step(23), ("--rollback-every", 5, "--rollback-depth", 5)),  # rollbacks and re-feeds
+    ((TERM,), _after_step(23), ("--rollback-every", 5, "--rollback-depth", 2)),  # rollbacks and re-feeds
     ((INT,), _after_step(12), ()),
     ((TERM, TERM, INT), _after_step(20), ()),  # more signals while it stops the node
 ], ids=["starting", "ready", "step1", "step7", "step40", "step150", "paced_step30", "rollbacks_step23",
