@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..tools.episodes import new_episode_dirs
 from .evaluate import joint_targets
 from .expert import PusherExpert
 from .world import ARM_JOINTS, CONTROL_HZ, PusherWorld
@@ -121,19 +122,10 @@ def record_episodes(out_dir: str | Path, episodes: int, seed: int = 0, seconds: 
                     storage: str = "mcap", world: PusherWorld | None = None, expert=None,
                     perturb: float = 0.0, driver=None) -> list[Recorded]:
     """episodes bags, episode_000 ... in out_dir (created; refused if it already holds one of them)."""
-    if episodes < 1:
-        raise ValueError(f"--episodes must be >= 1, got {episodes}")
-    if not seconds > 0:
-        raise ValueError(f"--seconds must be > 0, got {seconds}")
     if not perturb >= 0:
         raise ValueError(f"--perturb must be >= 0, got {perturb}")
+    paths = new_episode_dirs(out_dir, episodes, seconds)
     seeds = [recording_seed(seed, i) for i in range(episodes)]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"episode_{i:03d}" for i in range(episodes)]
-    taken = [p for p in paths if p.exists()]
-    if taken:
-        raise FileExistsError(f"{taken[0]} exists; choose a new directory")
     world = world or PusherWorld()
     expert = expert or PusherExpert(world)
     return [record_episode(p, world, expert, s, seconds, storage, perturb, driver) for p, s in zip(paths, seeds)]

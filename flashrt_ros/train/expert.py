@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..tools.episodes import new_episode_dirs
+
 OBS_TOPIC = "/observation"
 ACTION_TOPIC = "/joint_command"
 JOINTS = 7
@@ -120,17 +122,8 @@ def write_episode_bag(path: str | Path, obs: np.ndarray, act: np.ndarray, rate_h
 def make_expert_bags(out_dir: str | Path, episodes: int, seconds: float = 10.0, seed: int = 0,
                      action_type: str = "joint_state", expert: ArmExpert | None = None) -> list[Path]:
     """episodes bags, episode_000 ... in out_dir (created; refused if it already holds one of them)."""
-    if episodes < 1:
-        raise ValueError(f"--episodes must be >= 1, got {episodes}")
-    if not seconds > 0:
-        raise ValueError(f"--seconds must be > 0, got {seconds}")
+    paths = new_episode_dirs(out_dir, episodes, seconds)
     expert = expert or ArmExpert()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"episode_{i:03d}" for i in range(episodes)]
-    taken = [p for p in paths if p.exists()]
-    if taken:
-        raise FileExistsError(f"{taken[0]} exists; choose a new directory")
     for i, p in enumerate(paths):
         obs, act = expert.episode(seconds, seed * 100_003 + i)
         write_episode_bag(p, obs, act, expert.rate_hz, action_type)
