@@ -74,6 +74,19 @@ class NodeProcess:
         return self.proc.returncode
 
 
+def terminate_all(procs, timeout: float = 10.0) -> None:
+    """SIGTERM to each process (all at once, so they stop side by side), then SIGKILL to any still running
+    after ``timeout``; returns when every one has exited."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def primary_and(role: str, ros_domain, tmp_path: Path, ns: str, primary_params: dict | None = None, **params):
     """A primary in /robot1 (keyframes every second) and a node of ``role`` in ``ns`` following it, each in its
     own process; a Planner on /robot1 and a FlashRTClient on ``ns``, both ready. Returns

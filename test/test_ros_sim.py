@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from ros_harness import ROOT
+from ros_harness import ROOT, terminate_all
 
 from flashrt_ros.sim.world import ARM_JOINTS, OBS_DIM
 
@@ -21,12 +21,7 @@ def sim(ros_domain, tmp_path):
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate_all([proc])
         log.close()
     assert proc.returncode in (0, -15), (tmp_path / "sim.log").read_text()
 

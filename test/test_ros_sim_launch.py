@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from launch_subset import resolve
-from ros_harness import FAST, ROOT
+from ros_harness import FAST, ROOT, terminate_all
 
 from flashrt_ros.sim.world import ARM_JOINTS
 
@@ -67,13 +67,7 @@ def test_the_policy_steps_on_the_sims_observations_and_its_trajectory_moves_the_
         step_ns = [s.header.stamp.sec * 10**9 + s.header.stamp.nanosec for s in steps]
         assert 0 < max(step_ns) <= max(sim_ns) + 10**9  # the policy's stamps are sim time, not the wall clock
     finally:
-        for proc, _log in procs:
-            proc.terminate()
-        for proc, log in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate_all([proc for proc, _log in procs])
+        for _proc, log in procs:
             log.close()
         listener.destroy_node()
