@@ -21,6 +21,7 @@ import numpy as np
 from conftest import ROOT, observation_trace, small_config
 from flashrt_ros.runtime import PolicyConfig, Session
 from flashrt_ros.runtime.persist import writer
+from flashrt_ros.runtime.persist.attach import ID_BLOCK
 from flashrt_ros.runtime.persist.writer import PersistSettings
 
 OBS = observation_trace(200)
@@ -146,8 +147,11 @@ def test_a_kill_right_after_a_rollback_or_a_commit_loses_at_most_ten_records(tmp
         resumed = Session(cfg, "numpy")
         report = resumed.enable_persistence(PersistSettings(directory), resume=True)
         resumed.disable_persistence()
-        assert report.capsule_id in ids, (report.summary(), ids[-5:])
-        lost = len(ids) - 1 - max(i for i, cid in enumerate(ids) if cid == report.capsule_id)
+        if report.capsule_id in ids:
+            lost = len(ids) - 1 - max(i for i, cid in enumerate(ids) if cid == report.capsule_id)
+        else:  # the operation in flight at the kill: its record written before the child could print its id
+            assert max(ids) < report.capsule_id < max(ids) + ID_BLOCK, (report.summary(), ids[-5:])
+            lost = 0
         rounds.append((op, lost, report.records_cut))
     assert max(lost for _, lost, _ in rounds) <= MAX_LOST, rounds
     assert {op for op, _, _ in rounds} == {"rollback", "commit"}, rounds
