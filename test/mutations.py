@@ -714,6 +714,13 @@ MUTATIONS = [
              ["test/test_ros_planted_files.py::test_sigterm_ends_a_start_that_fast_dds_hangs_within_5_s"],
              "a Python handler while rclpy starts: Fast DDS stuck on a planted file never returns to run it, and "
              "SIGTERM is ignored"),
+    Mutation("sigint_traceback_while_the_node_loads", "flashrt_ros/ros/main.py",
+             "signal.signal(signal.SIGINT, signal.SIG_DFL)\n\nimport rclpy\n",
+             "\nimport rclpy\n",
+             ["test/test_ros_shutdown.py::test_a_sigint_while_the_node_is_still_loading_ends_it_by_the_signal_"
+              "without_a_traceback"],
+             "a launcher that stops a node still importing rclpy got a KeyboardInterrupt traceback (seen under load "
+             "in test_replay_live's 'starting' case)"),
     Mutation("sigterm_waits_for_a_stuck_call", "flashrt_ros/ros/main.py",
              "            faulthandler.dump_traceback_later(SIGNAL_EXIT_LIMIT_S, exit=True)\n",
              "            pass\n",

@@ -87,3 +87,25 @@ def test_a_node_whose_dds_teardown_hangs_exits_1_with_every_threads_stack(ros_co
     assert "configure failed: capsule_capacity" in proc.stderr, proc.stderr[-3000:]
     assert "Timeout (0:00:01)!" in proc.stderr and "in <lambda>" in proc.stderr and "in main" in proc.stderr, \
         proc.stderr[-3000:]
+
+
+SIGINT_WHILE_LOADING = r"""
+import importlib.abc, os, signal, sys
+class Interrupt(importlib.abc.MetaPathFinder):  # SIGINT at the moment the node's module asks for rclpy
+    def find_spec(self, name, path=None, target=None):
+        if name == "rclpy":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Interrupt())
+import runpy
+runpy.run_module("flashrt_ros.ros.main", run_name="__main__")
+"""
+
+
+def test_a_sigint_while_the_node_is_still_loading_ends_it_by_the_signal_without_a_traceback(tmp_path):
+    with fresh_domain() as did:
+        res = subprocess.run([sys.executable, "-c", SIGINT_WHILE_LOADING], cwd=ROOT, capture_output=True, text=True,
+                             env=ros_env(did, tmp_path / "roslog"), timeout=120)
+    assert res.returncode == -signal.SIGINT, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and "KeyboardInterrupt" not in res.stderr, res.stderr[-3000:]

@@ -4,6 +4,7 @@ spin loop and an ordered teardown with a watchdog. The node itself is node.py.
 Run: ``ros2 run flashrt_ros flashrt_node --ros-args --params-file config/flashrt.yaml``
 (or ``python -m flashrt_ros.ros.main``)
 """
+# ruff: noqa: E402 (the SIGINT line goes before the slow imports)
 from __future__ import annotations
 
 import faulthandler
@@ -11,6 +12,11 @@ import signal
 import sys
 import threading
 import time
+
+# Before the imports below (rclpy and the runtime: seconds on a loaded machine): a SIGINT while they load ends the
+# process by the default action, as main() has it until the node exists, not as a KeyboardInterrupt traceback
+# from whichever module was loading (a launcher stopping a node it had just started printed one).
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 import rclpy
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
