@@ -51,6 +51,7 @@ class WhatIf:
     scores: list[float]  # each branch's outcome in its fork, lower is better
     branch_capsules: list[int]
     committed: int  # the branch made live; -1: none (the forks' scores too close to tell)
+    world_state: bytes  # the live world the forks started from
     fork_states: list[bytes]  # each fork's world state at the end of its rollout
     replan_ms: float
 
@@ -114,8 +115,8 @@ state is as before). The live world is untouched: the caller executes the commit
         best = -1  # the world cannot tell the hypotheses apart (the hand is not at the object): the live step goes on
     else:
         session.rollback(result.branch_capsule_ids[best])
-    return WhatIf(step, hyps, result.actions, scores, list(result.branch_capsule_ids), best, fork_states,
-                  replan_ms)
+    return WhatIf(step, hyps, result.actions, scores, list(result.branch_capsule_ids), best, live_state,
+                  fork_states, replan_ms)
 
 
 def run_biased_episode(world: PusherWorld, twin: PusherWorld, session: Session, seed: int, select: bool,
