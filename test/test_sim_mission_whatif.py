@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from flashrt_ros.sim.evaluate import policy_session
+from flashrt_ros.sim.faults import OBJECT
 from flashrt_ros.sim.record import HELD_OUT_SEED_BASE
-from flashrt_ros.sim.whatif import WhatIfConfig, action_targets, draw_bias, hypotheses, run_biased_episode
+from flashrt_ros.sim.whatif import WhatIfConfig, action_targets, draw_bias, hypotheses, run_biased_episode, what_if
 from flashrt_ros.sim.world import PusherWorld
 
 SHIPPED = Path(__file__).resolve().parents[1] / "config" / "policies" / "pusher.safetensors"
@@ -90,3 +91,20 @@ def test_without_selection_no_what_if_runs_and_the_same_seed_gives_the_same_epis
     again = run_biased_episode(world, twin, session, HELD_OUT_SEED_BASE + 2, False, 1.0, CONFIG)
     assert one.what_ifs == [] and again.what_ifs == []
     assert world.state() == state
+
+
+
+def test_branch_zero_of_a_what_if_takes_the_action_the_live_step_would(worlds, session):
+    world, twin = worlds
+    obs = world.reset(HELD_OUT_SEED_BASE + 3)
+    session.reset()
+    for _ in range(30):
+        obs = world.step(action_targets(session.step(np.asarray(obs, np.float32)).action))
+    reading = np.asarray(obs, np.float32)
+    before = session.state_host(0).tobytes()
+    hyps = hypotheses(reading[OBJECT].astype(np.float64), 0.04, 3)
+    chosen = what_if(session, world, twin, reading, hyps, 2, 31, decisive_m=float("inf"))  # commits nothing
+    assert chosen.committed == -1
+    assert session.state_host(0).tobytes() == before
+    assert session.step(reading).action.tobytes() == chosen.actions[0, 0].tobytes()
+    assert chosen.actions[1, 0].tobytes() != chosen.actions[0, 0].tobytes()  # another object, another action

@@ -6,6 +6,7 @@ prints this dict as JSON.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 from pathlib import Path
@@ -84,6 +85,7 @@ def run_mission(policy_path: str | Path = SHIPPED_POLICY, episodes: int = 10, fi
         "mode": "offline",
         "offline": "a Session and the MuJoCo world in one process, no ROS graph: no ROS figure is claimed here",
         "policy": str(policy_path),
+        "policy_sha256": hashlib.sha256(Path(policy_path).read_bytes()).hexdigest(),
         "backend": session.backend.name,
         "episodes": episodes,
         "seeds": {"first": first_seed, "count": episodes, "held_out_base": HELD_OUT_SEED_BASE},
