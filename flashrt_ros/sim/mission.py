@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,8 @@ def run_mission(policy_path: str | Path = SHIPPED_POLICY, episodes: int = 10, fi
     say("what-if selection under a biased object estimate")
     without = [run_biased_episode(world, twin, session, s, False, seconds, wc) for s in seeds]
     with_selection = [run_biased_episode(world, twin, session, s, True, seconds, wc) for s in seeds]
+    kept_estimate = [run_biased_episode(world, twin, session, s, True, seconds, replace(wc, adopt=False)).success
+                     for s in seeds]
     tried = [w for e in with_selection for w in e.what_ifs]
     whatif_exact = [ok for e in with_selection for ok in e.byte_exact]
     residual = [float(np.linalg.norm(e.bias + e.final_offset)) for e in with_selection]
@@ -111,6 +114,7 @@ def run_mission(policy_path: str | Path = SHIPPED_POLICY, episodes: int = 10, fi
                    "tried": len(tried), "committed": sum(w.committed >= 0 for w in tried),
                    "replan_p99_ms": round(float(np.percentile([w.replan_ms for w in tried], 99)), 3) if tried else None,
                    "bias_m": round(float(np.mean([np.linalg.norm(e.bias) for e in with_selection])), 4),
-                   "residual_bias_m": round(float(np.mean(residual)), 4)},
+                   "residual_bias_m": round(float(np.mean(residual)), 4),
+                   "with_selection_estimate_kept_success": _rate(kept_estimate)},
         "elapsed_s": round(time.perf_counter() - t0, 1),
     }

@@ -39,6 +39,7 @@ class WhatIfConfig:
     min_radius_m: float = 0.005
     horizon: int = 20  # steps a branch is rolled out and, once committed, executed (200 ms)
     every: int = 50  # steps between what-ifs
+    adopt: bool = True  # a committed hypothesis becomes the estimate (False: the ablation, the estimate kept)
     decisive_m: float = 0.001  # forks closer than this in score tell nothing apart: nothing is committed
     first_step: int = 20
 
@@ -144,8 +145,9 @@ def run_biased_episode(world: PusherWorld, twin: PusherWorld, session: Session, 
                         success_step = n
                     n += 1
                 exact.append(world.state() == chosen.fork_states[chosen.committed])
-                offset = offset + chosen.hypotheses[chosen.committed] - estimate
-                radius = max(radius / 2, c.min_radius_m)
+                if c.adopt:
+                    offset = offset + chosen.hypotheses[chosen.committed] - estimate
+                    radius = max(radius / 2, c.min_radius_m)
                 continue
         result = session.step(reading)
         obs = world.step(joint_targets(session, result.chunk))
