@@ -28,10 +28,12 @@ class EpisodeResult:
     final_distance: float  # object to goal (m) when the episode ended
 
 
-def policy_session(policy_path: str, backend: str = "cpu") -> Session:
-    """A Session on the policy file, checked against the sim's channels (a policy of another robot is refused)."""
-    session = Session(PolicyConfig(policy_path=str(policy_path), capsule_budget_mb=EVAL_CAPSULE_BUDGET_MB,
-                                   max_branches=1), backend=backend)
+def policy_session(policy_path: str, backend: str = "cpu", max_branches: int = 1,
+                   capsule_budget_mb: float = EVAL_CAPSULE_BUDGET_MB) -> Session:
+    """A Session on the policy file, checked against the sim's channels (a policy of another robot is refused).
+    A planner's Session (sim/mission.py) asks for replan rows and the rollback depth its corrections need."""
+    session = Session(PolicyConfig(policy_path=str(policy_path), capsule_budget_mb=capsule_budget_mb,
+                                   max_branches=max_branches), backend=backend)
     cfg = session.cfg
     if (cfg.obs_dim, cfg.action_dim) != (len(OBS_NAMES), len(ARM_JOINTS)):
         raise ValueError(f"{policy_path}: obs_dim {cfg.obs_dim} / action_dim {cfg.action_dim}; the arm has "

@@ -1,8 +1,9 @@
 """flashrt-bench: one JSON per subcommand. `runtime` (capsules, rollback + re-plan vs cold recompute, on the
 session's backend: `auto` takes CUDA, else the compiled CPU step, else NumPy), `gpu` (the same on CUDA, graph vs
 eager), `replay` (flashrt-replay offline), `ros` (through DDS, separate processes), `persist` (the capsule log),
-`stream` (the capsule stream, replicas and failover, separate processes) and `capsules` (the capsule tree of a
-short in-process mission)."""
+`stream` (the capsule stream, replicas and failover, separate processes), `capsules` (the capsule tree of a
+short in-process mission) and `task` (the Pusher task offline: faults, rollback correction, what-ifs; the sim
+extra)."""
 from __future__ import annotations
 
 import argparse
@@ -56,6 +57,15 @@ def main(argv=None) -> int:
                     help=f"run only this part (repeatable; one of {', '.join(STREAM_PARTS)}; default: all). "
                     "`--only failover` repeats the 20 kill -9 takeovers alone, in minutes")
     add_backend_argument(st, "auto", "the nodes' backend parameter: ")
+    task = sub.add_parser("task", help="the Pusher task offline: expert and policy success, sensor faults with and "
+                          "without rollback correction, what-if selection (needs the sim extra)")
+    task.add_argument("--json", help="also write the JSON here")
+    task.add_argument("--episodes", type=int, default=10, help="held-out episodes per condition (default 10)")
+    task.add_argument("--first-seed", type=int, default=2 ** 32, help="the first episode's seed (default 2^32, the "
+                      "first held-out seed of docs/sim.md)")
+    task.add_argument("--seconds", type=float, default=10.0, help="sim seconds per episode (default 10)")
+    task.add_argument("--policy", help="the policy file (default: the shipped config/policies/pusher.safetensors)")
+    add_backend_argument(task, "cpu", "the Session's backend: ")
     cap = sub.add_parser("capsules", help="the capsule tree of a short mission: rollbacks, replans, pins, eviction")
     cap.add_argument("--json", help="also write the JSON here")
     for p in (rt, ros, cap, pe):
@@ -63,6 +73,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.which == "ros" and not 0 <= args.thread_priority <= 99:
         ap.error("--thread-priority must be 0 (off) to 99")
+    if args.which == "task":
+        if args.episodes < 1 or not args.seconds > 0:
+            ap.error("--episodes must be >= 1 and --seconds > 0")
+        if args.policy is None:
+            from pathlib import Path
+            args.policy = str(Path(__file__).resolve().parents[3] / "config" / "policies" / "pusher.safetensors")
     if args.which == "stream":
         args.only = [p for p in STREAM_PARTS if p in (args.only or STREAM_PARTS)]
     if args.which == "ros" and not 0 <= args.replan_nice <= 19:
@@ -86,6 +102,8 @@ def main(argv=None) -> int:
         from .persist import run
     elif args.which == "stream":
         from .stream import run
+    elif args.which == "task":
+        from .task import run
     else:
         from .ros import run
     sigterm_as_interrupt()  # a `timeout` or a CI runner's SIGTERM ends it as Ctrl-C does
