@@ -28,8 +28,8 @@ from flashrt_ros.runtime.model.kernel_spec import ACT_NONE, ACT_RELU, ACT_SILU, 
 from flashrt_ros.runtime.model.weights import bf16_values
 
 ROWS = [1, 2, 3, 4, 5, 8]
-SLABS = 2_200_000  # elements of each synthetic slab
-PANELS_AT = 1_500_000  # where the panel copies go in the weight slab (past every row-major matrix)
+SLABS = 400_000  # elements of each synthetic slab (each test copies all four twice: kept small)
+PANELS_AT = 250_000  # where the panel copies go in the weight slab (past every row-major matrix and bias)
 LAYOUTS = ["row-major", "panels", "bf16-panels"]
 
 
@@ -101,7 +101,7 @@ def test_linear_bytes_equal_the_row_by_row_twin_for_every_batch_and_width(rows, 
     x_rs, y_rs = n_in + 3, n_out + 5  # row strides past the row: the padding is never written
     for act in (ACT_NONE, ACT_SILU, ACT_TANH, ACT_RELU):
         args = [(x_slab, 1000 + act, x_rs, n_in), (REG_WEIGHT, 17 + act * 7, 0, n_in * n_out),
-                (REG_WEIGHT, 2_150_001, 0, n_out), (REG_WORK, 2_000_003, y_rs, n_out)]
+                (REG_WEIGHT, 215_001, 0, n_out), (REG_WORK, 200_003, y_rs, n_out)]
 
         def run(sf, wf, gf, lf, args, act=act):
             op = _op(cpu_kernels.K_LINEAR, args, [n_in, n_out, act])
@@ -119,8 +119,8 @@ def test_linear_bytes_equal_the_row_by_row_twin_for_every_batch_and_width(rows, 
 def test_gru_cell_bytes_equal_the_row_by_row_twin_for_every_batch_and_width(rows, n_in, H, layout):
     G = 3 * H
     args = [(REG_WORK, 101, n_in + 1, n_in), (REG_STATE, 7, H + 2, H), (REG_WEIGHT, 0, 0, n_in * G),
-            (REG_WEIGHT, 1_000_000, 0, H * G), (REG_WEIGHT, 2_000_000, 0, G), (REG_WEIGHT, 2_100_000, 0, G),
-            (REG_WORK, 1_000_000, G, G), (REG_WORK, 1_100_000, G + 1, G), (REG_WORK, 1_200_000, H, H)]
+            (REG_WEIGHT, 100_000, 0, H * G), (REG_WEIGHT, 200_000, 0, G), (REG_WEIGHT, 210_000, 0, G),
+            (REG_WORK, 100_000, G, G), (REG_WORK, 110_000, G + 1, G), (REG_WORK, 120_000, H, H)]
 
     def run(sf, wf, gf, lf, args):
         cpu_linear.gru_cell(_op(cpu_kernels.K_GRU, args, [n_in, H]), sf, wf, gf, lf, rows, n_in, H)
