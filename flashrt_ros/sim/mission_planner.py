@@ -17,6 +17,7 @@ if __name__ == "__main__":  # flashrt-demo stops the planner with SIGINT, perhap
     signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
 
 import argparse  # noqa: E402
+import collections  # noqa: E402
 import json  # noqa: E402
 import queue  # noqa: E402
 import threading  # noqa: E402
@@ -70,9 +71,10 @@ class ArmWatch:
         self.first_clock_ns: int | None = None
         self.capsule_at: dict[int, int] = {}  # the reading's sim stamp -> the capsule of the policy step on it
         self.step_latency_ms: list[float] = []
-        self.last_step_ns: int | None = None
-        self.off_grid: dict[int, int] = {}  # stamp step (ms) -> policy steps whose stamp is not the last + 10 ms
-        self.restamped = 0
+        self.steps_seen = 0
+        self.recent_offsets: collections.deque = collections.deque(maxlen=200)  # node stamp minus the count
+        self.all_offsets: list[int] = []
+        self.readings_seen = 0
         self.readings: dict[int, list] = {}  # episode -> [(sim ns, hand x, y, object-goal distance)]
         self.goal: dict[int, list[float]] = {}
         self.object_start: dict[int, list[float]] = {}
@@ -86,29 +88,29 @@ class ArmWatch:
                 self.first_clock_ns = self.clock_ns
 
     def on_step(self, msg) -> None:
-        """The node stamps a float array with its /clock when it takes the reading, which may be a period early or
-        late (the reading handled before its /clock, or after the next one). The sim drops no reading (reliable, it
-        waits for its readers), so the policy steps follow the readings one by one, 10 ms apart: a stamp within a
-        period of the last + 10 ms is taken as that; one further off (a reading lost) resynchronises."""
+        """The node stamps a float array with its /clock when it takes the reading, which under load is a period
+        or more late (readings queued while /clock went on), and it may miss the sim's first readings (discovery).
+        Within the run the policy steps follow the readings one by one (reliable QoS), so the k-th step is the
+        first step's reading plus k x 10 ms: the capsules are kept by that count, and the offset of the count to
+        the readings' stamps is the most common difference between the node's stamps and the count (most stamps
+        are right)."""
         ns = _ns(msg.header.stamp)
         with self.lock:
-            if self.last_step_ns is not None:
-                expected = self.last_step_ns + STEP_NS
-                if ns != expected:
-                    ms = (ns - self.last_step_ns) // 1_000_000
-                    self.off_grid[ms] = self.off_grid.get(ms, 0) + 1
-                if ns != expected and abs(ns - expected) <= STEP_NS:
-                    ns, self.restamped = expected, self.restamped + 1
-            self.last_step_ns = ns
-            self.capsule_at[ns] = int(msg.capsule_id)
+            counted_ns = self.steps_seen * STEP_NS
+            self.steps_seen += 1
+            self.recent_offsets.append(ns - counted_ns)
+            self.all_offsets.append(ns - counted_ns)
+            self.capsule_at[counted_ns] = int(msg.capsule_id)
             self.step_latency_ms.append(float(msg.step_latency_ms))
 
     def on_observation(self, msg) -> None:
         obs = np.asarray(msg.data, np.float32)
         with self.lock:
-            episode = self.clock_ns // self.episode_ns
+            reading_ns = self.readings_seen * STEP_NS  # every reading arrives, in order, from sim time 0
+            self.readings_seen += 1
+            episode = reading_ns // self.episode_ns
             distance = float(np.linalg.norm(obs[OBJECT_XY] - obs[GOAL_XY]))
-            self.readings.setdefault(episode, []).append((self.clock_ns, float(obs[HAND][0]), float(obs[HAND][1]),
+            self.readings.setdefault(episode, []).append((reading_ns, float(obs[HAND][0]), float(obs[HAND][1]),
                                                           distance))
             self.goal.setdefault(episode, obs[GOAL_XY].tolist())
             self.object_start.setdefault(episode, obs[OBJECT_XY].tolist())
@@ -120,6 +122,23 @@ class ArmWatch:
         for st in msg.status:
             if st.name.endswith("flashrt: runtime"):
                 self.diag.update({kv.key: kv.value for kv in st.values})
+
+    def capsule_of_reading(self, reading_ns: int) -> tuple[int | None, int]:
+        """(the capsule of the policy step on the reading of this sim stamp or None, the count's offset in ns)."""
+        with self.lock:
+            if not self.recent_offsets:
+                return None, 0
+            offset = collections.Counter(self.recent_offsets).most_common(1)[0][0]
+            return self.capsule_at.get(reading_ns - offset), offset
+
+    def stamp_lateness_ms(self) -> dict[str, int]:
+        """How late the node stamped the readings, ms -> policy steps (against the run's most common offset)."""
+        with self.lock:
+            if not self.all_offsets:
+                return {}
+            mode = collections.Counter(self.all_offsets).most_common(1)[0][0]
+            late = collections.Counter((ns - mode) // 1_000_000 for ns in self.all_offsets)
+        return {str(k): v for k, v in sorted(late.items())}
 
     def sim_seconds(self) -> float:
         with self.lock:
@@ -136,11 +155,11 @@ class Corrector:
     def handle(self, arrived: float, msg: Float64MultiArray) -> None:
         c = parse_correction(msg)
         before_ns = int(c.stamps_ns[0]) - STEP_NS  # the reading just before the fault's first bad one
-        with self.watch.lock:
-            capsule = self.watch.capsule_at.get(before_ns)
+        capsule, offset_ns = self.watch.capsule_of_reading(before_ns)
         event = {"kind": c.kind, "bad_readings": c.bad_readings, "rows": len(c.stamps_ns),
                  "start_ns": int(c.stamps_ns[0]), "end_ns": int(c.stamps_ns[c.bad_readings - 1]),
                  "arrived_ns": int(c.stamps_ns[-1]) + STEP_NS, "capsule": capsule, "committed": False,
+                 "count_offset_ms": offset_ns / 1e6,
                  "rtt_ms": None, "node_ms": None, "to_commit_ms": None, "byte_exact": None,
                  "hand_corrected": c.observations[:c.bad_readings, HAND][:, :2].round(4).tolist()}
         self.events.append(event)
@@ -278,8 +297,9 @@ def main(argv=None) -> int:
                    "episodes": len(episodes), "successes": sum(e["success"] for e in episodes),
                    "per_episode": episodes, **corrector.summary(), "timeouts": timeouts,
                    "steps": len(watch.step_latency_ms), "step_latency_ms": pct(watch.step_latency_ms),
-                   "step_stamps_off_grid": dict(sorted(watch.off_grid.items())),
-                   "step_stamps_restamped": watch.restamped, "backend": watch.diag.get("backend", "?"),
+                   "readings": watch.readings_seen,
+                   "step_stamp_late_ms": watch.stamp_lateness_ms(),
+                   "backend": watch.diag.get("backend", "?"),
                    "rejected": int(watch.diag.get("rejected_inputs", 0) or 0),
                    "reached_duration": watch.sim_seconds() >= args.duration}
         if args.timeline:

@@ -23,7 +23,10 @@ from .ros_eval import EVAL_PARAMS, POLICY_OVERRIDES, START_TIMEOUT_S, _script, _
 
 NAMESPACE = "arm"
 # rollback depth for the longest correction (30 stale readings + 20 of delay) with room to spare
-MISSION_PARAMS = {**EVAL_PARAMS, "capsule_budget_mb": 16.0}
+MISSION_PARAMS = {**EVAL_PARAMS, "capsule_budget_mb": 16.0,
+                  # a node held up (a replan, the machine's load) steps each reading later rather than drop it:
+                  # the planner finds a reading's capsule by counting the steps (sim/mission_planner.py)
+                  f"qos_overrides./{NAMESPACE}/observation.subscription.depth": 200}
 
 
 def ros_env() -> dict:
