@@ -8,6 +8,7 @@ returns with the processes' exits.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -115,7 +116,9 @@ def run(args) -> dict:
             rclpy.try_shutdown()
     summary = json.loads(planner_json.read_text()) if planner_json.exists() else {}
     node_out = (work / "node.log").read_text()
-    summary.update({"policy": policy, "seed_first": seed, "wall_s": round(time.monotonic() - t0, 1),
+    summary.update({"mode": "ros", "policy": policy,
+                    "policy_sha256": hashlib.sha256(Path(policy).read_bytes()).hexdigest(), "seed_first": seed,
+                    "wall_s": round(time.monotonic() - t0, 1),
                     "planner_exit_code": rc, "node_exit_code": procs[0].returncode,
                     "node_traceback": "Traceback" in node_out, "work_dir": str(work)})
     summary["ok"] = bool(rc == 0 and procs[0].returncode == 0 and not summary["node_traceback"]
