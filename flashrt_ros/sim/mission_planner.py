@@ -75,6 +75,7 @@ class ArmWatch:
         self.recent_offsets: collections.deque = collections.deque(maxlen=200)  # node stamp minus the count
         self.all_offsets: list[int] = []
         self.readings_seen = 0
+        self.frozen = False  # the mission is over: later readings are no episode's
         self.readings: dict[int, list] = {}  # episode -> [(sim ns, hand x, y, object-goal distance)]
         self.goal: dict[int, list[float]] = {}
         self.object_start: dict[int, list[float]] = {}
@@ -106,6 +107,8 @@ class ArmWatch:
     def on_observation(self, msg) -> None:
         obs = np.asarray(msg.data, np.float32)
         with self.lock:
+            if self.frozen:
+                return
             reading_ns = self.readings_seen * STEP_NS  # every reading arrives, in order, from sim time 0
             self.readings_seen += 1
             episode = reading_ns // self.episode_ns
@@ -285,6 +288,11 @@ def main(argv=None) -> int:
             print(f"t={watch.sim_seconds():5.2f}s {e['kind']:12s} {e['bad_readings']:2d} bad readings, "
                   f"{e['rows']:2d} re-stepped: replan {e['rtt_ms']} ms, committed {e['committed']}, "
                   f"byte-exact {e['byte_exact']}", flush=True)
+        with watch.lock:
+            watch.frozen = True
+        deadline = time.monotonic() + 1.0  # the policy steps on the last readings may still be on their way
+        while watch.steps_seen < watch.readings_seen and time.monotonic() < deadline:
+            time.sleep(0.02)
     except KeyboardInterrupt:
         stopped = True
     finally:
@@ -298,6 +306,7 @@ def main(argv=None) -> int:
                    "per_episode": episodes, **corrector.summary(), "timeouts": timeouts,
                    "steps": len(watch.step_latency_ms), "step_latency_ms": pct(watch.step_latency_ms),
                    "readings": watch.readings_seen,
+                   "readings_not_stepped": max(0, watch.readings_seen - watch.steps_seen),
                    "step_stamp_late_ms": watch.stamp_lateness_ms(),
                    "backend": watch.diag.get("backend", "?"),
                    "rejected": int(watch.diag.get("rejected_inputs", 0) or 0),
