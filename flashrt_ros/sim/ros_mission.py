@@ -19,8 +19,9 @@ from pathlib import Path
 
 import yaml
 
+from ..tools.common import stop_processes
 from .mission import HELD_OUT_SEED_BASE, SHIPPED_POLICY
-from .ros_eval import EVAL_PARAMS, POLICY_OVERRIDES, START_TIMEOUT_S, _script, _stop
+from .ros_eval import EVAL_PARAMS, POLICY_OVERRIDES, START_TIMEOUT_S, _script
 
 NAMESPACE = "arm"
 # rollback depth for the longest correction (30 stale readings + 20 of delay) with room to spare
@@ -104,11 +105,11 @@ def run(args) -> dict:
               f"{args.episode_s:g} s", file=sys.stderr)
         rc = planner.wait(timeout=3 * args.duration + 120)
     except KeyboardInterrupt as e:
-        _stop(list(reversed(procs)))
+        stop_processes(list(reversed(procs)))  # SIGINT: the planner writes what it has
         e.partial = json.loads(planner_json.read_text()) if planner_json.exists() else {}
         raise
     finally:
-        _stop(list(reversed(procs)))
+        stop_processes(list(reversed(procs)))  # SIGINT: the planner writes what it has
         for log in logs.values():
             log.close()
         watcher.destroy_node()
