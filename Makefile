@@ -5,7 +5,8 @@ VENV := .venv
 PY := $(abspath $(VENV))/bin/python
 PYTHON ?= python3
 PIP_Q := -q --disable-pip-version-check
-# `make demo DEMO_ARGS="--duration 5"`: a short mission (CI); any flashrt-demo option goes here.
+# `make demo DEMO_ARGS="--duration 5"`: a short mission (CI); any flashrt-demo option goes here
+# (`--mission trace`: the synthetic-trace mission of the latency benches).
 DEMO_ARGS ?=
 # processes for every test but the `serial` ones (pytest-xdist); CI has 2 cores
 TEST_WORKERS ?= 2
@@ -44,8 +45,8 @@ PKG_SRC := setup.py setup.cfg scripts/venv_scripts.cfg
 
 .PHONY: help setup interfaces demo test test-compat test-jazzy test-train test-install lint bench bench-ros bench-persist bench-stream plots reproduce gpu-check mutate train-policy clean
 help:
-	@echo "make demo        run the main demo on the CPU default (creates .venv on first use);"
-	@echo "                 DEMO_ARGS=\"--duration 5\" for a short one"
+	@echo "make demo        the arm mission: simulated arm, trained policy, fault corrections (creates .venv on"
+	@echo "                 first use); DEMO_ARGS=\"--duration 5\" for a short one, \"--mission trace\" for the old one"
 	@echo "make test        run the full test suite"
 	@echo "make test-compat the tests that need no ROS wheels on Python 3.10 + numpy 1.x (Humble's stack)"
 	@echo "make test-jazzy  the ROS, demo and replay tests against ROS 2 Jazzy wheels (.venv-jazzy)"

@@ -42,7 +42,8 @@ def main(argv) -> int:
     # the table's run too (`make bench-persist` keeps its samples): a fresh run on a loaded machine draws load
     bench_persist(json.loads((ROOT / "docs" / "results" / "cpu_bench_persist.json").read_text()),
                   img / "bench_persist.png")
-    tool("flashrt-demo", "--duration", "15", "--json", js / "mission.json", "--plot", img / "mission.png")
+    tool("flashrt-demo", "--mission", "trace", "--duration", "15", "--json", js / "mission.json", "--plot",
+         img / "mission.png")
 
     from flashrt_ros.tools.common import synthetic_trace
     from flashrt_ros.tools.replay.bags import write_joint_trace

@@ -52,7 +52,7 @@ def bench_commands(duration_s: float) -> dict[str, list[str]]:
             "ros": py + ["flashrt_ros.tools.bench", "ros"],
             "persist": py + ["flashrt_ros.tools.bench", "persist"],
             "stream": py + ["flashrt_ros.tools.bench", "stream"],
-            "demo": py + ["flashrt_ros.tools.demo", "--duration", f"{duration_s:g}"],
+            "demo": py + ["flashrt_ros.tools.demo", "--mission", "trace", "--duration", f"{duration_s:g}"],
             "gpu": py + ["flashrt_ros.tools.bench", "gpu"],
             "runtime_cuda": py + ["flashrt_ros.tools.bench", "runtime", "--backend", "cuda"]}
 

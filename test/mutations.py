@@ -1440,6 +1440,12 @@ MUTATIONS = [
              "    best = int(np.argmax(scores))",
              ["test/test_sim_mission_whatif.py"],
              "the what-if commits the branch whose fork ends with the object farthest from the goal"),
+    Mutation("ros_mission_correction_skipped", "flashrt_ros/sim/mission_planner.py",
+             "        if not self.correct or capsule is None:\n            return\n",
+             "        if True:\n            return\n",
+             ["test/test_ros_sim_mission.py"],
+             "the arm mission's planner hears a correction and never asks the policy node to replan from before the "
+             "fault"),
     Mutation("replay_rollback_depth_limit_one_short", "flashrt_ros/tools/replay/cli.py",
              "        if args.rollback_depth > keeps:\n",
              "        if args.rollback_depth >= keeps:\n",

@@ -132,7 +132,8 @@ def test_runtime_demo_json_has_no_samples_without_plot(tmp_path):
 def test_mission_plot_draws_the_timeline_of_steps_rollbacks_and_replans(ros_domain, tmp_path):
     """Also the mission demo's own end-to-end check (three processes, a clean exit, byte-exact checks
     passed): one run of the demo serves both, as the plot is drawn from that run's JSON."""
-    res = run_tool("demo", "--duration", 5, "--json", tmp_path / "m.json", "--plot", tmp_path / "m.png",
+    res = run_tool("demo", "--mission", "trace", "--duration", 5, "--json", tmp_path / "m.json", "--plot",
+                   tmp_path / "m.png",
                    env=ros_domain)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     s = json.loads((tmp_path / "m.json").read_text())

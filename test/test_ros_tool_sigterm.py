@@ -20,6 +20,7 @@ from conftest import ROOT
 pytestmark = [pytest.mark.ros, pytest.mark.serial]
 
 BIN = Path(sys.executable).parent
+TRACE_DEMO = [str(BIN / "flashrt-demo"), "--mission", "trace", "--duration", "30", "--backend", "numpy"]
 
 
 def run_until(cmd, env, marker: str, then_s: float, timeout_s: float = 120.0, stream: str = "stderr"):
@@ -55,8 +56,7 @@ def test_bench_stream_ends_cleanly_on_sigterm_with_what_it_measured(ros_domain, 
 
 def test_demo_ends_cleanly_on_sigterm_with_what_it_measured(ros_domain, tmp_path):
     # after the planner's first round line (its stdout is the demo's): under load the node takes seconds to be ready
-    rc, out, err = run_until([str(BIN / "flashrt-demo"), "--duration", "30", "--backend", "numpy"], ros_domain,
-                             "replan 4x8", 0.5, stream="stdout")
+    rc, out, err = run_until(TRACE_DEMO, ros_domain, "replan 4x8", 0.5, stream="stdout")
     assert rc == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     partial = json.loads(out[out.index("{"):])
@@ -67,8 +67,7 @@ def test_demo_ends_cleanly_on_sigterm_with_what_it_measured(ros_domain, tmp_path
 def test_demo_stopped_before_its_planner_is_ready_ends_without_a_traceback(ros_domain, tmp_path):
     # the SIGTERM lands while the planner imports rclpy or waits for the node (1 s: past the interpreter's own
     # start-up, where a signal cannot be caught): nothing measured yet, but a clean stop all the same
-    rc, out, err = run_until([str(BIN / "flashrt-demo"), "--duration", "30", "--backend", "numpy"], ros_domain,
-                             "planner started", 1.0)
+    rc, out, err = run_until(TRACE_DEMO, ros_domain, "planner started", 1.0)
     assert rc == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     partial = json.loads(out[out.index("{"):])

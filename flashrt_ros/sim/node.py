@@ -9,12 +9,17 @@ Each control period (a steady wall-clock timer, real time) it applies the newest
 It takes joint targets from action_trajectory (trajectory_msgs/JointTrajectory, the first point; joints by name
 when they are the arm's, else in order) and from action (std_msgs/Float64MultiArray, the policy node's action).
 With expert:=true the scripted expert drives the arm instead, and its targets go out on expert_command.
+With faults:=true `observation` carries the episode's seeded sensor faults (sim/faults.py) and their true readings
+go out late on observation_corrected (sim/fault_feed.py); joint_states stays true. With policy_reset_service set
+(the policy node's `reset`), each new episode waits, sim time paused, until that service has reset the policy.
+With wait_for_subscribers N > 0, sim time starts once N readers subscribe to observation (none misses reading 1).
 Every step's world state is kept as a world capsule under its sim time (world_capsule_capacity of them); the
 restore_world service (flashrt_interfaces/RestoreWorld) puts the physics back to one, beside a policy rollback.
 """
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 import rclpy
@@ -24,15 +29,19 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock as ClockMsg
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Float32MultiArray, Float64MultiArray
+from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from flashrt_interfaces.srv import RestoreWorld
 
 from .capsules import WorldCapsules
 from .expert import PusherExpert
+from .fault_feed import CORRECTION_TOPIC, FaultFeed
 from .world import ARM_JOINTS, CONTROL_HZ, PusherWorld
 
 NODE_NAME = "flashrt_sim"
+ENDLESS_EPISODE_STEPS = 360_000  # faults are drawn per episode: without episode_s, an hour's worth
+POLICY_RESET_TIMEOUT_S = 5.0
 
 
 def _stamp(ns: int):
@@ -64,6 +73,9 @@ class SimNode(Node):
         self.declare_parameter("expert", False)
         self.declare_parameter("episode_s", 0.0)  # > 0: a new episode (seed + 1) after this much sim time
         self.declare_parameter("world_capsule_capacity", 6000)  # a minute at 100 Hz, about 2.5 MB
+        self.declare_parameter("faults", False)
+        self.declare_parameter("policy_reset_service", "")
+        self.declare_parameter("wait_for_subscribers", 0)  # > 0: the first step waits for this many on observation
         self.world = PusherWorld()
         self.seed = int(self.get_parameter("seed").value)
         self.obs = self.world.reset(self.seed)
@@ -78,12 +90,21 @@ class SimNode(Node):
         self.joint_pub = self.create_publisher(JointState, "joint_states", reliable)
         self.obs_pub = self.create_publisher(Float32MultiArray, "observation", reliable)
         self.expert_pub = self.create_publisher(JointTrajectory, "expert_command", reliable) if self.expert else None
+        self.feed = FaultFeed() if self.get_parameter("faults").value else None
+        if self.feed is not None:
+            self.feed.start(self.seed, self.episode_steps or ENDLESS_EPISODE_STEPS)
+            self.correction_pub = self.create_publisher(Float64MultiArray, CORRECTION_TOPIC, reliable)
+        reset_service = str(self.get_parameter("policy_reset_service").value)
+        self.reset_client = self.create_client(Trigger, reset_service) if reset_service else None
+        self._policy_reset = None  # (future, wall deadline) while a new episode waits for the policy's reset
         self.create_subscription(JointTrajectory, "action_trajectory", self.on_trajectory, reliable)
         self.create_subscription(Float64MultiArray, "action", self.on_action, reliable)
         self.create_service(RestoreWorld, "restore_world", self.on_restore_world)
         # a steady wall-clock timer: the node's own clock may be sim time, which only this node advances
         self.timer = self.create_timer(1.0 / CONTROL_HZ, self.tick, clock=Clock(clock_type=ClockType.STEADY_TIME))
-        self.publish()
+        self.waiting_for = int(self.get_parameter("wait_for_subscribers").value)
+        if not self.waiting_for:
+            self.publish()
 
     def on_trajectory(self, msg: JointTrajectory) -> None:
         try:
@@ -100,6 +121,21 @@ class SimNode(Node):
         self.targets = a
 
     def tick(self) -> None:
+        if self.waiting_for:
+            if self.obs_pub.get_subscription_count() < self.waiting_for:
+                return  # sim time has not started: the first reading goes to every reader expected
+            self.waiting_for = 0
+            self.publish()
+            return
+        if self._policy_reset is not None:
+            future, deadline = self._policy_reset
+            if not future.done() and time.monotonic() < deadline:
+                return  # sim time paused: the new episode starts once the policy has forgotten the last one
+            if not future.done():
+                self.get_logger().warning("the policy's reset did not answer: the episode starts without it")
+            self._policy_reset = None
+            self.publish()
+            return
         if self.expert is not None:
             self.targets = self.expert(self.obs)
             self.publish_expert(self.world.time_ns, self.targets)
@@ -116,6 +152,13 @@ class SimNode(Node):
             self.obs = self.world.reset(self.seed)
             self.world.data.time = time_ns / 1e9  # sim time never goes back: /clock is monotonic across episodes
             self.targets = self.world.joint_positions()
+            if self.feed is not None:
+                self.feed.start(self.seed, self.episode_steps)
+            if self.reset_client is not None:
+                self.capsules.take(self.world)
+                self._policy_reset = (self.reset_client.call_async(Trigger.Request()),
+                                      time.monotonic() + POLICY_RESET_TIMEOUT_S)
+                return
         self.capsules.take(self.world)
         self.publish()
 
@@ -140,7 +183,12 @@ class SimNode(Node):
                         velocity=self.world.joint_velocities().tolist())
         js.header.stamp = stamp
         self.joint_pub.publish(js)
-        self.obs_pub.publish(Float32MultiArray(data=np.asarray(self.obs, np.float32).tolist()))
+        reading = np.asarray(self.obs, np.float32)
+        if self.feed is not None:
+            reading, correction = self.feed.read(ns, self.obs)
+            if correction is not None:
+                self.correction_pub.publish(correction)
+        self.obs_pub.publish(Float32MultiArray(data=reading.tolist()))
 
     def publish_expert(self, ns: int, targets: np.ndarray) -> None:
         msg = JointTrajectory(joint_names=list(ARM_JOINTS),
