@@ -8,8 +8,9 @@ PIP_Q := -q --disable-pip-version-check
 # `make demo DEMO_ARGS="--duration 5"`: a short mission (CI); any flashrt-demo option goes here
 # (`--mission trace`: the synthetic-trace mission of the latency benches).
 DEMO_ARGS ?=
-# processes for every test but the `serial` ones (pytest-xdist); CI has 2 cores
-TEST_WORKERS ?= 2
+# processes for every test but the `serial` ones (pytest-xdist). CI has 2 cores; 3, since a worker spends about
+# half its time waiting on the nodes it started and on DDS (647 CPU-s in 2 x 719 s, measured on 2 cores)
+TEST_WORKERS ?= 3
 # Whole test files to a worker: a module-scoped fixture (a node, a bench run, a compiled plan) is made once.
 PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 
