@@ -63,7 +63,7 @@ help:
 	@echo "make lint        ruff + the layer order (import-linter, .importlinter)"
 	@echo "make gpu-check   GPU tests + benchmarks (needs a CUDA device)"
 	@echo "make train-policy record the sim expert's bags, train the Pusher policy (.venv-train), write"
-	@echo "                 $(SIM_POLICY) and print its validation loss (~20 min)"
+	@echo "                 $(SIM_POLICY) and print its validation loss (~30 min)"
 	@echo "make mutate      break the code on purpose, one named mutation at a time; each must be caught"
 	@echo "                 (CHANGED=1: only those of the files changed since main; MODULES=path; MUTATIONS=a,b)"
 
@@ -171,7 +171,7 @@ test-train: $(TRAIN_STAMP)
 SIM_POLICY := config/policies/pusher.safetensors
 SIM_POLICY_RUN := out/train-policy
 SIM_POLICY_TRAIN := --obs-topic /observation --action-topic /action_trajectory --d-model 96 --n-layers 2 \
-  --n-heads 4 --kv-window 64 --mixer gru --chunk-len 1 --window 128 --batch 16 --steps 4000 --eval-every 250 \
+  --n-heads 4 --kv-window 64 --mixer gru --chunk-len 1 --window 128 --batch 16 --steps 8000 --eval-every 500 \
   --lr 2e-3 --val-bags 0.1 --threads 1
 # bags of one corpus need distinct names: $(call sim_bags,NAME,EPISODES,FLAGS) records NAME_000 ... into the corpus
 sim_bags = $(VENV)/bin/flashrt-sim --expert --record $(SIM_POLICY_RUN)/$(1) --episodes $(2) $(3) && \
