@@ -161,7 +161,7 @@ $(TRAIN_STAMP): requirements.txt requirements-train.txt constraints.txt $(PKG_SR
 test-install: $(SETUP_STAMP)
 	$(PY) -m pytest -q -s -m network test/test_readme_install.py
 
-test-train: $(TRAIN_STAMP)
+test-train: $(SETUP_STAMP) $(TRAIN_STAMP)
 	$(TRAIN_VENV)/bin/python -c 'import torch; print("test-train: torch", torch.__version__)'
 	$(TRAIN_VENV)/bin/python -m pytest -q $(PARALLEL) -m train --durations=10 test
 

@@ -35,6 +35,8 @@ def scratch_copy(dst: Path) -> None:
         if src.is_file():
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst / f)
+    if (ROOT / ".venv").is_dir():  # tests that run the node venv's scripts from another venv (test_train_sim_*)
+        (dst / ".venv").symlink_to(ROOT / ".venv")  # PYTHONPATH still puts the mutated tree first there
 
 
 def run_tests(scratch: Path, tests: list[str], timeout: float) -> tuple[bool, str]:

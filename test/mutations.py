@@ -1435,6 +1435,12 @@ MUTATIONS = [
              "            ms, live_id = 0.0, session.live_capsule_id\n",
              ["test/test_sim_mission_correction.py"],
              "a corrected measurement arrives and the policy is not rolled back: its state keeps the bad readings"),
+    Mutation("sim_ship_keeps_the_trained_files_channel_names", "flashrt_ros/sim/ship.py",
+             "    save_policy(dst, cfg, pf.tensors, OBS_NAMES, ARM_JOINTS)\n",
+             "    save_policy(dst, cfg, pf.tensors, pf.obs_names, pf.action_names)\n",
+             ["test/test_train_sim_pipeline.py"],
+             "make train-policy's last step leaves flashrt-train's unnamed channels: the node cannot check the "
+             "sim's observation order against the file"),
     Mutation("sim_whatif_commits_the_worst_branch", "flashrt_ros/sim/whatif.py",
              "    best = int(np.argmin(scores))",
              "    best = int(np.argmax(scores))",
