@@ -102,7 +102,10 @@ def test_bench_ros_plot_draws_the_cdfs_of_every_round_trip(ros_domain, tmp_path)
 
 
 def test_bench_persist_plot_draws_the_step_cdfs_and_the_records_lost_per_kill(tmp_path):
-    res = run_tool("bench", "persist", "--quick", "--json", tmp_path / "p.json", "--plot", tmp_path / "p.png")
+    # one kill and a short resume log: the figure draws a point per kill whatever their number (test_bench_persist
+    # runs the quick sizes themselves)
+    res = run_tool("bench", "persist", "--quick", "--kills", 1, "--resume-steps", 300, "--json", tmp_path / "p.json",
+                   "--plot", tmp_path / "p.png")
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads((tmp_path / "p.json").read_text())
     over = out["persist_step_overhead"]
@@ -114,8 +117,15 @@ def test_bench_persist_plot_draws_the_step_cdfs_and_the_records_lost_per_kill(tm
 
 
 # ---- demos -------------------------------------------------------------------------------------------------
+def small_store(tmp_path):
+    """The shipped config with a 32 MB store: its default 512 MB took ~1.5 CPU-s to fault in per run; 32 MB holds
+    the KV pages its window and branches need (17.6 MB) and the demo's capsules."""
+    return config_with(tmp_path, "small-store.yaml", capsule_budget_mb=32.0)
+
+
 def test_runtime_demo_plot_draws_the_steps_and_the_what_if_branches(tmp_path):
-    res = run_tool("demo", "--runtime", "--steps", 60, "--json", tmp_path / "d.json", "--plot", tmp_path / "d.png")
+    res = run_tool("demo", "--runtime", "--steps", 60, "--config", small_store(tmp_path), "--json", tmp_path / "d.json",
+                   "--plot", tmp_path / "d.png")
     assert res.returncode == 0, res.stderr[-3000:]
     s = json.loads((tmp_path / "d.json").read_text())
     assert len(s["samples"]["step_latency_ms"]) == 60 and len(s["samples"]["replan_action0"]) == 4
@@ -123,7 +133,7 @@ def test_runtime_demo_plot_draws_the_steps_and_the_what_if_branches(tmp_path):
 
 
 def test_runtime_demo_json_has_no_samples_without_plot(tmp_path):
-    res = run_tool("demo", "--runtime", "--steps", 20, "--json", tmp_path / "d.json")
+    res = run_tool("demo", "--runtime", "--steps", 20, "--config", small_store(tmp_path), "--json", tmp_path / "d.json")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "samples" not in json.loads((tmp_path / "d.json").read_text())
 

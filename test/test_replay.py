@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 from fixtures.make_bags import make_all
-from fixtures.replay_cli import replay
+from fixtures.replay_cli import config_with, replay
 
 from flashrt_ros.tools.replay.bags import StepRecord, read_policy_steps, typestore, write_outputs
 
@@ -15,22 +15,29 @@ def bags(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def offline_run(bags, tmp_path_factory):
+def cfg(tmp_path_factory):
+    """The shipped config with a 64 MB store: its 512 MB took ~0.4 CPU-s to fault in per replay, and 1000 steps
+    fit (test_single_file_bags_are_accepted replays with the shipped file itself: the same actions)."""
+    return config_with(tmp_path_factory.mktemp("config"), capsule_budget_mb=64.0)
+
+
+@pytest.fixture(scope="module")
+def offline_run(bags, cfg, tmp_path_factory):
     out = tmp_path_factory.mktemp("out") / "offline"
-    summary, _ = replay(bags["mcap"], "--out", out)
+    summary, _ = replay(bags["mcap"], "--config", cfg, "--out", out)
     return summary, out
 
 
-def test_offline_replay_is_deterministic(bags, offline_run):
+def test_offline_replay_is_deterministic(bags, cfg, offline_run):
     first, _ = offline_run
-    again, _ = replay(bags["mcap"])
+    again, _ = replay(bags["mcap"], "--config", cfg)
     assert first["steps"] == first["messages"] == 1000 and first["rejected"]["count"] == 0
     assert again["actions_sha256"] == first["actions_sha256"]
 
 
-def test_mcap_and_sqlite3_versions_give_identical_outputs(bags, offline_run, tmp_path):
+def test_mcap_and_sqlite3_versions_give_identical_outputs(bags, cfg, offline_run, tmp_path):
     first, out_mcap = offline_run
-    sq, _ = replay(bags["sqlite3"], "--out", tmp_path / "sq", "--storage", "sqlite3")
+    sq, _ = replay(bags["sqlite3"], "--config", cfg, "--out", tmp_path / "sq", "--storage", "sqlite3")
     assert sq["actions_sha256"] == first["actions_sha256"]
     _, res = replay("diff", out_mcap, tmp_path / "sq")
     assert json.loads(res.stdout)["identical"]
@@ -38,18 +45,18 @@ def test_mcap_and_sqlite3_versions_give_identical_outputs(bags, offline_run, tmp
 
 def test_single_file_bags_are_accepted(bags, offline_run):
     first, _ = offline_run
-    one, _ = replay(next(bags["mcap"].glob("*.mcap")))
+    one, _ = replay(next(bags["mcap"].glob("*.mcap")))  # no --config: the shipped file, its 512 MB store
     assert one["actions_sha256"] == first["actions_sha256"]
 
 
-def test_rollback_checks_pass_over_a_whole_recorded_run(bags, offline_run):
-    summary, _ = replay(bags["mcap"], "--rollback-every", 50, "--rollback-depth", 20)
+def test_rollback_checks_pass_over_a_whole_recorded_run(bags, cfg, offline_run):
+    summary, _ = replay(bags["mcap"], "--config", cfg, "--rollback-every", 50, "--rollback-depth", 20)
     assert summary["rollback_checks"] == {"run": 20, "passed": 20}
     assert summary["actions_sha256"] == offline_run[0]["actions_sha256"]  # checks change nothing
 
 
-def test_malformed_messages_are_counted_by_reason_with_their_numbers(bags):
-    summary, _ = replay(bags["with_bad_messages"])
+def test_malformed_messages_are_counted_by_reason_with_their_numbers(bags, cfg):
+    summary, _ = replay(bags["with_bad_messages"], "--config", cfg)
     assert summary["messages"] == 300 and summary["steps"] == 294 and summary["rejected"]["count"] == 6
     reasons = dict(summary["rejected"]["reasons"])
     assert reasons.pop("non-finite value nan at index 3") == 3
@@ -92,9 +99,9 @@ def test_diff_finds_a_planted_divergence_at_the_exact_step(offline_run, tmp_path
 
 
 @pytest.mark.ros
-def test_live_replay_through_the_node_matches_offline_bytes(bags, offline_run, ros_domain, tmp_path):
+def test_live_replay_through_the_node_matches_offline_bytes(bags, cfg, offline_run, ros_domain, tmp_path):
     offline, out_offline = offline_run
-    live, _ = replay(bags["mcap"], "--mode", "live", "--rate", 0, "--out", tmp_path / "live",
+    live, _ = replay(bags["mcap"], "--mode", "live", "--rate", 0, "--config", cfg, "--out", tmp_path / "live",
                      "--rollback-every", 250, "--rollback-depth", 20, env=ros_domain)
     assert live["steps"] == 1000 and live["actions_sha256"] == offline["actions_sha256"]
     assert live["rollback_checks"] == {"run": 4, "passed": 4}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.make_bags import PERIOD_NS, T0_NS, trace, write_joint_bag
-from fixtures.replay_cli import replay
+from fixtures.replay_cli import config_with, replay
 
 from flashrt_ros.tools.replay import bags
 from flashrt_ros.tools.replay.bags import write_joint_trace
@@ -44,8 +44,15 @@ def corpus(tmp_path_factory):
     return d
 
 
-def run_corpus(spec, *args, expect, tmp_path, name="s.json", timeout=300):
-    _, res = replay(spec, *args, "--json", tmp_path / name, expect=expect, timeout=timeout)
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    """The shipped config with a 32 MB store: every bag's replay faulted in its 512 MB (~0.4 CPU-s), and 80 steps
+    fit in far less."""
+    return config_with(tmp_path_factory.mktemp("config"), capsule_budget_mb=32.0)
+
+
+def run_corpus(spec, *args, cfg, expect, tmp_path, name="s.json", timeout=300):
+    _, res = replay(spec, *args, "--config", cfg, "--json", tmp_path / name, expect=expect, timeout=timeout)
     return json.loads((tmp_path / name).read_text()), res
 
 
@@ -53,9 +60,9 @@ def without_timing(rows):
     return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
 
 
-def test_a_failing_bag_is_reported_the_others_still_run_and_the_exit_code_says_so(corpus, tmp_path):
+def test_a_failing_bag_is_reported_the_others_still_run_and_the_exit_code_says_so(corpus, cfg, tmp_path):
     out = tmp_path / "out"
-    s, res = run_corpus(corpus, "--jobs", 2, "-o", out, *ROLLBACK, expect=1, tmp_path=tmp_path)
+    s, res = run_corpus(corpus, "--jobs", 2, "-o", out, *ROLLBACK, cfg=cfg, expect=1, tmp_path=tmp_path)
     rows = {r["bag"]: r for r in s["rows"]}
     assert sorted(rows) == sorted(GOOD + ["cut_short"]) and s["failed"] == ["cut_short"]
     bad = rows.pop("cut_short")
@@ -75,23 +82,23 @@ def test_a_failing_bag_is_reported_the_others_still_run_and_the_exit_code_says_s
 
 
 @pytest.fixture(scope="module")
-def jobs_1(corpus, tmp_path_factory):
+def jobs_1(corpus, cfg, tmp_path_factory):
     """The corpus replayed by one worker (the summary), the rows --jobs 2 and Ray must give: read-only."""
-    return run_corpus(corpus, "--jobs", 1, *ROLLBACK, expect=1, tmp_path=tmp_path_factory.mktemp("jobs_1"),
+    return run_corpus(corpus, "--jobs", 1, *ROLLBACK, cfg=cfg, expect=1, tmp_path=tmp_path_factory.mktemp("jobs_1"),
                       name="one.json")[0]
 
 
-def test_jobs_2_gives_the_rows_of_jobs_1(corpus, jobs_1, tmp_path):
+def test_jobs_2_gives_the_rows_of_jobs_1(corpus, cfg, jobs_1, tmp_path):
     one = jobs_1
-    two, _ = run_corpus(corpus, "--jobs", 2, *ROLLBACK, expect=1, tmp_path=tmp_path, name="two.json")
+    two, _ = run_corpus(corpus, "--jobs", 2, *ROLLBACK, cfg=cfg, expect=1, tmp_path=tmp_path, name="two.json")
     assert without_timing(one["rows"]) == without_timing(two["rows"])
     assert (one["workers"], two["workers"]) == (1, 2)
 
 
-def test_reference_diff_names_the_first_divergence_per_bag(tmp_path):
+def test_reference_diff_names_the_first_divergence_per_bag(cfg, tmp_path):
     ref_bags = good_bags(tmp_path / "ref_bags")
     ref = tmp_path / "reference"
-    replay(ref_bags, "--jobs", 2, "-o", ref, expect=0)
+    replay(ref_bags, "--jobs", 2, "--config", cfg, "-o", ref, expect=0)
     # the same corpus again, one recording changed from step 30 on and one with no reference
     new = tmp_path / "new_bags"
     shutil.copytree(ref_bags, new)
@@ -100,7 +107,7 @@ def test_reference_diff_names_the_first_divergence_per_bag(tmp_path):
     changed[30:, 0] += 0.5
     write_joint_trace(new / "arm_sqlite3", "sqlite3", changed, T0_NS, PERIOD_NS)
     shutil.copy(new / "arm_mcap.mcap", new / "brand_new.mcap")
-    s, res = run_corpus(new, "--jobs", 2, "--reference", ref, expect=1, tmp_path=tmp_path)
+    s, res = run_corpus(new, "--jobs", 2, "--reference", ref, cfg=cfg, expect=1, tmp_path=tmp_path)
     rows = {r["bag"]: r for r in s["rows"]}
     assert rows["arm_mcap"]["reference"] == rows["with_rejects"]["reference"] == "identical"
     assert rows["arm_mcap"]["exit_code"] == rows["with_rejects"]["exit_code"] == 0
@@ -111,8 +118,8 @@ def test_reference_diff_names_the_first_divergence_per_bag(tmp_path):
     assert "index 30 (step 31)" in res.stdout
 
 
-def test_a_glob_of_good_bags_exits_0(corpus, tmp_path):
-    s, _ = run_corpus(str(corpus / "arm_*"), expect=0, tmp_path=tmp_path)
+def test_a_glob_of_good_bags_exits_0(corpus, cfg, tmp_path):
+    s, _ = run_corpus(str(corpus / "arm_*"), cfg=cfg, expect=0, tmp_path=tmp_path)
     assert [r["bag"] for r in s["rows"]] == ["arm_mcap", "arm_sqlite3"] and s["failed"] == []
 
 
@@ -141,13 +148,13 @@ def test_a_bad_corpus_is_refused_up_front_with_exit_2(corpus, tmp_path, case):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install ray)")
-def test_ray_gives_the_rows_of_local_workers(corpus, jobs_1, tmp_path):
+def test_ray_gives_the_rows_of_local_workers(corpus, cfg, jobs_1, tmp_path):
     """A local Ray, started by the command itself (no cluster running), 2 CPUs."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     local = jobs_1
-    _, res = replay(corpus, "--ray", "auto", "--jobs", 2, *ROLLBACK, "--json", tmp_path / "ray.json", env=env,
-                    expect=1, timeout=600)
+    _, res = replay(corpus, "--ray", "auto", "--jobs", 2, *ROLLBACK, "--config", cfg, "--json", tmp_path / "ray.json",
+                    env=env, expect=1, timeout=600)
     on_ray = json.loads((tmp_path / "ray.json").read_text())
     assert on_ray["engine"] == "ray (auto)" and on_ray["failed"] == ["cut_short"]
     assert without_timing(on_ray["rows"]) == without_timing(local["rows"])
@@ -189,7 +196,7 @@ def test_sigterm_stops_every_running_worker_and_leaves_no_unfinished_output(tmp_
     assert not [p for p in out.iterdir() if p.is_dir()]  # their unfinished output bags were removed
 
 
-def test_a_fifo_or_a_link_loop_in_a_corpus_is_one_failed_row_never_a_hang(tmp_path):
+def test_a_fifo_or_a_link_loop_in_a_corpus_is_one_failed_row_never_a_hang(cfg, tmp_path):
     """Issue 44.4: a FIFO named as a bag once hung the corpus (no exit in 150 s: its worker waited on the FIFO
     for a writer), and a link loop ended it with exit 4 (an internal error)."""
     d = tmp_path / "corpus"
@@ -204,7 +211,7 @@ def test_a_fifo_or_a_link_loop_in_a_corpus_is_one_failed_row_never_a_hang(tmp_pa
     os.mkfifo(d / "fifo_dir" / "x.mcap")
     os.mkfifo(tmp_path / "metadata.yaml")  # a FIFO as metadata.yaml is read as no metadata, not waited on
     assert bags._read_metadata(tmp_path) == {}
-    s, res = run_corpus(d, "--jobs", 2, expect=1, tmp_path=tmp_path, timeout=120)
+    s, res = run_corpus(d, "--jobs", 2, cfg=cfg, expect=1, tmp_path=tmp_path, timeout=120)
     rows = {r["bag"]: r for r in s["rows"]}
     assert sorted(rows) == ["fifo", "fifo_dir", "good", "loop"] and s["failed"] == ["fifo", "fifo_dir", "loop"]
     assert rows["good"]["exit_code"] == 0 and rows["good"]["steps"] == 20

@@ -2,7 +2,7 @@
 and the earlier spellings still mean the same thing: same parse, same run, same refusals and exit codes."""
 import pytest
 from fixtures.make_bags import PERIOD_NS, T0_NS, trace, write_joint_bag
-from fixtures.replay_cli import replay
+from fixtures.replay_cli import config_with, replay
 
 from flashrt_ros.tools.replay.bags import read_policy_steps, typestore, write_joint_trace
 from flashrt_ros.tools.replay.cli import _parser, check_bag_options
@@ -16,6 +16,12 @@ def bags(tmp_path_factory):
     return {"one": write_joint_trace(d / "one.mcap", "mcap", trace(STEPS), T0_NS, PERIOD_NS),
             "two_topics": write_joint_bag(d / "two_topics", "mcap", 40, extra_topics={"/other_joints":
                                                                                        "sensor_msgs/msg/JointState"})}
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    """The shipped config with a 32 MB store: the flags are the subject, and each replay faulted in its 512 MB."""
+    return config_with(tmp_path_factory.mktemp("config"), capsule_budget_mb=32.0)
 
 
 def parsed(*argv) -> dict:
@@ -38,11 +44,11 @@ def test_start_offset_defaults_to_the_whole_bag():
     assert parsed()["start_offset"] == 0.0 and parsed("--start-offset", "1.5")["start_offset"] == 1.5
 
 
-def test_output_in_every_spelling_writes_the_same_bag(bags, tmp_path):
+def test_output_in_every_spelling_writes_the_same_bag(bags, cfg, tmp_path):
     runs = {}
     for flag in ("-o", "--output", "--out"):
         out = tmp_path / flag.strip("-")
-        summary, _ = replay(bags["one"], flag, out, "--rollback-every", 40, "--rollback-depth", 10)
+        summary, _ = replay(bags["one"], flag, out, "--config", cfg, "--rollback-every", 40, "--rollback-depth", 10)
         assert summary["out"] == str(out) and summary["steps"] == STEPS
         steps = read_policy_steps(out, typestore())
         runs[flag] = ([(m.step, bytes(m.action.tobytes())) for m in steps],
@@ -61,8 +67,8 @@ def test_an_existing_output_is_refused_with_exit_2_in_every_spelling(bags, tmp_p
 
 
 @pytest.mark.parametrize("flag", ["--topics", "--topic"])
-def test_topics_and_topic_pick_the_same_observation_topic(bags, flag):
-    summary, _ = replay(bags["two_topics"], flag, "/other_joints")
+def test_topics_and_topic_pick_the_same_observation_topic(bags, cfg, flag):
+    summary, _ = replay(bags["two_topics"], flag, "/other_joints", "--config", cfg)
     assert summary["topic"] == "/other_joints" and summary["steps"] == 40
 
 
@@ -77,9 +83,9 @@ def test_a_negative_rate_is_refused_in_both_spellings(bags, flag):
     assert "--rate" in res.stderr
 
 
-def test_start_offset_starts_that_many_seconds_into_the_bag(bags, tmp_path):
+def test_start_offset_starts_that_many_seconds_into_the_bag(bags, cfg, tmp_path):
     out = tmp_path / "late"
-    summary, _ = replay(bags["one"], "--start-offset", "0.5", "-o", out)
+    summary, _ = replay(bags["one"], "--start-offset", "0.5", "-o", out, "--config", cfg)
     skipped = round(0.5e9 / PERIOD_NS)
     assert summary["skipped_before_start_offset"] == skipped and summary["steps"] == STEPS - skipped
     steps = read_policy_steps(out, typestore())

@@ -86,17 +86,18 @@ def test_the_message_count_limit_follows_the_decompression_limit(tmp_path, cfg, 
 
 
 def test_message_records_of_chunks_overlapping_in_time_count_together(tmp_path, cfg):
-    """rosbags holds the messages of every chunk it has opened and not finished: four chunks of 40,000 over
-    the same time range are 160,000 at once, though each is under the limit (131,072 at 16 MB)."""
-    stacked = write_crafted_mcap(tmp_path / "stacked.mcap", [Chunk(0, 10, empty_messages=40_000) for _ in range(4)])
-    rc, stderr, _ = replay_with_peak(stacked, "--max-decompressed-mb", 16, config=cfg)
+    """rosbags holds the messages of every chunk it has opened and not finished: four chunks of 2,500 over
+    the same time range are 10,000 at once, though each is under the limit (8,192 at 1 MB: the count, not
+    the size, is the subject, so the smallest limit keeps rosbags' reading short)."""
+    stacked = write_crafted_mcap(tmp_path / "stacked.mcap", [Chunk(0, 10, empty_messages=2_500) for _ in range(4)])
+    rc, stderr, _ = replay_with_peak(stacked, "--max-decompressed-mb", 1, config=cfg)
     assert rc == 2, stderr
-    assert "MCAP chunks overlapping in time hold together more than 131072 message records" in stderr, stderr
-    rc, stderr, _ = replay_with_peak(stacked, "--max-decompressed-mb", 32, config=cfg)
+    assert "MCAP chunks overlapping in time hold together more than 8192 message records" in stderr, stderr
+    rc, stderr, _ = replay_with_peak(stacked, "--max-decompressed-mb", 2, config=cfg)
     assert rc == 0, stderr
     one_after_another = write_crafted_mcap(tmp_path / "sequential.mcap",
-                                           [Chunk(10 * i, 10, empty_messages=40_000) for i in range(4)])
-    rc, stderr, _ = replay_with_peak(one_after_another, "--max-decompressed-mb", 16, config=cfg)
+                                           [Chunk(10 * i, 10, empty_messages=2_500) for i in range(4)])
+    rc, stderr, _ = replay_with_peak(one_after_another, "--max-decompressed-mb", 1, config=cfg)
     assert rc == 0, stderr  # a chunk that is done no longer counts
 
 

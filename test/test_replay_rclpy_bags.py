@@ -4,12 +4,18 @@ rosbags alone refuses. They replay in full; damaged messages are still refused a
 import pytest
 from fixtures import make_bags as mb
 from fixtures.make_bags import JOINTS, RCLPY_STEPS, T0_NS, rclpy_bag, read_raw, trace
-from fixtures.replay_cli import replay
+from fixtures.replay_cli import config_with, replay
 from rosbags.serde import SerdeError
 
 from flashrt_ros.tools.replay.bags import JOINT_STATE, decode_cdr, fastcdr_estimate, typestore
 
 UNDECODABLE = f"undecodable {JOINT_STATE} (SerdeError)"
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    """The shipped config with a 32 MB store: the bags' decoding is the subject, and each replay faulted in 512 MB."""
+    return config_with(tmp_path_factory.mktemp("config"), capsule_budget_mb=32.0)
 
 
 @pytest.fixture(scope="module")
@@ -43,17 +49,17 @@ def test_rclpy_messages_end_in_bytes_rosbags_refuses_and_decode_to_the_values_wr
 
 
 @pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
-def test_every_message_of_an_rclpy_bag_with_an_empty_effort_is_stepped(storage, rosbags_twin):
-    summary, _ = replay(rclpy_bag("no_effort", storage))
+def test_every_message_of_an_rclpy_bag_with_an_empty_effort_is_stepped(storage, cfg, rosbags_twin):
+    summary, _ = replay(rclpy_bag("no_effort", storage), "--config", cfg)
     assert summary["messages"] == summary["steps"] == RCLPY_STEPS
     assert summary["rejected"] == {"count": 0, "reasons": {}}
-    twin, _ = replay(rosbags_twin)
+    twin, _ = replay(rosbags_twin, "--config", cfg)
     assert summary["actions_sha256"] == twin["actions_sha256"]  # the same observations as rosbags' bytes give
 
 
 @pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
-def test_joint_states_without_velocities_decode_and_are_refused_as_missing_velocities(storage):
-    summary, res = replay(rclpy_bag("no_velocity", storage), expect=3)
+def test_joint_states_without_velocities_decode_and_are_refused_as_missing_velocities(storage, cfg):
+    summary, res = replay(rclpy_bag("no_velocity", storage), "--config", cfg, expect=3)
     assert summary["messages"] == RCLPY_STEPS and summary["steps"] == 0
     assert summary["rejected"]["reasons"] == {
         "JointState has 7 names, 7 positions and 0 velocities: it carries no velocities, and an observation is "
@@ -90,10 +96,10 @@ def test_trailing_bytes_are_checked_by_number_not_content(ts):
 
 
 @pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
-def test_damaged_messages_among_rclpy_ones_are_counted_and_the_rest_stepped(tmp_path, storage):
+def test_damaged_messages_among_rclpy_ones_are_counted_and_the_rest_stepped(tmp_path, cfg, storage):
     messages = read_raw(rclpy_bag("no_effort", "mcap"))
     bad = {i: DAMAGES[k % len(DAMAGES)] for k, i in enumerate(range(1, RCLPY_STEPS, 3))}
     mixed = [(ns, _damaged(raw, bad[i]) if i in bad else raw) for i, (ns, raw) in enumerate(messages)]
-    summary, _ = replay(mb.write_raw_bag(tmp_path / "mixed", storage, mixed))
+    summary, _ = replay(mb.write_raw_bag(tmp_path / "mixed", storage, mixed), "--config", cfg)
     assert summary["messages"] == RCLPY_STEPS and summary["steps"] == RCLPY_STEPS - len(bad)
     assert summary["rejected"] == {"count": len(bad), "reasons": {UNDECODABLE: len(bad)}}
