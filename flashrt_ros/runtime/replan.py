@@ -4,7 +4,8 @@ Branches read the source capsule's KV window in place from the log and append to
 committed branch, if any, becomes the live timeline.
 
 Locks: ``session.branch_lock`` for the whole replan (it owns rows 1..b meanwhile); ``session.lock`` only
-for the bookkeeping (fork, page allocation and references, snapshots, history, commit), released around
+for the bookkeeping (fork, page allocation and references, snapshots, history, commit; where the backend
+replays rows concurrently, a batched step that appends in place to the branches' own pages takes none), released around
 each batched step's compute and around the fork's copy-on-write of its partial pages where the backend can
 replay rows concurrently (``concurrent_replay``). So a live step waits at most for one bookkeeping section,
 never for a batched step (on CUDA it runs between two batched steps; the lock is not fair, so under load it
@@ -96,9 +97,16 @@ def run_replan(session, capsule_id: int | None, observations, commit_branch: int
             actions = np.empty((b, h, session.cfg.action_dim), np.float32)
             done, message, cancelled = 0, "", False
             for t in range(h):
-                with session.lock:  # page references and fills are shared with the live row
-                    session.backend.from_host(obs_rows, obs[:, t])
-                    pending = session.kv.prepare_branch_appends(1, b, base_step + t, defer_copies=concurrent)
+                # Most steps append in place to the branches' own pages: no lock, so the step does not wait for a
+                # live step (with its publishes) to give the lock back, h times a replan. Page references and
+                # fills shared with the live row (a copy-on-write, a page boundary) take it.
+                if concurrent and session.kv.branch_appends_in_place(1, b, base_step + t):
+                    session.backend.from_host(obs_rows, obs[:, t])  # rows 1..b: this replan's own
+                    pending = None
+                else:
+                    with session.lock:
+                        session.backend.from_host(obs_rows, obs[:, t])
+                        pending = session.kv.prepare_branch_appends(1, b, base_step + t, defer_copies=concurrent)
                 if pending is not None:  # the fork's copy-on-write off the lock (half of a fork's time in it)
                     copied = False
                     try:

@@ -28,7 +28,10 @@ NAMESPACE = "arm"
 MISSION_PARAMS = {**EVAL_PARAMS, "capsule_budget_mb": 16.0,
                   # a node held up (a replan, the machine's load) steps each reading later rather than drop it:
                   # the planner finds a reading's capsule by counting the steps (sim/mission_planner.py)
-                  f"qos_overrides./{NAMESPACE}/observation.subscription.depth": 200}
+                  f"qos_overrides./{NAMESPACE}/observation.subscription.depth": 200,
+                  # no replica or standby follows this arm: a record per step on the stream was a thread's
+                  # Python beside the step and the replan, and it lengthened the node's replans (docs/sim.md)
+                  "capsule_stream": False}
 
 
 def ros_env() -> dict:

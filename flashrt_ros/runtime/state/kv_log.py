@@ -154,13 +154,23 @@ class KvLog:
         which step in lockstep): one check for all of them where each appends in place to its own page.
         ``defer_copies``: the partial pages' copy-on-write is returned, to be done by copy_pending outside the
         session lock (only these rows read their tables) and closed by finish_pending under it."""
+        if self.branch_appends_in_place(first, count, pos):
+            return None
+        return self._prepare_rows(first, count, pos, extend_shared=False, defer_copies=defer_copies)
+
+    def branch_appends_in_place(self, first: int, count: int, pos: int) -> bool:
+        """The common case of prepare_branch_appends: each of the rows appends in place to a page that only it
+        holds (refs 1). Then it touches nothing but those rows' own pages, so a replan that owns the rows may
+        call it without the session lock; False (nothing changed): the rows need prepare_branch_appends under it.
+        Another thread can only lower such a page's refs (an eviction of a capsule that shared it): 1 read is 1."""
         j, slot = (pos // KV_PAGE) % self.P, pos % KV_PAGE
         pages = self.tables[first:first + count, j]
-        if slot and (pages >= 0).all():
-            if ((self.fill[pages] == slot) & (self.refs[pages] == 1)).all():  # each its own page: distinct
-                self.fill[pages] = slot + 1
-                return None
-        return self._prepare_rows(first, count, pos, extend_shared=False, defer_copies=defer_copies)
+        if not slot or not (pages >= 0).all():
+            return False
+        if not ((self.fill[pages] == slot) & (self.refs[pages] == 1)).all():  # each its own page: distinct
+            return False
+        self.fill[pages] = slot + 1
+        return True
 
     def copy_pending(self, pending: PendingCopies) -> None:
         """The deferred copy-on-write; needs no lock (see PendingCopies)."""
