@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from ..tools.common import stop_processes
+from ..tools.common import print_table, stop_processes
+from ..tools.demo.mission import ros_env
 from .mission import HELD_OUT_SEED_BASE, SHIPPED_POLICY
 from .ros_eval import EVAL_PARAMS, POLICY_OVERRIDES, START_TIMEOUT_S, _script
 
@@ -32,15 +33,6 @@ MISSION_PARAMS = {**EVAL_PARAMS, "capsule_budget_mb": 16.0,
                   # no replica or standby follows this arm: a record per step on the stream was a thread's
                   # Python beside the step and the replan, and it lengthened the node's replans (docs/sim.md)
                   "capsule_stream": False}
-
-
-def ros_env() -> dict:
-    env = dict(os.environ)
-    env["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"  # never let discovery leave this machine
-    env.setdefault("ROS_DOMAIN_ID", str(20 + os.getpid() % 80))  # as the Makefile: 20..99
-    env.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="flashrt-roslog."))
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def _params(policy: str, backend: str, work: Path) -> Path:
@@ -152,10 +144,4 @@ def print_summary(s: dict) -> None:
         ("node exit", f"{s['node_exit_code']}{' (traceback!)' if s['node_traceback'] else ''}"),
         ("wall time", f"{s['wall_s']} s"),
     ]
-    w = max(len(k) for k, _ in rows)
-    print("\nflashrt arm mission summary")
-    print("-" * (w + 40))
-    for k, v in rows:
-        print(f"{k.ljust(w)}  {v}")
-    print("-" * (w + 40))
-    print(f"logs: {s['work_dir']}  ->  {'OK' if s['ok'] else 'FAILED'}")
+    print_table("flashrt arm mission summary", rows, s["work_dir"], s["ok"], rule_pad=40)

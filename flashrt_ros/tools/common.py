@@ -124,3 +124,15 @@ def add_backend_argument(parser, default: str, what: str = "") -> None:
     parser.add_argument("--backend", default=default, choices=BACKENDS,
                         help=f"{what}auto takes CUDA when CuPy has a device, else the compiled CPU backend, else "
                              f"NumPy (default {default})")
+
+
+def print_table(title: str, rows, work, ok: bool, rule_pad: int = 30) -> None:
+    """A mission's closing table: one (label, value) row a line, then where its logs are and the verdict."""
+    w = max(len(k) for k, _ in rows)
+    print(f"\n{title}")
+    print("-" * (w + rule_pad))
+    for k, v in rows:
+        print(f"{k.ljust(w)}  {v}")
+    print("-" * (w + rule_pad))
+    print(f"logs: {work}  ->  {'OK' if ok else 'FAILED'}")
+

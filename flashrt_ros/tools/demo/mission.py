@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..common import progress, stop_processes
+from ..common import print_table, progress, stop_processes
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -153,13 +153,7 @@ def _print_summary(s: dict, work: Path) -> None:
         ("node exit", f"{s['node_exit_code']}{' (traceback!)' if s['node_traceback'] else ''}"),
         ("wall time", f"{s['wall_s']} s"),
     ]
-    w = max(len(k) for k, _ in rows)
-    print("\nflashrt mission summary")
-    print("-" * (w + 30))
-    for k, v in rows:
-        print(f"{k.ljust(w)}  {v}")
-    print("-" * (w + 30))
-    print(f"logs: {work}  ->  {'OK' if s['ok'] else 'FAILED'}")
+    print_table("flashrt mission summary", rows, work, s["ok"])
 
 
 def _deep(d) -> str:
