@@ -18,12 +18,15 @@ restore_world service (flashrt_interfaces/RestoreWorld) puts the physics back to
 """
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
 import rclpy
 from rclpy.clock import Clock, ClockType
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock as ClockMsg
@@ -34,6 +37,8 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from flashrt_interfaces.srv import RestoreWorld
 
+from ..ros.io.convert import stamp_to_ns
+from ..tools.common import init_rclpy
 from .capsules import WorldCapsules
 from .expert import PusherExpert
 from .fault_feed import CORRECTION_TOPIC, FaultFeed
@@ -47,10 +52,6 @@ POLICY_RESET_TIMEOUT_S = 5.0
 def _stamp(ns: int):
     from builtin_interfaces.msg import Time
     return Time(sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
-
-
-def _ns(stamp) -> int:
-    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
 def targets_from_trajectory(msg: JointTrajectory) -> np.ndarray:
@@ -165,7 +166,7 @@ class SimNode(Node):
     def on_restore_world(self, request, response):
         now_ns = self.world.time_ns
         try:
-            stamp, state = self.capsules.at(_ns(request.stamp))
+            stamp, state = self.capsules.at(stamp_to_ns(request.stamp))
         except KeyError as e:
             response.success, response.message = False, str(e.args[0])
             return response
@@ -198,13 +199,20 @@ class SimNode(Node):
 
 
 def main(args=None) -> int:
-    rclpy.init(args=args)
+    # SIGINT / SIGTERM only stop the loop: rclpy's own handler shut the context down under a tick that was
+    # publishing, and the node died with "publisher's context is invalid" (exit 1)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    init_rclpy(args)
     node = SimNode()
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
     try:
-        rclpy.spin(node)
-    except (KeyboardInterrupt, rclpy.executors.ExternalShutdownException):
-        pass
+        while not stop.is_set():
+            executor.spin_once(timeout_sec=0.05)
     finally:
+        executor.shutdown()
         node.destroy_node()
         rclpy.try_shutdown()
     return 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -37,14 +38,12 @@ def timed_ms(fn, reps: int, warmup: int = 1) -> list[float]:
     return out
 
 
-def stop_processes(procs, timeout_s: float = 10.0) -> None:
-    """SIGINT to every process still running (the nodes shut down in order), then SIGKILL to any that did
-    not exit within ``timeout_s``."""
-    import signal
-
+def stop_processes(procs, timeout_s: float = 10.0, sig: int = signal.SIGINT) -> None:
+    """``sig`` (SIGINT: the nodes shut down in order) to every process still running, all at once so they stop
+    side by side, then SIGKILL to any that did not exit within ``timeout_s``; returns when every one has exited."""
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGINT)
+            p.send_signal(sig)
     for p in procs:
         try:
             p.wait(timeout_s)
@@ -56,36 +55,32 @@ def stop_processes(procs, timeout_s: float = 10.0) -> None:
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the tool is, as SIGINT raises KeyboardInterrupt: it unwinds through every finally
     (child processes stopped, temporary files removed) to the tool's main, which says what was measured."""
-    signum = 15  # signal.SIGTERM
+    signum = signal.SIGTERM
 
 
 def sigterm_as_interrupt() -> None:
     """SIGTERM (a `timeout`, systemd, a CI runner) ends the tool as Ctrl-C does, cleanly: no traceback."""
-    import signal
-
     def handler(signum, frame):
         raise Terminated()
 
     signal.signal(signal.SIGTERM, handler)
 
 
-def init_rclpy() -> None:
+def init_rclpy(args=None) -> None:
     """rclpy without its own SIGINT/SIGTERM handlers: rclpy's shut the context down under the tool, whose next
     spin then died in a traceback ("RCLError: failed to initialize wait set: the given context is not valid")."""
     import rclpy
 
     try:
         from rclpy.signals import SignalHandlerOptions
-        rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+        rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     except (ImportError, TypeError):  # an rclpy without the option
-        rclpy.init()
+        rclpy.init(args=args)
 
 
 def interrupted(tool: str, err: BaseException, json_path: str | None = None) -> int:
     """The end of a tool that SIGINT or SIGTERM stopped: what it measured so far (``err.partial``, a dict, set
     on the way out) as JSON on stdout (and in ``json_path``), one line on stderr; exit 128 + the signal."""
-    import signal
-
     signum = getattr(err, "signum", signal.SIGINT)
     name = signal.Signals(signum).name
     partial = getattr(err, "partial", None)
