@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flashrt_ros.tools.common import stop_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "config" / "flashrt.yaml"
 # capsule_budget_mb: with 48 records the KV log takes the rest of the budget, and a node that faults in the
@@ -75,16 +77,8 @@ class NodeProcess:
 
 
 def terminate_all(procs, timeout: float = 10.0) -> None:
-    """SIGTERM to each process (all at once, so they stop side by side), then SIGKILL to any still running
-    after ``timeout``; returns when every one has exited."""
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    """SIGTERM to each process, then SIGKILL to any still running after ``timeout``."""
+    stop_processes(procs, timeout, sig=signal.SIGTERM)
 
 
 def primary_and(role: str, ros_domain, tmp_path: Path, ns: str, primary_params: dict | None = None, **params):

@@ -35,8 +35,10 @@ from std_msgs.msg import Float32MultiArray, Float64MultiArray  # noqa: E402
 from flashrt_interfaces.msg import PolicyStep  # noqa: E402
 
 from ..ros.client import FlashRTClient, FlashRTTimeout  # noqa: E402
+from ..ros.io.convert import stamp_to_ns  # noqa: E402
 from ..ros.io.step_link import policy_step_qos  # noqa: E402
 from ..ros.platform.gc_freeze import GcFreezer  # noqa: E402
+from ..tools.common import p50_p99  # noqa: E402
 from .correction import REPLAN_BUDGET_MS  # noqa: E402
 from .fault_feed import CORRECTION_TOPIC, parse_correction  # noqa: E402
 from .faults import HAND  # noqa: E402
@@ -50,16 +52,9 @@ CORRECTION_DEADLINE_MS = 200.0
 GC_FREEZE_PERIOD_S = 5.0  # as the policy node's default gc_freeze_period_s
 
 
-def _ns(stamp) -> int:
-    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
-
-
 def pct(samples) -> dict:
-    if not samples:
-        return {"p50": None, "p99": None, "max": None}
-    a = np.asarray(samples, float)
-    return {"p50": round(float(np.percentile(a, 50)), 3), "p99": round(float(np.percentile(a, 99)), 3),
-            "max": round(float(a.max()), 3)}
+    """p50 / p99 / max of the samples (None each when there are none)."""
+    return {**p50_p99(samples), "max": round(float(max(samples)), 4) if len(samples) else None}
 
 
 class ArmWatch:
@@ -86,7 +81,7 @@ class ArmWatch:
 
     def on_clock(self, msg) -> None:
         with self.lock:
-            self.clock_ns = _ns(msg.clock)
+            self.clock_ns = stamp_to_ns(msg.clock)
             if self.first_clock_ns is None:
                 self.first_clock_ns = self.clock_ns
 
@@ -97,7 +92,7 @@ class ArmWatch:
         first step's reading plus k x 10 ms: the capsules are kept by that count, and the offset of the count to
         the readings' stamps is the most common difference between the node's stamps and the count (most stamps
         are right)."""
-        ns = _ns(msg.header.stamp)
+        ns = stamp_to_ns(msg.header.stamp)
         with self.lock:
             counted_ns = self.steps_seen * STEP_NS
             self.steps_seen += 1
