@@ -47,6 +47,14 @@ def _actions(planner):
             break
         planner.spin(0.01)
     assert sub.get_publisher_count(), "no publisher of 'action'"
+    # The subscriber seeing the publisher does not mean the node's writer has matched this reader yet
+    # (discovery is two-sided): step until one action arrives here, then count from zero.
+    for o in observation_trace(40)[30:]:
+        planner.step(o)
+        if planner.spin_until(lambda: got, 2.0):
+            break
+    assert got, "no action reached the test's subscriber"
+    got.clear()
     return got
 
 
