@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.make_bags import PERIOD_NS, T0_NS, trace, write_joint_bag
-from fixtures.replay_cli import config_with, replay
+from fixtures.replay_cli import ROOT, config_with, replay
 
 from flashrt_ros.tools.replay import bags
 from flashrt_ros.tools.replay.bags import write_joint_trace
@@ -211,7 +211,18 @@ def test_a_fifo_or_a_link_loop_in_a_corpus_is_one_failed_row_never_a_hang(cfg, t
     os.mkfifo(d / "fifo_dir" / "x.mcap")
     os.mkfifo(tmp_path / "metadata.yaml")  # a FIFO as metadata.yaml is read as no metadata, not waited on
     assert bags._read_metadata(tmp_path) == {}
-    s, res = run_corpus(d, "--jobs", 2, cfg=cfg, expect=1, tmp_path=tmp_path, timeout=120)
+    # its own process group, so a hang is a failure in 120 s (with its workers ended), not a test that never ends
+    proc = subprocess.Popen([sys.executable, "-m", "flashrt_ros.tools.replay", d, "--jobs", "2", "--config", cfg,
+                             "--json", tmp_path / "s.json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the corpus with a FIFO and a link loop did not end in 120 s")
+    assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+    s = json.loads((tmp_path / "s.json").read_text())
     rows = {r["bag"]: r for r in s["rows"]}
     assert sorted(rows) == ["fifo", "fifo_dir", "good", "loop"] and s["failed"] == ["fifo", "fifo_dir", "loop"]
     assert rows["good"]["exit_code"] == 0 and rows["good"]["steps"] == 20
