@@ -811,6 +811,11 @@ MUTATIONS = [
              "            self.free.extendleft(int(p) for p in held[self.refs[held] == 1])",
              ["test/test_replan.py::test_page_refcounts_equal_what_holds_them_through_evictions_rollbacks_and_replans"],
              "the same past KvLog.SHORT_TABLE table slots (a long window)"),
+    Mutation("set_row_moves_the_refs_of_some_changed_slots_only", RT + "state/kv_log.py",
+             "moved = np.flatnonzero(pages != old)",
+             "moved = np.flatnonzero(pages > old)",
+             ["test/test_replan.py::test_page_refcounts_equal_what_holds_them_through_evictions_rollbacks_and_replans"],
+             "a rollback to a window whose page numbers are lower keeps the old pages' references: they never free"),
     Mutation("replay_offline_keeps_a_kilobyte_per_step", "flashrt_ros/tools/replay/cli.py",
              "            checks.push(obs, res.action.copy())\n",
              "            checks.push(obs, res.action.copy())\n"

@@ -119,6 +119,10 @@ def test_history_points_keep_the_old_keys_with_capsule_bytes_independent_of_the_
         assert h["speedup_vs_prefill"] == round(h["cold_prefill_ms"] / h["rollback_replan_ms"], 2)
         assert h["cold_replay_ms"] is None or h["cold_replay_ms"] > 0
     assert hs[0]["capsule_bytes"] == hs[1]["capsule_bytes"]  # 2 and 3 page-table slots fit one aligned block
+    for h in hs:  # issue 47: each restore's share of a default step, against its target
+        share = quick[0]["acceptance"][f"restore_over_step.history_{h['history']}"]
+        assert share["value"] == round(h["restore_ms"] / quick[0]["step_latency_ms"]["p50"], 4)
+        assert share["met"] == (share["value"] <= 0.05) and share["target"] == "<= 0.05"
     assert hs[1]["full_row_capsule_bytes"] - hs[1]["capsule_bytes"] == 2 * (
         hs[0]["full_row_capsule_bytes"] - hs[0]["capsule_bytes"])
 

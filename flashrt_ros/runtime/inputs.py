@@ -43,7 +43,7 @@ def check_int(name: str, value, lo: int = 0, none_ok: bool = False, hi: int | No
     the argument, rather than rounded, taken as 1, or failing deeper in with a TypeError."""
     if value is None and none_ok:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
         raise ValueError(f"{name}: expected an integer, got {value!r}")
     if value < lo:
         raise ValueError(f"{name}: must be >= {lo}, got {value}")

@@ -131,8 +131,14 @@ class KvLog:
         nothing is copied."""
         pages = np.asarray(pages, np.int64)
         for r in range(row, row + count):
-            self.incref(pages)
-            self.decref(self.tables[r])
+            old = self.tables[r]
+            if len(pages) > self.SHORT_TABLE:  # a rollback moves few slots of a long table: only theirs change refs
+                moved = np.flatnonzero(pages != old)
+                self.incref(pages[moved])
+                self.decref(old[moved])
+            else:
+                self.incref(pages)
+                self.decref(old)
             self.tables[r] = pages
         self._write_device(row, count)
 

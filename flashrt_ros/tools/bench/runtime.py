@@ -225,6 +225,9 @@ def acceptance(out: dict, plan: Plan) -> dict:
     for key, o in out["step_capsule_overhead"].items():
         check(f"step_capsule_overhead.{key}", o["overhead"], 0.05)
     check("step_latency_ms.p50", out["step_latency_ms"]["p50"], 0.35)
+    for h in out["histories"]:  # issue 47: a restore (a small copy and a page table) under 5% of a default step
+        check(f"restore_over_step.history_{h['history']}", round(h["restore_ms"] / out["step_latency_ms"]["p50"], 4),
+              0.05)
     # issue 17's: 4x8 at the default window p50 <= 5 / p99 <= 8, 8x8 there p99 <= 12, 4x8 at 4x it p99 <= 15
     for i, (b, h, w) in enumerate(plan.replan_cases):
         case = f"{b}x{h}@{w}"
