@@ -20,6 +20,12 @@ def test_bench_ros_replans_from_a_full_wrapped_window_and_reports_the_fill(ros_d
     for key in ("trigger_rtt", "rollback_rtt", "replan_rtt", "replan_in_node_ms", "step_latency"):
         assert 0 < d[key]["p50"] <= d[key]["p99"], key
     assert d["calls"] == 20 and d["replan_deadline_met"].endswith("/20")
+    # issue 47.3: the round trip split in the goal's round trip and the rest; the ROS overhead is what is not the
+    # node's own replan (each call's goal response comes before its result, and the node's time is inside the trip)
+    for key in ("replan_goal_response_ms", "replan_after_accept_ms", "replan_ros_overhead_ms"):
+        assert 0 < d[key]["p50"] <= d[key]["p99"], key
+    assert d["replan_goal_response_ms"]["p50"] < d["replan_rtt"]["p50"]
+    assert d["replan_ros_overhead_ms"]["p50"] < d["replan_rtt"]["p50"]
     beside = d["step_beside_replans"]  # the live step with and without a replan running, same run
     assert beside["replans"] > 0 and beside["block_steps"] == 5
     for key in ("round_trip_ms", "in_node_ms"):

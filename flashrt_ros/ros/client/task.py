@@ -28,7 +28,8 @@ class ReplanOutcome:
     result: Replan.Result  # always a Result; for a refusal success=False, rejected=True
     branches: int
     feedback: list = field(default_factory=list)
-    rtt_ms: float = 0.0
+    rtt_ms: float = 0.0  # send to result, on this process's clock
+    accepted_ms: float = 0.0  # send to the goal response (the first of the action's two round trips)
 
     @property
     def succeeded(self) -> bool:
@@ -60,6 +61,7 @@ class ReplanTask:
         self.feedback: list = []
         self._user_feedback = feedback_callback
         self._t0 = time.perf_counter()
+        self._accepted_ms = 0.0
         self._result_future = None
         self._outcome: ReplanOutcome | None = None
         self._done = threading.Event()
@@ -79,6 +81,7 @@ class ReplanTask:
         if future.cancelled():  # the caller gave up waiting (FlashRTTimeout): no answer to record
             forget_feedback(self._client.replan_client, self._goal_key)
             return
+        self._accepted_ms = (time.perf_counter() - self._t0) * 1e3
         handle = future.result()
         if handle is None or not handle.accepted:  # the ROS-level rejection only ever means busy (Replan.action)
             forget_feedback(self._client.replan_client, self._goal_key)
@@ -94,7 +97,7 @@ class ReplanTask:
     def _finish(self, status: int, result: Replan.Result) -> None:
         reason = result.message if result.rejected else ""
         self._outcome = ReplanOutcome(not result.rejected, reason, status, result, int(self.goal.branches),
-                                      self.feedback, (time.perf_counter() - self._t0) * 1e3)
+                                      self.feedback, (time.perf_counter() - self._t0) * 1e3, self._accepted_ms)
         self._done.set()
 
     def is_task_complete(self) -> bool:

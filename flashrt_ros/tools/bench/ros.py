@@ -194,12 +194,13 @@ def run(args) -> dict:
         branches = np.stack([trace[warm:warm + 8] + 0.05 * b for b in range(4)])
         deadline_met = []  # branch capsules evict old unpinned ones; the pinned base stays
 
-        rep, rep_node = [], []
+        rep, rep_node, rep_accept = [], [], []
         for i in range(args.calls):
             t0 = time.perf_counter()
             out = client.replan(branches, capsule_id=pinned)
             rep.append((time.perf_counter() - t0) * 1e3)
             rep_node.append(out.result.elapsed_ms)
+            rep_accept.append(out.accepted_ms)
             deadline_met.append(bool(out.result.deadline_met))
             if (i + 1) % 100 == 0:
                 progress(f"replan 4x8: {i + 1}/{args.calls}")
@@ -214,6 +215,11 @@ def run(args) -> dict:
                                        block=max(1, min(50, args.calls // 4)))
         out = {"calls": args.calls, "trigger_rtt": p50_p99(trig), "rollback_rtt": p50_p99(roll),
                "replan_rtt": p50_p99(rep), "replan_in_node_ms": p50_p99(rep_node),
+               # issue 47.3: where the round trip goes. Per call: the goal's round trip (send to accepted), the
+               # rest (execute, the result's round trip), and all that is not the node's own replan
+               "replan_goal_response_ms": p50_p99(rep_accept),
+               "replan_after_accept_ms": p50_p99([r - a for r, a in zip(rep, rep_accept)]),
+               "replan_ros_overhead_ms": p50_p99([r - n for r, n in zip(rep, rep_node)]),
                "replan_deadline_met": f"{sum(deadline_met)}/{len(deadline_met)}",
                "replan_kv_fill": f"{min(base.step, window)}/{window}", "replan_kv_len": min(base.step, window),
                "replan_from_step": base.step,
