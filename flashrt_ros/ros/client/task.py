@@ -91,8 +91,13 @@ class ReplanTask:
         self._result_future.add_done_callback(self._on_result)
 
     def _on_result(self, future) -> None:
-        if not future.cancelled():
-            self._finish(future.result().status, future.result().result)
+        if future.cancelled():
+            return
+        status, result = future.result().status, future.result().result
+        if status == GoalStatus.STATUS_UNKNOWN and not result.message:  # the server no longer holds the goal
+            result.message = ("no result: the node no longer holds this goal (its result was kept "
+                              "replan_result_kept_s after it finished, and asked for later)")
+        self._finish(status, result)
 
     def _finish(self, status: int, result: Replan.Result) -> None:
         reason = result.message if result.rejected else ""

@@ -40,10 +40,6 @@ ACTION_SERVICE_QOS = QoSProfile(depth=256, reliability=ReliabilityPolicy.RELIABL
 FEEDBACK_PERIOD_S = 0.02  # at most 50 feedback messages a second, however short the batched step
 BUSY_PAUSE_S = 0.005  # bounds what answering "busy" costs: at most 200 answers a second
 CLIENT_CHECK_PERIOD_S = 0.05  # graph queries between batched steps, at most this often
-# rclpy keeps every finished goal this long for a late get_result (default 900 s), and every action
-# client deserialises the status list of all of them at each change: with planners replanning back to
-# back, a long list cost each client most of a core.
-RESULT_KEPT_S = 2
 BUSY = "busy: another replan is running (at most one runs at a time; send it again when that one is done)"
 
 
@@ -90,7 +86,10 @@ class ReplanServer:
             self.helper, Replan, "replan", execute_callback=self._deliver, goal_callback=self._on_goal,
             handle_accepted_callback=self._on_accepted, cancel_callback=lambda _: CancelResponse.ACCEPT,
             goal_service_qos_profile=ACTION_SERVICE_QOS, result_service_qos_profile=ACTION_SERVICE_QOS,
-            cancel_service_qos_profile=ACTION_SERVICE_QOS, result_timeout=RESULT_KEPT_S)
+            cancel_service_qos_profile=ACTION_SERVICE_QOS,
+            # rclpy keeps every finished goal this long for a late get_result (its default: 900 s), and every
+            # action client deserialises the status of all of them at each change (replan_result_kept_s)
+            result_timeout=float(node.get_parameter("replan_result_kept_s").value))
         self.feedback_topic = f"{self.helper.get_namespace().rstrip('/')}/replan/_action/feedback"
         self.executor = SingleThreadedExecutor(context=node.context)
         self.executor.add_node(self.helper)
@@ -192,7 +191,7 @@ class ReplanServer:
                 self._current = goal_handle
                 self._idle.clear()
         if reason:
-            goal_handle.request.observations = []  # rclpy keeps the handle RESULT_KEPT_S: not its payload
+            goal_handle.request.observations = []  # rclpy keeps the handle replan_result_kept_s: not its payload
             self.node.stats.count("replans_rejected")
             self.node.get_logger().warning(f"replan goal rejected: {reason}", throttle_duration_sec=1.0)
             self._results[bytes(goal_handle.goal_id.uuid)] = Replan.Result(

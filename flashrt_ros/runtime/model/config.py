@@ -23,7 +23,7 @@ NODE_PARAMETERS = frozenset({
     "diagnostics_period_s",
     "step_deadline_ms", "replan_deadline_ms", "replan_max_deadline_ms", "autostart", "use_sim_time",
     "persist_dir", "resume", "resume_fresh_on_mismatch", "persist_fsync_ms", "persist_fsync_records",
-    "persist_segment_mb", "persist_budget_mb", "persist_queue_mb", "replan_max_goal_mb",
+    "persist_segment_mb", "persist_budget_mb", "persist_queue_mb", "replan_max_goal_mb", "replan_result_kept_s",
     "thread_priority", "replan_nice", "gc_freeze_period_s", "keep_freed_memory", "clean_dead_shm_segments",
     "use_shipped_dds_profile", "hold_dead_participant_ids", "thread_safe_action_client",
     "publish_trajectory", "action_joint_names", "control_period_s", "max_future_stamp_ms",
