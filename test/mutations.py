@@ -826,6 +826,11 @@ MUTATIONS = [
              "        if False:",
              ["test/test_ros_replan_result_kept.py"],
              "a result the node no longer holds comes back as a failure that says nothing"),
+    Mutation("background_spin_raises_after_its_stop", "flashrt_ros/tools/common.py",
+             "            if not self._closing.is_set():\n                raise\n",
+             "            raise\n",
+             ["test/test_ros_background_spin.py"],
+             "a tool stopped on a loaded machine prints rclpy's InvalidHandle traceback from its executor thread"),
     Mutation("replay_offline_keeps_a_kilobyte_per_step", "flashrt_ros/tools/replay/cli.py",
              "            checks.push(obs, res.action.copy())\n",
              "            checks.push(obs, res.action.copy())\n"

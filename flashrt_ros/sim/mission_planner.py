@@ -27,7 +27,6 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import rclpy  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from rosgraph_msgs.msg import Clock  # noqa: E402
 from std_msgs.msg import Float32MultiArray, Float64MultiArray  # noqa: E402
@@ -38,7 +37,7 @@ from ..ros.client import FlashRTClient, FlashRTTimeout  # noqa: E402
 from ..ros.io.convert import stamp_to_ns  # noqa: E402
 from ..ros.io.step_link import policy_step_qos  # noqa: E402
 from ..ros.platform.gc_freeze import GcFreezer  # noqa: E402
-from ..tools.common import p50_p99  # noqa: E402
+from ..tools.common import BackgroundSpin, p50_p99  # noqa: E402
 from .correction import REPLAN_BUDGET_MS  # noqa: E402
 from .fault_feed import CORRECTION_TOPIC, parse_correction  # noqa: E402
 from .faults import HAND  # noqa: E402
@@ -229,21 +228,6 @@ def trajectory(watch: ArmWatch, episodes: list[int], events: list[dict]) -> list
     return out
 
 
-def spin_in_thread(node, name: str) -> tuple[SingleThreadedExecutor, threading.Thread]:
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-
-    def spin() -> None:
-        try:
-            executor.spin()
-        except ExternalShutdownException:
-            pass
-
-    spinner = threading.Thread(target=spin, name=name, daemon=True)
-    spinner.start()
-    return executor, spinner
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="mission_planner", description=__doc__)
     ap.add_argument("--namespace", default="/arm")
@@ -271,7 +255,7 @@ def main(argv=None) -> int:
     # the readings of a whole run stay in memory: a full collection walking them stopped the planner (and the
     # replan answer it waited for) 32 ms in a 100 s run; frozen, the collector never walks them again
     GcFreezer(node, GC_FREEZE_PERIOD_S)
-    spinners = [spin_in_thread(node, "planner_executor"), spin_in_thread(client_node, "planner_client_executor")]
+    spinners = [BackgroundSpin(node, "planner_executor"), BackgroundSpin(client_node, "planner_client_executor")]
     corrector = Corrector(client, watch, correct=not args.no_correction)
     stopped, timeouts = False, 0
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here a stop writes the summary so far
@@ -304,9 +288,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         stopped = True
     finally:
-        for executor, spinner in spinners:
-            executor.shutdown(timeout_sec=2.0)
-            spinner.join(timeout=2.0)
+        for spinner in spinners:
+            spinner.stop()
         run = episodes_run(watch, args.duration)
         episodes = episodes_summary(watch, run, WorldConfig().success_radius)
         summary = {"mission": "arm", "namespace": ns, "correction": not args.no_correction,

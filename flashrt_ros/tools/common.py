@@ -85,6 +85,38 @@ def init_rclpy(args=None) -> None:
         rclpy.init(args=args)
 
 
+class BackgroundSpin:
+    """A node's executor on a thread of its own, as a planner node takes its answers. stop() before the node is
+    destroyed: on a loaded machine the join can give up while a last spin_once runs, and the node's handles then
+    go under it (rclpy's InvalidHandle), which after stop() is the stop, not an error."""
+
+    def __init__(self, node, name: str):
+        from rclpy.executors import SingleThreadedExecutor
+        self.executor = SingleThreadedExecutor()
+        self.executor.add_node(node)
+        self._closing = threading.Event()
+        self.thread = threading.Thread(target=self._spin, name=name, daemon=True)
+        self.thread.start()
+
+    def _spin(self) -> None:
+        from rclpy.executors import ExternalShutdownException
+        try:
+            self.executor.spin()
+        except ExternalShutdownException:  # a SIGTERM shut the context down under it: the tool still reports
+            pass
+        except Exception:  # noqa: BLE001 - see the class
+            if not self._closing.is_set():
+                raise
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._closing.set()
+        self.executor.shutdown(timeout_sec=timeout_s)
+        self.thread.join(timeout=timeout_s)  # its last callback ends before the node it runs on goes
+
+
 def interrupted(tool: str, err: BaseException, json_path: str | None = None) -> int:
     """The end of a tool that SIGINT or SIGTERM stopped: what it measured so far (``err.partial``, a dict, set
     on the way out) as JSON on stdout (and in ``json_path``), one line on stderr; exit 128 + the signal."""

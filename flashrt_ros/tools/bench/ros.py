@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from ...runtime import PolicyConfig
-from ..common import p50_p99, progress, synthetic_trace
+from ..common import BackgroundSpin, p50_p99, progress, synthetic_trace
 from ..demo.mission import params_file, ros_env
 from ..step_log import StepLog
 
@@ -49,13 +49,10 @@ def _steps_beside_replans(node_name: str, step, last_in_node, observations, bran
     """Observation -> policy_step latency in alternating blocks of `block` steps, the same node in the same
     run: none running, then a replan always running (another client sends them back to back)."""
     import rclpy
-    from rclpy.executors import SingleThreadedExecutor
 
     from ...ros.client import FlashRTClient
     node = rclpy.create_node(node_name)
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    threading.Thread(target=executor.spin, daemon=True).start()
+    spinner = BackgroundSpin(node, "bench_replanner_executor")
     client = FlashRTClient(node)
     go, stop, idle_now = threading.Event(), threading.Event(), threading.Event()
     idle_now.set()
@@ -94,7 +91,7 @@ def _steps_beside_replans(node_name: str, step, last_in_node, observations, bran
         stop.set()
         go.set()
         worker.join(30.0)
-        executor.shutdown()
+        spinner.stop()
         node.destroy_node()
 
     def ratio(a, b):
@@ -113,7 +110,6 @@ def run(args) -> dict:
     os.environ.update({k: env[k] for k in ("ROS_DOMAIN_ID", "ROS_AUTOMATIC_DISCOVERY_RANGE", "ROS_LOG_DIR")})
     import rclpy
     from diagnostic_msgs.msg import DiagnosticArray
-    from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import QoSProfile, ReliabilityPolicy
     from sensor_msgs.msg import JointState
     from std_srvs.srv import Trigger
@@ -131,7 +127,7 @@ def run(args) -> dict:
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)]
     rclpy.init()
     node = rclpy.create_node("flashrt_bench_client")
-    executor = None
+    spinner = None
     try:
         client = FlashRTClient(node)
         trigger = node.create_client(Trigger, "bench_trigger")
@@ -159,10 +155,7 @@ def run(args) -> dict:
         wait_linked(node, pub, step_sub, 60.0, alive=lambda: all(p.poll() is None for p in procs))
         # From here an executor thread takes every answer as it comes, as in a planner node (waiting by
         # spin_once added about 1 ms to a replan round trip at p50: an executor iteration per message).
-        executor = SingleThreadedExecutor()
-        executor.add_node(node)
-        spinner = threading.Thread(target=executor.spin, name="bench_executor", daemon=True)
-        spinner.start()
+        spinner = BackgroundSpin(node, "bench_executor")
         # replan from a full, wrapped window: what a long-running robot has (the shipped config's window)
         window = PolicyConfig.from_yaml(params_file(None)).kv_window
         warm = window + 64
@@ -232,8 +225,8 @@ def run(args) -> dict:
                 ("trigger_rtt", trig), ("rollback_rtt", roll), ("replan_rtt", rep), ("step_latency", lat))}
         return out
     finally:
-        if executor is not None:
-            executor.shutdown(timeout_sec=2.0)
+        if spinner is not None:
+            spinner.stop()
         node.destroy_node()
         rclpy.try_shutdown()
         for p in procs:

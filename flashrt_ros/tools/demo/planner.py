@@ -16,20 +16,18 @@ if __name__ == "__main__":
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
 from flashrt_interfaces.msg import PolicyStep
 
 from ...ros.client import FlashRTClient, FlashRTTimeout
-from ..common import p50_p99, synthetic_trace
+from ..common import BackgroundSpin, p50_p99, synthetic_trace
 from ..step_log import StepLog
 
 ROLLBACK_STEPS = 20
@@ -66,16 +64,7 @@ def main(argv=None) -> int:
     node.create_subscription(DiagnosticArray, "/diagnostics", on_diag, 10)
     # An executor thread takes the answers as they come, as in a planner node: waiting by spin_once here cost
     # about 1 ms more per replan round trip at p50 (an executor iteration per status, feedback and step message).
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    def spin() -> None:
-        try:
-            executor.spin()
-        except ExternalShutdownException:  # a SIGTERM shut the context down under it: the summary still prints
-            pass
-
-    spinner = threading.Thread(target=spin, name="planner_executor", daemon=True)
-    spinner.start()
+    spinner = BackgroundSpin(node, "planner_executor")
     interrupted_early = False
     signal.signal(signal.SIGINT, signal.default_int_handler)  # from here a stop writes the summary so far
     try:
@@ -83,8 +72,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # stopped before the node was ready: an empty summary, no traceback
         interrupted_early = True
     except BaseException:  # no node to plan with: nothing to summarise, but leave nothing spinning
-        executor.shutdown(timeout_sec=2.0)
-        spinner.join(timeout=2.0)  # its last callback ends before the node it runs on goes
+        spinner.stop()
         node.destroy_node()
         rclpy.try_shutdown()
         raise
@@ -147,8 +135,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # SIGINT (flashrt-demo stopping, Ctrl-C): the summary of the rounds so far, no traceback
         stopped = True
     finally:
-        executor.shutdown(timeout_sec=2.0)
-        spinner.join(timeout=2.0)
+        spinner.stop()
         stamps_ns, latency_ms = steps.arrays()  # one set for the counts and the timeline
         summary = {
             "steps": len(latency_ms), "rejected": int(diag.get("rejected_inputs", 0)),
