@@ -88,7 +88,7 @@ def test_the_cli_reports_the_policys_successes_over_held_out_seeds(capsys):
 
 
 @pytest.mark.parametrize("argv", [["--success-rate"], ["--expert", "--policy", "p", "--success-rate"],
-                                  ["--policy", "p"], ["--record", "d"]])
+                                  ["--policy", "p"], ["--record", "d"], ["--expert", "--faults"]])
 def test_the_cli_refuses_a_mode_without_its_driver(argv, capsys):
     assert cli.main(argv) == 2
     assert "flashrt-sim:" in capsys.readouterr().err
