@@ -1476,6 +1476,11 @@ MUTATIONS = [
              ["test/test_train_sim_pipeline.py"],
              "make train-policy's last step leaves flashrt-train's unnamed channels: the node cannot check the "
              "sim's observation order against the file"),
+    Mutation("sim_record_faults_leave_the_bags_clean", "flashrt_ros/sim/record.py",
+             "            w.write(c_obs, ns, m.observation(read))\n",
+             "            w.write(c_obs, ns, m.observation(obs))\n",
+             ["test/test_sim_record_perturbed.py"],
+             "flashrt-sim --record --faults writes the true readings: the policy never trains on a bad one"),
     Mutation("sim_whatif_commits_the_worst_branch", "flashrt_ros/sim/whatif.py",
              "    best = int(np.argmin(scores))",
              "    best = int(np.argmax(scores))",

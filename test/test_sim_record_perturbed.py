@@ -1,5 +1,6 @@
 """Recordings beside the expert's own rollouts: --perturb (the arm executes the expert's targets plus a drifting
-offset) and --driver FILE (a policy drives the arm, DAgger); either way the bags keep the expert's targets."""
+offset), --driver FILE (a policy drives the arm, DAgger) and --faults (the observations carry the seeded sensor
+faults); every way the bags keep the expert's targets."""
 import numpy as np
 
 from flashrt_ros.runtime.model.config import PolicyConfig
@@ -9,6 +10,7 @@ from flashrt_ros.runtime.model.weights import seeded_weights
 from flashrt_ros.sim.cli import main as sim_main
 from flashrt_ros.sim.evaluate import joint_targets, policy_session
 from flashrt_ros.sim.expert import PusherExpert
+from flashrt_ros.sim.faults import FaultySensor, draw_faults
 from flashrt_ros.sim.record import COMMAND_TOPIC, OBS_TOPIC, recording_seed
 from flashrt_ros.sim.world import ARM_JOINTS, OBS_NAMES, PusherWorld
 from flashrt_ros.train.data import read_episodes
@@ -43,3 +45,19 @@ def test_a_policy_drives_the_arm_and_the_bag_holds_the_experts_answer_to_each_st
         np.testing.assert_array_equal(ep.obs[t], obs.astype(np.float32))
         np.testing.assert_array_equal(ep.actions[t], expert(obs).astype(np.float32))
         obs = world.step(joint_targets(session, session.step(np.float32(obs)).chunk))
+
+
+def test_faulty_recordings_carry_the_evaluations_faulty_readings_and_the_experts_answers_to_the_truth(tmp_path):
+    plain = _record(tmp_path, "plain", "--seconds", "0.8", "--seed", "1")
+    faulty = _record(tmp_path, "faulty", "--seconds", "0.8", "--seed", "1", "--faults")
+    faults = draw_faults(recording_seed(1, 0), 80)
+    assert faults[0].kind == "zeroed" and faults[0].end <= len(faulty)  # this seed's first fault: readings of 0
+    # the expert acts on the true state, so the arm moves as in the plain recording: the same answers, byte for byte
+    assert faulty.actions.tobytes() == plain.actions.tobytes()
+    sensor = FaultySensor(faults)
+    expected = np.stack([sensor.read(n, obs) for n, obs in enumerate(plain.obs, start=1)])
+    assert faulty.obs.tobytes() == expected.astype(faulty.obs.dtype).tobytes()
+    bad = [n - 1 for n in range(1, len(faulty) + 1) if sensor.fault_at(n)]
+    assert (faulty.obs[bad] != plain.obs[bad]).any(axis=1).all()  # every reading inside a fault is corrupted
+    clean = np.setdiff1d(np.arange(len(faulty)), bad)
+    assert faulty.obs[clean].tobytes() == plain.obs[clean].tobytes()

@@ -1,4 +1,4 @@
-"""make train-policy at a small size, end to end: the sim records expert and perturbed bags (.venv, MuJoCo),
+"""make train-policy at a small size, end to end: the sim records expert, perturbed and faulty bags (.venv, MuJoCo),
 flashrt-train fits them with the Makefile's own SIM_POLICY_TRAIN flags (here, .venv-train, PyTorch), sim.ship
 names the channels, and the shipped file drives the arm offline (.venv again: no torch there)."""
 from __future__ import annotations
@@ -37,12 +37,13 @@ def test_recorded_sim_bags_train_ship_and_drive_the_arm_with_the_makefiles_recip
     assert (NODE_VENV / "flashrt-sim").exists(), "make test-train builds .venv (the sim) first"
     bags = tmp_path / "bags"
     bags.mkdir()
-    for name, flags in (("expert", ["--seed", "0"]), ("perturbed", ["--seed", "1", "--perturb", "0.05"])):
+    for name, flags in (("expert", ["--seed", "0"]), ("perturbed", ["--seed", "1", "--perturb", "0.05"]),
+                        ("faulty", ["--seed", "2", "--faults"])):
         _run([NODE_VENV / "flashrt-sim", "--expert", "--record", tmp_path / name, "--episodes", "2",
               "--seconds", "1.5", *flags])
         for bag in sorted((tmp_path / name).glob("episode_*")):  # the recipe's renaming: one corpus, distinct names
             bag.rename(bags / f"{name}_{bag.name.split('_')[-1]}")
-    assert len(list(bags.iterdir())) == 4
+    assert len(list(bags.iterdir())) == 6
 
     run = tmp_path / "run"
     _run([sys.executable, "-m", "flashrt_ros.train.cli", bags, *_recipe_flags(), "--out", run])

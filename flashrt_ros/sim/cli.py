@@ -2,9 +2,9 @@
 
     flashrt-sim [--seed S] [--expert] [--ros-args ...]       the node (ROS 2), 100 Hz on sim time (/clock)
     flashrt-sim --expert --record DIR --episodes N [--seed S] [--seconds T] [--storage mcap|sqlite3]
-                [--perturb RAD] [--driver FILE]             demonstrations as rosbag2 bags, no ROS graph (the
-                                                            arm perturbed, or driven by a policy file; the
-                                                            expert's targets recorded)
+                [--perturb RAD] [--driver FILE] [--faults]  demonstrations as rosbag2 bags, no ROS graph (the
+                                                            arm perturbed, or driven by a policy file, or the
+                                                            observations faulty; the expert's targets recorded)
     flashrt-sim --expert --success-rate [--episodes 100]    the expert on held-out seeds (none recorded)
     flashrt-sim --policy FILE --success-rate [--episodes 100] [--ros]
                                                             a policy file on the same seeds: offline (a Session
@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
                          "the bags keep the expert's targets (default 0)")
     ap.add_argument("--driver", metavar="FILE", help="with --record: this policy file drives the arm and the bags "
                     "keep the expert's answers (DAgger)")
+    ap.add_argument("--faults", action="store_true", help="with --record: the bags' observations carry the "
+                    "episode's seeded sensor faults (sim/faults.py); the expert answers the true state")
     ap.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap", help="bag storage (default mcap)")
     ap.add_argument("--headless", action="store_true", help="no viewer (the only mode: accepted for scripts)")
     return ap
@@ -73,6 +75,9 @@ def main(argv=None) -> int:
     if args.record and not args.expert:
         print("flashrt-sim: --record: recordings need --expert (its demonstrations)", file=sys.stderr)
         return 2
+    if (args.perturb or args.driver or args.faults) and not args.record:
+        print("flashrt-sim: --perturb, --driver and --faults go with --record", file=sys.stderr)
+        return 2
     if args.success_rate and args.expert == bool(args.policy):
         print("flashrt-sim: --success-rate needs one of --expert and --policy FILE", file=sys.stderr)
         return 2
@@ -84,7 +89,7 @@ def main(argv=None) -> int:
         from .record import COMMAND_TOPIC, OBS_TOPIC, record_episodes
         try:
             done = record_episodes(args.record, args.episodes or 10, args.seed or 0, args.seconds, args.storage,
-                                   perturb=args.perturb,
+                                   perturb=args.perturb, faults=args.faults,
                                    driver=policy_session(args.driver, args.backend) if args.driver else None)
         except (ValueError, FileExistsError) as e:
             print(f"flashrt-sim: {e}", file=sys.stderr)

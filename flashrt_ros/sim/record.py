@@ -11,6 +11,10 @@ while the bag records the expert's own targets: the demonstrations then show how
 expert alone never visits, which a cloned policy's small errors lead it into (DART-style noise injection).
 With a driver (a policy Session: DAgger) the arm executes the policy's targets and the bag records the expert's
 answer to each observation the policy led the arm into.
+With faults the bag's /observation is what the faulty sensor of the fault evaluation reads (sim/faults.py, the
+episode's seeded faults) while the expert still answers the true state: a policy trained on it learns to hold
+its course through a bad reading instead of following it (DART-style, on the sensor instead of the arm).
+/joint_states stays true, as the sim node's does with faults:=true.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import numpy as np
 from ..tools.episodes import new_episode_dirs
 from .evaluate import joint_targets
 from .expert import PusherExpert
+from .faults import FaultySensor, draw_faults
 from .world import ARM_JOINTS, CONTROL_HZ, PusherWorld
 
 OBS_TOPIC = "/observation"
@@ -81,10 +86,11 @@ class _Messages:
 
 
 def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seconds: float,
-                   storage: str = "mcap", perturb: float = 0.0, driver=None) -> Recorded:
+                   storage: str = "mcap", perturb: float = 0.0, driver=None, faults: bool = False) -> Recorded:
     """One episode from reset(seed) into a new bag at path; ends HOLD_AFTER_SUCCESS_S after success or at seconds.
     perturb: std (rad) of the offset added to what the arm executes, never to what is recorded. driver: a Session
-    on a policy file whose targets the arm executes instead of the expert's (from a fresh state each episode)."""
+    on a policy file whose targets the arm executes instead of the expert's (from a fresh state each episode).
+    faults: the recorded (and a driver's) observation is the faulty sensor's reading of draw_faults(seed)."""
     from rosbags.rosbag2 import StoragePlugin, Writer
     from rosbags.typesys import Stores, get_typestore
 
@@ -96,20 +102,22 @@ def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seco
         driver.reset()
     steps, succeeded_at = int(round(seconds * CONTROL_HZ)), None
     rng, offset = np.random.default_rng([seed, 1]), np.zeros(len(ARM_JOINTS))
+    sensor = FaultySensor(draw_faults(seed, steps) if faults else [])
     with Writer(Path(path), version=8, storage_plugin=plugin) as w:  # version 8: Humble reads its metadata
         c_obs = w.add_connection(OBS_TOPIC, F32, typestore=ts)
         c_js = w.add_connection(JOINT_STATE_TOPIC, JS, typestore=ts)
         c_cmd = w.add_connection(COMMAND_TOPIC, JT, typestore=ts)
         for step in range(steps):
             ns = world.time_ns
-            targets = expert(obs)
-            w.write(c_obs, ns, m.observation(obs))
+            targets = expert(obs)  # the true state, whatever the sensor reads
+            read = sensor.read(step + 1, obs)  # the faults' steps are 1-based, as in the evaluation
+            w.write(c_obs, ns, m.observation(read))
             w.write(c_js, ns, m.joint_state(ns, world.joint_positions(), world.joint_velocities()))
             w.write(c_cmd, ns + COMMAND_LAG_NS, m.command(ns, targets))
             if perturb > 0:
                 fresh = rng.normal(0.0, perturb * np.sqrt(1 - PERTURB_MEMORY ** 2), len(ARM_JOINTS))
                 offset = PERTURB_MEMORY * offset + fresh
-            executed = targets if driver is None else joint_targets(driver, driver.step(np.float32(obs)).chunk)
+            executed = targets if driver is None else joint_targets(driver, driver.step(read).chunk)
             obs = world.step(executed + offset)
             if succeeded_at is None and world.success():
                 succeeded_at = step
@@ -120,7 +128,7 @@ def record_episode(path: str | Path, world: PusherWorld, expert, seed: int, seco
 
 def record_episodes(out_dir: str | Path, episodes: int, seed: int = 0, seconds: float = 10.0,
                     storage: str = "mcap", world: PusherWorld | None = None, expert=None,
-                    perturb: float = 0.0, driver=None) -> list[Recorded]:
+                    perturb: float = 0.0, driver=None, faults: bool = False) -> list[Recorded]:
     """episodes bags, episode_000 ... in out_dir (created; refused if it already holds one of them)."""
     if not perturb >= 0:
         raise ValueError(f"--perturb must be >= 0, got {perturb}")
@@ -128,4 +136,5 @@ def record_episodes(out_dir: str | Path, episodes: int, seed: int = 0, seconds: 
     seeds = [recording_seed(seed, i) for i in range(episodes)]
     world = world or PusherWorld()
     expert = expert or PusherExpert(world)
-    return [record_episode(p, world, expert, s, seconds, storage, perturb, driver) for p, s in zip(paths, seeds)]
+    return [record_episode(p, world, expert, s, seconds, storage, perturb, driver, faults)
+            for p, s in zip(paths, seeds)]
