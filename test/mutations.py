@@ -831,6 +831,19 @@ MUTATIONS = [
              "            raise\n",
              ["test/test_ros_background_spin.py"],
              "a tool stopped on a loaded machine prints rclpy's InvalidHandle traceback from its executor thread"),
+    Mutation("policy_file_saved_by_the_safetensors_writer", RT + "model/policy_file.py",
+             "    _write_safetensors(path, {k: v for k, v in tensors.items() if not k.startswith(CONST_PREFIX)}, "
+             "meta)\n",
+             "    from safetensors.numpy import save_file\n"
+             "    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()\n"
+             "               if not k.startswith(CONST_PREFIX)}, str(path), metadata=meta)\n",
+             ["test/test_policy_file.py::test_the_same_weights_save_to_the_same_bytes_that_the_safetensors_library_reads"],
+             "the shipped policy's bytes change from one `make train-policy` ship to the next with the same weights"),
+    Mutation("policy_file_header_unpadded", RT + "model/policy_file.py",
+             '    text += b" " * (-len(text) % 8)\n',
+             "",
+             ["test/test_policy_file.py::test_the_same_weights_save_to_the_same_bytes_that_the_safetensors_library_reads"],
+             "the tensors' data no longer starts 8-byte aligned, as safetensors writers promise readers that map it"),
     Mutation("replay_offline_keeps_a_kilobyte_per_step", "flashrt_ros/tools/replay/cli.py",
              "            checks.push(obs, res.action.copy())\n",
              "            checks.push(obs, res.action.copy())\n"

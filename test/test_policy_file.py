@@ -70,6 +70,21 @@ def test_a_saved_policy_reads_back_byte_identical_with_its_architecture_and_chan
     assert meta["format"] == "flashrt-policy" and meta["matrix_layout"] == "in_out"
 
 
+def test_the_same_weights_save_to_the_same_bytes_that_the_safetensors_library_reads(tmp_path):
+    from safetensors.numpy import load_file  # the reference reader
+    cfg, w = small_config(), trained_like_weights(small_config())
+    names = [f"j{i}" for i in range(7)]
+    blobs = set()
+    for i in range(6):  # safetensors' own writer gave 6 different files for 6 saves (its metadata map's order)
+        save_policy(tmp_path / f"p{i}.safetensors", cfg, w, obs_names=names * 2, action_names=names)
+        blobs.add((tmp_path / f"p{i}.safetensors").read_bytes())
+    assert len(blobs) == 1
+    (n,) = struct.unpack("<Q", next(iter(blobs))[:8])
+    assert n % 8 == 0  # the data starts 8-byte aligned, as safetensors writes it
+    loaded = load_file(str(tmp_path / "p0.safetensors"))
+    assert set(loaded) == set(w) and all(loaded[k].tobytes() == w[k].tobytes() for k in w)
+
+
 @pytest.mark.parametrize("field, value", [("n_heads", 4), ("kv_window", 64), ("chunk_blend", "oldest"),
                                           ("chunk_blend_decay", 0.01), ("mixer", "ssm")])
 def test_a_file_of_another_architecture_is_refused_naming_the_field_and_both_values(tmp_path, field, value):

@@ -167,9 +167,8 @@ def architecture(cfg: PolicyConfig) -> dict[str, Any]:
 
 def save_policy(path: str | Path, cfg: PolicyConfig, weights: dict[str, np.ndarray], obs_names=(),
                 action_names=()) -> None:
-    """A policy file: the weights (float32, checked against cfg's weight table) and the metadata above."""
-    from safetensors.numpy import save_file
-
+    """A policy file: the weights (float32, checked against cfg's weight table) and the metadata above. The same
+    weights and config give the same bytes (safetensors' own writer orders the metadata differently each call)."""
     from .policy import HybridPolicy
 
     tensors = check_weights(dict(weights), HybridPolicy(cfg).weight_specs(), f"save_policy {path}")
@@ -179,8 +178,23 @@ def save_policy(path: str | Path, cfg: PolicyConfig, weights: dict[str, np.ndarr
     meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "matrix_layout": MATRIX_LAYOUT,
             "architecture": json.dumps(architecture(cfg), sort_keys=True),
             "obs_names": json.dumps(list(obs_names)), "action_names": json.dumps(list(action_names))}
-    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items() if not k.startswith(CONST_PREFIX)},
-              str(path), metadata=meta)
+    _write_safetensors(path, {k: v for k, v in tensors.items() if not k.startswith(CONST_PREFIX)}, meta)
+
+
+def _write_safetensors(path: str | Path, tensors: dict[str, np.ndarray], meta: dict[str, str]) -> None:
+    """safetensors, deterministic: tensors in name order, the header's keys sorted, padded with spaces to 8 bytes."""
+    arrays = {k: np.ascontiguousarray(tensors[k], np.float32) for k in sorted(tensors)}
+    header, at = {"__metadata__": meta}, 0
+    for name, a in arrays.items():
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [at, at + a.nbytes]}
+        at += a.nbytes
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for a in arrays.values():
+            f.write(a.tobytes())
 
 
 def check_architecture(pf: PolicyFile, cfg: PolicyConfig, where: str) -> None:
