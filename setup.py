@@ -37,6 +37,7 @@ setup(
     entry_points={
         "console_scripts": [
             "flashrt_node = flashrt_ros.ros.main:main",
+            "flashrt_command_gate = flashrt_ros.ros.command_gate:main",
             "flashrt-bench = flashrt_ros.tools.bench.cli:main",
             "flashrt-demo = flashrt_ros.tools.demo.cli:main",
             "flashrt-replay = flashrt_ros.tools.replay.cli:main",

@@ -1,4 +1,4 @@
-"""Who leads when two nodes claim the robot (leader.outranks, no ROS graph): the newest epoch, then the earlier
+"""Who leads when two nodes claim the robot (group/claims.outranks, no ROS graph): the newest epoch, then the earlier
 claim. Two standbys that take over at once claim the same epoch: exactly one of them must stand down, and both
 must agree which, or each deposes the other and nobody steps the robot."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from builtin_interfaces.msg import Time
 
 from flashrt_interfaces.msg import Leader
-from flashrt_ros.ros.group.leader import outranks
+from flashrt_ros.ros.group.claims import outranks
 
 
 def claim(node: str, epoch: int, stamp_ns: int) -> Leader:

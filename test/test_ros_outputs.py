@@ -72,12 +72,13 @@ def test_action_and_trajectory_carry_names_sizes_order_stamps_and_times(flashrt)
         assert out.wait(i + 1), "an output of the step is missing"
     assert len(out.actions) == len(out.trajectories) == 5
     for step, action, traj in zip(steps, out.actions, out.trajectories):
-        (dim,) = action.layout.dim
+        dim, fence = action.layout.dim  # the joints, and the leader's epoch (issue 44.2)
         assert (dim.label, dim.size, dim.stride, action.layout.data_offset) == ("joints", 7, 7, 0)
+        assert (fence.label, fence.size, fence.stride, step.epoch) == ("flashrt_epoch=1", 1, 1, 1)
         assert np.asarray(action.data).tobytes() == np.asarray(step.action, np.float32).astype(np.float64).tobytes()
         assert list(traj.joint_names) == JOINTS
         # stamp zero: the controller starts it on arrival (the observation's stamp is past by then); issue 44.5
-        assert stamp_to_ns(traj.header.stamp) == 0 and traj.header.frame_id == step.header.frame_id
+        assert stamp_to_ns(traj.header.stamp) == 0 and traj.header.frame_id == "flashrt_epoch=1"
         assert stamp_to_ns(step.header.stamp) != 0  # policy_step keeps the observation's stamp
         assert len(traj.points) == CHUNK_LEN
         chunk = np.asarray(step.action_chunk, np.float32).astype(np.float64).reshape(CHUNK_LEN, 7)

@@ -21,6 +21,8 @@ def _log_time(log: str, text: str) -> float:
 
 
 def test_a_standby_judges_a_followed_leader_it_never_saw_alive_lost_after_the_idle_patience(ros_domain, tmp_path):
+    import rclpy
+
     from flashrt_interfaces.msg import Leader
     from flashrt_ros.ros.client import FlashRTClient
     from flashrt_ros.ros.group.leader import leader_qos
@@ -29,15 +31,19 @@ def test_a_standby_judges_a_followed_leader_it_never_saw_alive_lost_after_the_id
                           primary="/robot1/flashrt", capsule_dir=str(tmp_path / "standby_caps"),
                           liveliness_lease_ms=LEASE_MS)
     planner = Planner(namespace="/robot1")
+    # a node of the claimed name, with a writer on the leader topic (a claim counts only then: group/claims.py)
+    # and no capsule stream: never seen alive
+    ghost = rclpy.create_node("flashrt", namespace="/robot1_ghost")
     try:
         FlashRTClient(planner.node, "/robot1_standby").wait_until_ready(30.0)
-        claims = planner.node.create_publisher(Leader, "/robot1/flashrt_leader", leader_qos())
+        claims = ghost.create_publisher(Leader, "/robot1/flashrt_leader", leader_qos())
         # transient local: the standby gets it once matched, however late that is
-        claims.publish(Leader(stamp=planner.node.get_clock().now().to_msg(), epoch=2, node="/robot1_ghost/flashrt",
+        claims.publish(Leader(stamp=ghost.get_clock().now().to_msg(), epoch=2, node="/robot1_ghost/flashrt",
                               step=0, capsule_id=0))
         assert planner.spin_until(lambda: LOST in standby.output(), 20.0), standby.output()[-3000:]
         time.sleep(0.2)  # the takeover's refusal, logged right after
     finally:
+        ghost.destroy_node()
         planner.close()
         standby.stop()
     log = standby.output()

@@ -168,7 +168,7 @@ class FlashRTNode(LifecycleNode):
             self.get_logger().error(f"configure failed: {' '.join(str(e).split())}")
             return TransitionCallbackReturn.FAILURE
         self.session, self._own = session, own
-        self._group = GroupRole(self, session, own, self.step_from_message)
+        self._group = GroupRole(self, session, own, self.step_from_message, self._lead_at)
         for stale in capsule_dir.sweep_stale_temporaries():
             self.get_logger().warning(f"removed {stale.name} from capsule_dir: the temporary of an export whose "
                                       "process died mid-write")
@@ -192,7 +192,8 @@ class FlashRTNode(LifecycleNode):
                                       "action_joint_names to the controller's joints")
         self._stepper = Stepper(session, reader, self._outputs, self._policy_step, self.stats, self.get_logger(),
                                 self.get_clock(), own["max_future_stamp_ms"],
-                                lambda: self.get_parameter("step_deadline_ms").value, self._last_stamp_ns)
+                                lambda: self.get_parameter("step_deadline_ms").value, self._last_stamp_ns,
+                                self._group.fenced)
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: State) -> TransitionCallbackReturn:
@@ -213,7 +214,8 @@ class FlashRTNode(LifecycleNode):
         except Exception as e:  # noqa: BLE001 - logged, then rclpy's error processing (on_error)
             return self._transition_failed("activate", e)
         self._active = True
-        stream = f", capsule records on '{group.stream.pub.topic_name}'" if group.stream is not None else ""
+        stream = (f", capsule records on '{self.get_fully_qualified_name()}/capsule_stream' once its start hold "
+                  "is over" if self._own["capsule_stream"] else "")
         self.get_logger().info(f"activate: now active, stepping on '{self._observation_sub.topic_name}' "
                                f"({msg_type.__name__}){stream}; services and replan open")
         if msg_type is JointState and not self._own["joint_names"]:
@@ -300,6 +302,11 @@ class FlashRTNode(LifecycleNode):
         return super().destroy_node()
 
     # ---- stepping (stepping.py) ----------------------------------------------------------------
+    def _lead_at(self, epoch: int) -> None:
+        """Every command carries this node's epoch from here on (io/fence.py)."""
+        if self._outputs is not None:
+            self._outputs.set_epoch(epoch)
+
     def step_from_message(self, msg) -> None:
         stepper = self._stepper
         if stepper is not None:  # None: not configured, or cleaned up meanwhile

@@ -24,11 +24,13 @@ class Stepper:
 
     def __init__(self, session, reader: ObservationReader, outputs: ActionOutputs, policy_step: PolicyStepLink,
                  stats: NodeStats, logger, clock, max_future_stamp_ms: float, deadline_ms: Callable[[], float],
-                 last_stamp_ns: int = 0):
+                 last_stamp_ns: int = 0, fenced: Callable[..., None] = lambda publish, *args: publish(*args)):
+        """``fenced(publish, *args)``: every output goes through it (the lease: group/roles.py)."""
         self.session, self.reader, self.outputs, self.policy_step = session, reader, outputs, policy_step
         self.stats, self.logger, self.clock = stats, logger, clock
         self.max_future_stamp_ms, self.deadline_ms = max_future_stamp_ms, deadline_ms
         self.last_stamp_ns = last_stamp_ns  # a snapshot's stamp
+        self.fenced = fenced
 
     def step_from_message(self, msg) -> None:
         session, reader = self.session, self.reader
@@ -65,7 +67,8 @@ class Stepper:
             return
         self.last_stamp_ns = stamp_ns
 
-        publish_action = self.outputs.publish_action
+        def publish_action(action, publish=self.outputs.publish_action):
+            self.fenced(publish, action)
 
         # the step and its policy_step as one: a rollback comes before both or after both, so a renewed
         # history never starts with a step of the timeline that was left
@@ -95,7 +98,7 @@ class Stepper:
             header=Header(stamp=stamp, frame_id=header.frame_id if header is not None else ""),
             step=res.step, capsule_id=res.capsule_id, action=res.action.tolist(),
             action_chunk=res.chunk.ravel().tolist(), chunk_len=session.cfg.chunk_len,
-            step_latency_ms=res.latency_ms)
-        self.outputs.publish_trajectory(msg.header, res.chunk)
-        self.policy_step.publish(msg)
+            step_latency_ms=res.latency_ms, epoch=self.outputs.epoch)
+        self.fenced(self.outputs.publish_trajectory, msg.header, res.chunk)
+        self.fenced(self.policy_step.publish, msg)
 

@@ -19,6 +19,7 @@ from std_srvs.srv import Trigger
 from flashrt_interfaces.msg import CapsuleRecord
 
 from ...runtime.persist.replica import LOCAL_IDS_FROM, MAX_EPOCH, RecordRefused, StreamReplica
+from ..io.auth import record_mac, valid
 from .leader import LEADER_TOPIC, LeaderWatch
 from .stream import stream_qos
 
@@ -51,8 +52,9 @@ class ReplicaLink:
         # may not be discovered yet when the first records are skipped, right after activation)
         self._asker = node.create_timer(RESYNC_ASK_S, self._ask_if_waiting)
         # a replica follows whoever leads the robot: after a failover the standby's stream, not the dead primary's
-        self.watch = (LeaderWatch(node, f"{primary.rsplit('/', 1)[0]}/{LEADER_TOPIC}", primary, self._follow)
-                      if follow_leader else None)
+        self.key = session.capsule_hmac_key  # records (and claims) must carry its MAC (io/auth.py); None: no key
+        self.watch = (LeaderWatch(node, f"{primary.rsplit('/', 1)[0]}/{LEADER_TOPIC}", primary, self._follow,
+                                  self.key) if follow_leader else None)
 
     def _connect(self, primary: str) -> None:
         """The stream, the resync service and (for forwarded commits) the services and action of ``primary``."""
@@ -111,6 +113,8 @@ class ReplicaLink:
         try:
             if not 1 <= msg.epoch <= MAX_EPOCH:  # a standby's takeover takes the epoch after it
                 raise RecordRefused(f"epoch {msg.epoch} outside 1..{MAX_EPOCH}")
+            if not valid(self.key, msg, record_mac):  # before anything is decoded: a forged keyframe changes nothing
+                raise RecordRefused("no valid HMAC under capsule_hmac_key_file's key")
             applied = self.replica.apply(msg.seq, msg.fingerprint, msg.record.tobytes(), msg.timeline)
         except RecordRefused as e:
             self.node.get_logger().error(f"capsule record {msg.seq} from {self.primary} refused: {e}",

@@ -6,17 +6,23 @@ active (stream, replica or standby, leader guard) live here.
 """
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable
 
 from rclpy.qos import QoSProfile
 
-from ...runtime.persist.replica import MAX_EPOCH
-from .leader import LEADER_TOPIC, LeaderGuard
+from .claims import MAX_CLAIM
+from .held_observations import BUFFER_MAX
+from .leader import LEADER_TOPIC, REPROVE_LEASES, START_HOLD_S, LeaderGuard
 from .replica import REPLICA_SERVICES, ReplicaLink, replica_refusal, role_diagnostics
 from .standby import StandbyLink
 from .stream import StreamPublisher
 
+# Held observations are stepped this many per executor pass after a hold; the passes between take what arrives
+# meanwhile, kept as the subscription keeps it (its newest ``depth``): a burst of a whole hold's steps let the
+# subscription's queue drop observations (a primary's 1 s start hold: 30 of 600 at 100 Hz).
+CATCH_UP_STEPS = 4
 STANDBY_OBSERVATION_DEPTH = 200  # a standby's observation queue: 2 s at 100 Hz, past any takeover's catch-up
 
 
@@ -29,15 +35,23 @@ def robot_topic(namespace: str | None, name: str) -> str:
 class GroupRole:
     """``own``: the node's parameters of the last configure (role, primary, robot_namespace, capsule_stream,
     stream_keyframe_s, liveliness_lease_ms, standby_takeover_delay_ms, thread_safe_action_client).
-    ``step``: steps one observation (the node's stepping), for the held observations of a takeover."""
+    ``step``: steps one observation (the node's stepping), for the held observations of a takeover.
+    ``on_epoch(epoch)``: this node leads at ``epoch`` from now on: every command carries it (io/fence.py)."""
 
-    def __init__(self, node, session, own: dict, step: Callable[[object], None]):
-        self.node, self.session, self.own, self.step = node, session, own, step
+    def __init__(self, node, session, own: dict, step: Callable[[object], None],
+                 on_epoch: Callable[[int], None] = lambda epoch: None):
+        self.node, self.session, self.own, self.step, self.on_epoch = node, session, own, step, on_epoch
         self.role, self.primary = own["role"], own["primary"]
         self.stream: StreamPublisher | None = None  # role primary, capsule_stream on: while active
         self.replica: ReplicaLink | None = None  # role replica or standby: while active (until a takeover)
         self.leader: LeaderGuard | None = None  # primary and standby: while active
         self.deposed = ""  # why this node stopped leading (a standby took over): it steps nothing more
+        # the lease (group/leader.py): while it is not proven, observations wait here and outputs in _deferred
+        self._held_obs: collections.deque = collections.deque(maxlen=BUFFER_MAX)
+        self._deferred: list = []  # (publish, args) of steps taken before a lapse was seen, in order
+        self._arrived: collections.deque = collections.deque(maxlen=10)  # during a catch-up (depth: observation_qos)
+        self._catch_up_timer = None
+        self._stream_due = 0  # the epoch of a stream that starts when the start hold ends
 
     def robot_topic(self, name: str) -> str:
         return robot_topic(self.own["robot_namespace"], name)
@@ -50,18 +64,92 @@ class GroupRole:
 
     def observation_qos(self, qos):
         """A standby's observations are held from its newest record on, and never dropped while it takes over."""
-        if self.role != "standby":
-            return qos
-        return QoSProfile(history=qos.history, depth=max(qos.depth, STANDBY_OBSERVATION_DEPTH),
-                          reliability=qos.reliability, durability=qos.durability)
+        if self.role == "standby":
+            qos = QoSProfile(history=qos.history, depth=max(qos.depth, STANDBY_OBSERVATION_DEPTH),
+                             reliability=qos.reliability, durability=qos.durability)
+        self._arrived = collections.deque(maxlen=max(1, qos.depth))
+        return qos
 
     def on_observation(self, msg) -> None:
         # [replan] stepped here even while a replan runs: the replan computes its batched steps outside the
         # runtime lock, so this step waits at most for one of its bookkeeping sections (runtime/replan.py)
         if self.replica is not None:  # a standby, while the primary leads
             self.replica.hold(msg)
-        elif not self.deposed:
+        elif not self.deposed and not self._lease_holds(msg):
             self.step(msg)
+
+    # ---- the lease: nothing goes out unless it is proven ---------------------------------------
+    def _lease_holds(self, msg) -> bool:
+        """Held while the lease is not proven (stepped once it is, dropped if deposed meanwhile)."""
+        guard = self.leader
+        if self._catch_up_timer is not None:
+            self._arrived.append(msg)
+            return True
+        # a primary's start hold steps (its outputs wait): a backlog of a whole second, stepped at its end, cost
+        # the loop its subscription's drops; nothing of it leaves if a namesake leads (no stream yet either)
+        if guard is None or not self._held_obs and (guard.current() or guard.starting):
+            return False
+        self._held_obs.append(msg)
+        guard.observed()
+        guard.check_lease()  # a lapse found here (a stall): the hold starts
+        return True
+
+    def fenced(self, publish, *args) -> None:
+        """A step's output goes out only under a current lease; else it waits for the proof (or goes with a
+        deposition). Executor thread."""
+        guard = self.leader
+        if guard is None or not self._deferred and guard.current():
+            publish(*args)
+            return
+        if guard.epoch:
+            self._deferred.append((publish, args))
+            guard.observed()  # a step waits (the start hold counts from the first one)
+            guard.check_lease()  # stalled mid-step: the hold starts
+
+    def _lease_proven(self) -> None:
+        """The lease is current again and no newer leader claimed the robot: what was held goes out, in order."""
+        deferred, self._deferred = self._deferred, []
+        for publish, args in deferred:
+            try:
+                publish(*args)
+            except Exception as e:  # noqa: BLE001 - deactivated meanwhile
+                self.node.get_logger().warning(f"held output not published: {e}")
+        self.node.get_logger().info(f"lease proven: no newer leader; published {len(deferred)} held outputs, "
+                                    f"stepping {len(self._held_obs)} held observations")
+        if self._stream_due:  # the start hold is over: this node leads
+            self._start_stream(self._stream_due)
+            self._stream_due = 0
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """A few held observations, then the next pass; done when what arrived meanwhile is stepped too."""
+        self._cancel_catch_up()
+        guard = self.leader
+        for _ in range(CATCH_UP_STEPS):
+            if not self._held_obs or guard is None or not guard.current():
+                self._held_obs.extend(self._arrived)  # they come after the held ones
+                self._arrived.clear()
+            if not self._held_obs or guard is None:
+                return
+            if not guard.current():
+                guard.check_lease()  # stood still again: a new hold, whose proof steps the rest
+                return
+            self.step(self._held_obs.popleft())
+        self._catch_up_timer = self.node.create_timer(0.0, self._catch_up)
+
+    def _cancel_catch_up(self) -> None:
+        if self._catch_up_timer is not None:
+            self.node.destroy_timer(self._catch_up_timer)
+            self._catch_up_timer = None
+
+    def _drop_held(self) -> int:
+        self._cancel_catch_up()
+        self._held_obs.extend(self._arrived)
+        self._arrived.clear()
+        n = len(self._held_obs) + len(self._deferred)
+        self._held_obs.clear()
+        self._deferred = []
+        return n
 
     # ---- activate / deactivate ------------------------------------------------------------------
     def follow_primary(self) -> str:
@@ -73,13 +161,14 @@ class GroupRole:
     def guard_leadership(self) -> None:
         """Primary and standby: watch flashrt_leader (a newer claim deposes this node)."""
         self.deposed = ""
-        self.leader = LeaderGuard(self.node, self.robot_topic(LEADER_TOPIC), self._on_deposed)
+        self.leader = LeaderGuard(self.node, self.robot_topic(LEADER_TOPIC), self._on_deposed,
+                                  self.own["liveliness_lease_ms"], self._lease_proven, self.session.capsule_hmac_key)
 
     def stand_by(self) -> str:
         """Role standby: follow the primary until its process stops, then take over. Returns the activate line."""
         return self._replica_line(StandbyLink(self.node, self.session, self.primary, self.own["liveliness_lease_ms"],
                                               self._take_over, self.own["standby_takeover_delay_ms"],
-                                              self.own["thread_safe_action_client"]))
+                                              self.own["thread_safe_action_client"], self.leader.heard_at))
 
     def _replica_line(self, link: ReplicaLink) -> str:
         self.replica = link
@@ -88,9 +177,13 @@ class GroupRole:
                 "primary) open")
 
     def lead(self, epoch: int) -> None:
-        """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread)."""
-        self.leader.claim(epoch, self.session.step_count, self.session.live_capsule_id)
-        self._start_stream(epoch)
+        """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread). Nothing is
+        published before START_HOLD_S has passed without a claim that outranks this one (a node of the same
+        name that leads already: a launch file started twice)."""
+        self.on_epoch(epoch)
+        self.leader.claim(epoch, self.session.step_count, self.session.live_capsule_id,
+                          hold_s=max(START_HOLD_S, REPROVE_LEASES * self.leader.lease_s))
+        self._stream_due = epoch  # a namesake's stream is this node's topic: none before the hold is over
 
     def _start_stream(self, epoch: int) -> None:
         if self.own["capsule_stream"]:
@@ -102,6 +195,7 @@ class GroupRole:
             if link is not None:
                 link.destroy()
         self.stream = self.replica = self.leader = None
+        self._drop_held()
 
     def diagnostics(self) -> tuple[dict, str]:
         return role_diagnostics(self.role, self.stream, self.replica, self.leader, self.deposed)
@@ -116,9 +210,9 @@ class GroupRole:
             logger.error(f"{link.primary} stopped before this standby held any capsule of its timeline: not taking "
                          "over (start the standby before the primary steps, or restart the primary)")
             return
-        if not 2 <= epoch <= MAX_EPOCH:  # checked while this is still a standby: lead() would refuse it midway
-            logger.error(f"not taking over from {link.primary}: epoch {epoch} is past the last a leader can have "
-                         f"({MAX_EPOCH}); restart the robot's nodes with a fresh timeline")
+        if not 2 <= epoch <= MAX_CLAIM:  # checked while this is still a standby: lead() would refuse it midway
+            logger.error(f"not taking over from {link.primary}: epoch {epoch} is past the last a leader can claim "
+                         f"({MAX_CLAIM}); restart the robot's nodes with a fresh timeline")
             return
         link.destroy()
         self.replica = None
@@ -127,6 +221,7 @@ class GroupRole:
         link.replica.lead(epoch)  # its capsules take its epoch's ids
         rollback_ms = (time.perf_counter() - t0) * 1e3
         self.role = "primary"  # serves every service from here
+        self.on_epoch(epoch)
         self.leader.claim(epoch, last.step, last.id)
         t1 = time.perf_counter()
         for msg in pending:
@@ -143,8 +238,11 @@ class GroupRole:
             f"{self.robot_topic('action')}")
 
     def _on_deposed(self, leader) -> None:
-        self.deposed = (f"deposed: {leader.node} leads the robot since epoch {leader.epoch} (a standby took over); "
-                        "this node steps and publishes nothing more")
+        same = self.leader is not None and leader.node == self.leader.name
+        self.deposed = (f"deposed: {leader.node} leads the robot since epoch {leader.epoch} "
+                        f"({'another process of this name claimed it first' if same else 'a standby took over'}); "
+                        f"this node steps and publishes nothing more ({self._drop_held()} held observations and "
+                        "outputs dropped)")
         if self.stream is not None:
             self.stream.destroy()
             self.stream = None

@@ -16,6 +16,10 @@ It follows whoever leads the robot (LeaderWatch, as a replica does): after anoth
 leader's stream and liveliness are the ones watched, its silence counting as a lapse until it is seen alive,
 and a takeover before its first keyframe continues from the capsule its claim names (StreamReplica.newest).
 ``standby_takeover_delay_ms`` lets a second standby leave the takeover to the first.
+
+The lease (issue 44, docs/leadership.md): whatever the rule above says, the standby takes over only once
+``lease + margin`` (LEASE_MARGIN) of its own running time has passed since the last heartbeat of the followed
+leader arrived (group/leader.py): by then that leader has stopped publishing for 2 margins.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import time
 
 from ..io.convert import stamp_to_ns
 from .held_observations import HeldObservations
+from .leader import LEASE_MARGIN
 from .replica import ReplicaLink
 from .stall_clock import STALL_TICK_S, StallClock
 from .stream import stream_qos
@@ -39,6 +44,10 @@ QUIET_LEASES = 1.5
 # With nothing to step a primary publishes no records, so their silence says nothing: then the lapse itself
 # must last this many leases (a starved but living primary asserts its liveliness again well before).
 IDLE_LEASES = 5.0
+# The leader's heartbeats (group/lease.py) silent this long, while the stream's DDS liveliness holds (an idle writer
+# of someone else's on the stream topic keeps it alive), count as a lapse: longer than IDLE_LEASES, as a margin
+# for a loaded machine (heartbeats come from a thread of their own, not the leader's busy executor).
+HEARTBEAT_LAPSE_LEASES = 10.0
 # Quiet time counts only while this process itself ran: a stall of the whole machine (a VM descheduled by its
 # host) freezes the primary and the standby alike, and on resuming the primary looks lapsed and quiet. A timer
 # ticks every STALL_TICK_S; a gap between ticks beyond 2 ticks is time this process stood still. Such a stall
@@ -48,15 +57,17 @@ IDLE_LEASES = 5.0
 
 class StandbyLink(ReplicaLink):
     def __init__(self, node, session, primary: str, lease_ms: float, on_primary_lost, takeover_delay_ms: float = 0.0,
-                 thread_safe_actions: bool = True):
+                 thread_safe_actions: bool = True, heard_at=lambda node: -float("inf")):
+        """``heard_at(node)``: when the newest heartbeat of ``node``'s lease arrived (LeaderGuard.heard_at)."""
         self.lease_s = lease_ms / 1e3
+        self.heard_at = heard_at
         self.delay_s = takeover_delay_ms / 1e3  # on top of the rule: a second standby lets the first take over
         self.on_primary_lost = on_primary_lost
         self.buffer = HeldObservations()
         self._alive_seen = self._lapsed = False
         self._unconfirmed = False  # following a new leader not yet seen alive: its silence counts as a lapse
         self._recheck = None  # a one-shot timer: the lapse looked at again
-        self._record_at = self._lapsed_at = time.monotonic()
+        self._record_at = self._lapsed_at = self._watched_at = time.monotonic()
         self.lost_at = 0.0  # monotonic time the primary was judged lost (0: not yet)
         self.stall = StallClock(time.monotonic())
         # follows whoever leads the robot, as a replica does: after another standby took over, its stream and
@@ -64,7 +75,27 @@ class StandbyLink(ReplicaLink):
         super().__init__(node, session, primary, stream_qos(lease_ms),
                          SubscriptionEventCallbacks(liveliness=self._on_liveliness), follow_leader=True,
                          thread_safe_actions=thread_safe_actions)
-        self._ticker = node.create_timer(STALL_TICK_S, lambda: self.stall.tick(time.monotonic()))
+        self._silent_lapse = False  # a lapse judged from the leader's heartbeats, not from DDS liveliness
+        self._ticker = node.create_timer(STALL_TICK_S, self._tick)
+
+    def _tick(self) -> None:
+        """The stall clock; and the leader's heartbeats: silent for HEARTBEAT_LAPSE_LEASES of this node's running
+        time after one was heard, that is a lapse even while the stream's DDS liveliness holds (another writer on
+        the stream topic keeps it alive: issue 44). Heard again within a lease, the lapse ends."""
+        now = time.monotonic()
+        self.stall.tick(now)
+        heard = self.heard_at(self.primary)
+        if heard == -float("inf") or self.lost_at:
+            return
+        silent_s = now - heard - self.stall.stalled_s(heard, now)
+        if not self._lapsed and silent_s >= HEARTBEAT_LAPSE_LEASES * self.lease_s:
+            self._lapsed, self._lapsed_at, self._silent_lapse = True, now, True
+            self.node.get_logger().info(f"{self.primary}: no heartbeat for {silent_s * 1e3:.0f} ms while its "
+                                        "stream's liveliness holds (another writer on the stream?): a lapse")
+            self._check_lapse()
+        elif self._silent_lapse and self._lapsed and silent_s < self.lease_s:
+            self._lapsed = self._silent_lapse = False
+            self.node.get_logger().info(f"{self.primary}: heartbeats again; standing by")
 
     def _on_record(self, msg) -> None:
         self._record_at = time.monotonic()
@@ -120,6 +151,15 @@ class StandbyLink(ReplicaLink):
         if waited_s < need:  # look again when it would be enough (sooner if an observation comes)
             self._recheck_in(need - waited_s)
             return
+        # the lease: the leader stops publishing lease - margin after its last proof; its heartbeat left no
+        # earlier than that proof, so lease + margin after it arrived here (this node's own stalls not counted)
+        # the leader has been silent for 2 margins
+        proof_at = max(self.heard_at(self.primary), self._watched_at)
+        silent_s = now - proof_at - self.stall.stalled_s(proof_at, now)
+        lease_need = (1.0 + LEASE_MARGIN) * self.lease_s
+        if silent_s < lease_need:
+            self._recheck_in(lease_need - silent_s)
+            return
         self.lost_at = now
         still = f" (and {stalled_s * 1e3:.0f} ms this node stood still)" if stalled_s else ""
         seen = "not seen alive since it claimed the robot: " if self._unconfirmed else ""
@@ -135,7 +175,7 @@ class StandbyLink(ReplicaLink):
         self._cancel_recheck()
         self._alive_seen = self._lapsed = self._unconfirmed = True
         self.lost_at = 0.0
-        self._record_at = self._lapsed_at = time.monotonic()
+        self._record_at = self._lapsed_at = self._watched_at = time.monotonic()
         self._check_lapse()
         return True
 

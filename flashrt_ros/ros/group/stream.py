@@ -17,6 +17,7 @@ from std_srvs.srv import Trigger
 
 from flashrt_interfaces.msg import CapsuleRecord
 
+from ..io.auth import record_mac
 from ..io.convert import ns_to_stamp
 from .slow_publish import slow_publish_line
 
@@ -36,11 +37,14 @@ def stream_qos(lease_ms: float = 0.0) -> QoSProfile:
     return qos
 
 
-def record_message(rec, fingerprint: str, epoch: int) -> CapsuleRecord:
+def record_message(rec, fingerprint: str, epoch: int, key: bytes | None = None) -> CapsuleRecord:
+    """``key``: the record carries its MAC under it (io/auth.py)."""
     msg = CapsuleRecord(stamp=ns_to_stamp(rec.stamp_ns, Time), seq=rec.seq, epoch=epoch, timeline=rec.timeline,
                         kind=rec.kind, capsule_id=rec.capsule_id, parent_id=rec.parent_id, step=rec.step,
                         fingerprint=fingerprint)
     msg.record = rec.blob  # uint8[]: an array.array, filled from the bytes in one copy
+    if key is not None:
+        msg.mac = record_mac(key, msg)
     return msg
 
 
@@ -59,7 +63,7 @@ class StreamPublisher:
             raise
 
     def _publish(self, rec) -> None:  # the stream thread
-        msg = record_message(rec, self.fingerprint, self.epoch)
+        msg = record_message(rec, self.fingerprint, self.epoch, self.session.capsule_hmac_key)
         t0 = time.monotonic()
         self.pub.publish(msg)
         line = slow_publish_line(rec.seq, (time.monotonic() - t0) * 1e3)

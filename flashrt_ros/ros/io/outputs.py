@@ -1,7 +1,8 @@
 """What one step sends to a controller (ros2_control), besides policy_step.
 
 - 'action' (std_msgs/Float64MultiArray): the step's action, one value per joint in action_joint_names
-  order, layout filled (one dimension: label, size, stride), as forward_command_controller takes it.
+  order, layout filled (label 'joints', size, stride), as forward_command_controller takes it, and a second
+  dimension naming the leader's epoch (flashrt_epoch=<e>, size 1, stride 1: io/fence.py).
 - 'action_trajectory' (trajectory_msgs/JointTrajectory, with publish_trajectory): the step's whole action chunk
   for joint_trajectory_controller, as the chunk head gives it: not the temporal ensemble that 'action' carries
   (the blend of the last chunk_len chunks), but in the same units (action_scale, action_offset applied).
@@ -10,7 +11,8 @@
   the chunk ends at rest). header.stamp is zero, as MoveIt Servo sends it: the controller starts the
   trajectory when it arrives. The observation's stamp would be ~10 ms old by then (a step, DDS), so point 0
   would already be past on arrival, and a controller on another computer would add its clock offset;
-  header.frame_id stays the observation's. policy_step carries the observation's stamp.
+  header.frame_id is the leader's fence, flashrt_epoch=<e> (io/fence.py). policy_step carries the observation's
+  stamp and frame_id.
 
 Both are lifecycle publishers: nothing goes out unless the node is active.
 """
@@ -22,6 +24,7 @@ from std_msgs.msg import Float64MultiArray, MultiArrayDimension, MultiArrayLayou
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from .convert import check_controller_joint_names
+from .fence import fence_label
 
 ACTION_LAYOUT_LABEL = "joints"
 
@@ -62,14 +65,19 @@ class ActionOutputs:
         the policy's (action_scale, action_offset), which the trajectory's positions get as 'action' does."""
         self.node, self.joint_names = node, joint_names
         self._units, self._period_s = units, control_period_s
-        layout = MultiArrayLayout(dim=[MultiArrayDimension(label=ACTION_LAYOUT_LABEL, size=action_dim,
-                                                           stride=action_dim)], data_offset=0)
-        self._layout = layout
+        self._joints = MultiArrayDimension(label=ACTION_LAYOUT_LABEL, size=action_dim, stride=action_dim)
+        self.set_epoch(0)
         self._times = [duration_of((k + 1) * control_period_s) for k in range(chunk_len)]
         self.action_pub = node.create_lifecycle_publisher(Float64MultiArray, topic("action"), profiles["action"])
         self.trajectory_pub = (node.create_lifecycle_publisher(JointTrajectory, topic("action_trajectory"),
                                                                profiles["action_trajectory"])
                                if trajectory else None)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The leader's epoch, carried from here on by every action and trajectory (io/fence.py); 0: none."""
+        self.epoch = epoch
+        fence = [MultiArrayDimension(label=fence_label(epoch), size=1, stride=1)] if epoch else []
+        self._layout = MultiArrayLayout(dim=[self._joints, *fence], data_offset=0)
 
     def publish_action(self, action: np.ndarray) -> None:
         self.action_pub.publish(Float64MultiArray(layout=self._layout, data=action.astype(np.float64).tolist()))
@@ -82,7 +90,8 @@ class ActionOutputs:
         msg = JointTrajectory(joint_names=self.joint_names, points=[
             JointTrajectoryPoint(positions=p, velocities=v, time_from_start=t)
             for p, v, t in zip(pos.tolist(), vel.tolist(), self._times)])
-        msg.header.frame_id = header.frame_id  # stamp zero: started on arrival (see above)
+        # stamp zero: started on arrival (see above); the frame names the leader's epoch (io/fence.py)
+        msg.header.frame_id = fence_label(self.epoch) if self.epoch else header.frame_id
         self.trajectory_pub.publish(msg)
 
     def destroy(self) -> None:

@@ -372,7 +372,7 @@ class OutputBag:
         msg = self._record(stamp=self._time(sec=rec.stamp_ns // 1_000_000_000, nanosec=rec.stamp_ns % 1_000_000_000),
                            seq=rec.seq, epoch=epoch, timeline=rec.timeline, kind=rec.kind, capsule_id=rec.capsule_id,
                            parent_id=rec.parent_id, step=rec.step, fingerprint=fingerprint,
-                           record=np.frombuffer(rec.blob, np.uint8))
+                           record=np.frombuffer(rec.blob, np.uint8), mac="")
         self.write_capsule_record_cdr(rec.stamp_ns, self.ts.serialize_cdr(msg, CAPSULE_RECORD))
 
     def write_capsule_record_cdr(self, stamp_ns: int, cdr: bytes) -> None:
@@ -386,7 +386,7 @@ class OutputBag:
         step = self._step(header=self._header(stamp=stamp, frame_id=r.frame_id), step=r.step,
                           capsule_id=r.capsule_id, action=r.action.astype(np.float32),
                           action_chunk=r.chunk.astype(np.float32), chunk_len=r.chunk_len,
-                          step_latency_ms=float(r.latency_ms))
+                          step_latency_ms=float(r.latency_ms), epoch=1)  # one run: one leader
         with self._lock:
             self._writer.write(self._c_action, r.stamp_ns, self.ts.serialize_cdr(action, F64_ARRAY))
             self._writer.write(self._c_step, r.stamp_ns, self.ts.serialize_cdr(step, POLICY_STEP))

@@ -136,12 +136,16 @@ def _stream(args, src, ts, cfg, sink, node, proc) -> dict:
     from flashrt_interfaces.msg import PolicyStep
 
     from ...ros.client import FlashRTClient
+    from ...ros.io.fence import EpochFence
     from ...ros.io.step_link import policy_step_qos, wait_linked
 
     client = FlashRTClient(node)
     got: list = []
     qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
-    step_sub = node.create_subscription(PolicyStep, "policy_step", got.append, policy_step_qos(1000))
+    fence = EpochFence()  # a step of an older leader than one already seen is dropped (issue 44.2)
+    step_sub = node.create_subscription(PolicyStep, "policy_step",
+                                        lambda m: got.append(m) if fence.admit(m.epoch) else None,
+                                        policy_step_qos(1000))
     records = _record_stream(node, sink.out) if sink.out is not None else None
     pub = node.create_publisher(JointState if src.msgtype == JOINT_STATE else Float32MultiArray, "observation", qos)
     _wait_ready(client, proc)
