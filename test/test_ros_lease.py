@@ -294,7 +294,11 @@ def test_an_idle_writer_on_the_stream_does_not_hide_the_primarys_death(ros_domai
         logs = [p.output() for p in (primary, standby)]
         for p in (primary, standby):
             p.stop()
-    assert "no heartbeat for" in logs[1] and "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
+    assert "took over from /robot1/flashrt (epoch 2)" in logs[1], logs[1][-3000:]
+    # Fast DDS 2.14 (Jazzy) reports the killed writer's lapse whatever the idle one does: no heartbeat rule needed
+    # there; where the idle writer keeps the topic's liveliness (Fast DDS 3), the heartbeats' silence is the lapse
+    if "liveliness lapsed;" not in logs[1]:
+        assert "no heartbeat for" in logs[1], logs[1][-3000:]
     got: dict[int, set] = {}
     for m in planner.steps:
         got.setdefault(m.step, set()).add(np.asarray(m.action, np.float32).tobytes())
