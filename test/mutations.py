@@ -1441,14 +1441,14 @@ MUTATIONS = [
              ["test/test_ros_tool_sigterm.py::test_demo_stopped_before_its_planner_is_ready_ends_without_a_traceback"],
              "a demo stopped while its planner waits for the node prints the planner's KeyboardInterrupt traceback"),
     # issue 45: mutations that survived, now caught
-    Mutation("leader_equal_epochs_outrank", ROS + "group/leader.py",
-             "    return theirs.epoch > epoch or theirs.epoch == epoch and their_stamp < stamp_ns\n",
-             "    return theirs.epoch >= epoch or theirs.epoch == epoch and their_stamp < stamp_ns\n",
+    Mutation("leader_equal_epochs_outrank", ROS + "group/claims.py",
+             "    if theirs.epoch != epoch:\n        return theirs.epoch > epoch\n",
+             "    if theirs.epoch >= epoch:\n        return True\n",
              ["test/test_ros_leader_rule.py"],
              "two standbys that take over at once claim one epoch and each deposes the other: nobody steps the robot"),
-    Mutation("leader_tie_goes_to_the_later_claim", ROS + "group/leader.py",
-             "    return theirs.epoch > epoch or theirs.epoch == epoch and their_stamp < stamp_ns\n",
-             "    return theirs.epoch > epoch or theirs.epoch == epoch and their_stamp > stamp_ns\n",
+    Mutation("leader_tie_goes_to_the_later_claim", ROS + "group/claims.py",
+             "        return stamp_of(theirs) < stamp_ns\n",
+             "        return stamp_of(theirs) > stamp_ns\n",
              ["test/test_ros_leader_rule.py"],
              "of two claims of one epoch the later leads: the standby that took over first is deposed after its steps "
              "went out"),
@@ -1506,7 +1506,8 @@ MUTATIONS = [
              ["test/test_ros_replica_waiting.py"],
              "a replica that holds nothing of its primary (none heard, or no keyframe yet) reports OK"),
     Mutation("leader_watch_keeps_a_gone_nodes_claim", ROS + "group/leader.py",
-             "        if best is not None and best.node != msg.node and best.node not in self._claimants():",
+             "        if best is not None and best.node != msg.node and best.node not in claimants(self.node, "
+             "self.topic):",
              "        if False:",
              ["test/test_ros_leader_watch.py"],
              "a replica keeps following a dead standby's epoch-2 claim: the restarted primary's epoch 1 is never "
