@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 PAGES = ("README.md", "docs/ros.md", "docs/operations.md", "docs/replay.md", "docs/results.md", "docs/testing.md",
-         "docs/limits.md", "docs/install.md", "docs/sim.md")
+         "docs/limits.md", "docs/install.md", "docs/sim.md", "docs/leadership.md")
 JOURNAL = tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "journal").glob("*.md")))
 # The developers' record and the reference pages: their names of tools that never shipped, or of one-off
 # probes, are history, not commands. policy.md's weight table has its own test (test_policy_file.py).

@@ -144,7 +144,9 @@ NODE_PARAMS = {
                     "ROS_HOME defaulting to ~/.ros", _capsule_dir, False),
     "capsule_hmac_key_file": ("", "path of a key file (at least 16 bytes, mode 0600, e.g. openssl rand -hex 32): "
                               "exports carry an HMAC-SHA256 of this key and imports without it, or with another, "
-                              "are refused. The key itself is never a parameter value. Empty = no HMAC",
+                              "are refused; leader claims and capsule stream records are signed with it too, and "
+                              "those of other nodes without its HMAC refused (give a robot's nodes one key). The key "
+                              "itself is never a parameter value. Empty = no HMAC",
                               lambda n, v: _string(n, v), False),
     "diagnostics_period_s": (1.0, "period of /diagnostics (published in every lifecycle state)",
                              _ranged, False),
