@@ -112,6 +112,8 @@ def test_a_primary_stopped_around_its_lease_never_publishes_beside_the_standby(r
         assert mine == sorted(set(mine)), f"epoch {e} stepped an observation twice or out of order"
     if leases <= 0.5:  # well inside the lease: nothing held, nothing taken over
         assert "lease lapsed" not in logs[0] and not took_over, logs[0][-3000:]
+    elif not took_over:  # stopped past lease - margin, with a standby listening: it checked before publishing
+        assert "lease lapsed" in logs[0], logs[0][-3000:]
     for log in logs:
         assert "Traceback" not in log, log[-3000:]
 
@@ -150,6 +152,31 @@ def test_a_second_primary_of_the_same_name_publishes_nothing_while_the_first_lea
     assert "deposed" not in logs[0], logs[0][-3000:]
     later = [m.step for m in planner.steps[n:]]
     assert later == list(range(11, 11 + sent)), f"one leader steps each observation once: {later}\n{logs[1][-3000:]}"
+
+
+def test_a_primary_publishes_nothing_until_its_start_hold_is_over(ros_domain, tmp_path):
+    """Its first step's outputs go out START_HOLD_S after its first observation, not before: the time a namesake
+    that already leads (a launch file started twice) has to be heard. Every observation of that second is
+    stepped, in order, its outputs sent at the end."""
+    from ros_harness import Planner
+
+    from flashrt_ros.ros.group.leader import START_HOLD_S
+    node = NodeProcess(ros_domain, tmp_path / "node.log", namespace="/robot1", capsule_dir=str(tmp_path / "caps"))
+    planner = Planner(namespace="/robot1")
+    first_out = {}
+    try:
+        planner.client.wait_until_ready(30.0)
+        planner.spin(1.0)  # the observation writer matched (wait_ready would step one)
+        t0 = time.monotonic()
+        sent = _publish_at_100_hz(planner, OBS[:150],
+                                  lambda i: first_out.setdefault("at", time.monotonic()) if planner.steps else None)
+        planner.spin_until(lambda: len(planner.steps) >= len(sent), 15.0)
+    finally:
+        planner.close()
+        node.stop()
+    assert "at" in first_out, node.output()[-3000:]
+    assert first_out["at"] - t0 >= 0.9 * START_HOLD_S, (first_out["at"] - t0, node.output()[-3000:])
+    assert [stamp_ns(m) for m in planner.steps] == sent, "each observation stepped once, in order"
 
 
 def test_forged_claims_neither_depose_the_primary_nor_block_the_failover(ros_domain, tmp_path):
@@ -299,6 +326,56 @@ def test_an_idle_writer_on_the_stream_does_not_hide_the_primarys_death(ros_domai
     # there; where the idle writer keeps the topic's liveliness (Fast DDS 3), the heartbeats' silence is the lapse
     if "liveliness lapsed;" not in logs[1]:
         assert "no heartbeat for" in logs[1], logs[1][-3000:]
+    got: dict[int, set] = {}
+    for m in planner.steps:
+        got.setdefault(m.step, set()).add(np.asarray(m.action, np.float32).tobytes())
+    assert sorted(got) == list(range(1, sent + 1)), "every observation stepped, by one leader at a time"
+    assert all(len(a) == 1 for a in got.values()), "a step published twice with different actions"
+
+
+def test_without_a_key_a_forged_keyframe_from_another_node_changes_nothing(ros_domain, tmp_path):
+    """No key (issue 44.3): a keyframe with a huge capsule id, published on the primary's stream by a writer the
+    graph shows under another node, is dropped before any check looks at it (it once stopped the standby following
+    the primary, and the standby then continued from capsule 2^61). The standby holds the primary's real capsules,
+    and when the primary is killed it takes over from one of them and steps every observation."""
+    import rclpy
+
+    from flashrt_interfaces.msg import CapsuleRecord
+    from flashrt_ros.ros.group.stream import stream_qos
+    primary, standby, planner, remote = primary_and("standby", ros_domain, tmp_path, "/robot1_standby")
+    intruder = rclpy.create_node("flashrt", namespace="/intruder")
+    try:
+        planner.run(OBS[:20])
+        _wait_held(planner, remote, planner.steps[-1].capsule_id, (primary, standby))
+        records = intruder.create_publisher(CapsuleRecord, "/robot1/flashrt/capsule_stream", stream_qos(100.0))
+        forged = CapsuleRecord(seq=10**9, epoch=1, timeline=1, kind=CapsuleRecord.KIND_RESYNC, capsule_id=2**61 - 1,
+                               fingerprint="forged", record=[1, 2, 3])
+        refusal = "ignored: its writer belongs to another node than /robot1/flashrt"
+        sent, end = 20, time.monotonic() + 25.0
+        while refusal not in standby.output() and time.monotonic() < end:
+            records.publish(forged)
+            _publish_at_100_hz(planner, OBS[sent:sent + 1])
+            sent += 1
+            planner.spin(0.05)
+        intruder.destroy_publisher(records)  # its liveliness gone before the primary's
+        assert sent < 150, "the refusal took too long"
+        held = planner.steps[-1].capsule_id
+        _wait_held(planner, remote, held, (primary, standby))
+        os.kill(primary.proc.pid, signal.SIGKILL)
+        _publish_at_100_hz(planner, OBS[sent:sent + 30])
+        sent += 30
+        planner.spin_until(lambda: max(m.step for m in planner.steps) >= sent, 15.0)
+        planner.spin(0.5)
+    finally:
+        intruder.destroy_node()
+        planner.close()
+        logs = [p.output() for p in (primary, standby)]
+        for p in (primary, standby):
+            p.stop()
+    assert refusal in logs[1], logs[1][-3000:]
+    took_over = next(ln for ln in logs[1].splitlines() if "took over from /robot1/flashrt (epoch 2)" in ln)
+    continued = int(took_over.split("continued from capsule ")[1].split(" ")[0])
+    assert held <= continued < 2**40, took_over  # the primary's own capsule, not the forged one
     got: dict[int, set] = {}
     for m in planner.steps:
         got.setdefault(m.step, set()).add(np.asarray(m.action, np.float32).tobytes())

@@ -151,10 +151,15 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
         # forged records on the primary's stream: one at the last epoch (refused for its timeline 0; before, its
         # epoch was taken anyway, the takeover's came out past the last, and the standby broke halfway into
         # leading) and one past it (refused for its epoch)
+        import rclpy
+
         from flashrt_interfaces.msg import CapsuleRecord
         from flashrt_ros.ros.group.stream import stream_qos
         from flashrt_ros.runtime.persist.replica import MAX_EPOCH
-        records = planner.node.create_publisher(CapsuleRecord, "/robot1/flashrt/capsule_stream", stream_qos(100.0))
+        # from a node of the primary's own name: without a key its records cannot be told from the primary's
+        # writer (one of another node's is dropped first: test_ros_lease.py), so these reach the record checks
+        namesake = rclpy.create_node("flashrt", namespace="/robot1")
+        records = namesake.create_publisher(CapsuleRecord, "/robot1/flashrt/capsule_stream", stream_qos(100.0))
         t_forged = time.monotonic()
         refusals = ("capsule record 1000000000 from /robot1/flashrt refused: timeline 0",
                     f"capsule record 1000000001 from /robot1/flashrt refused: epoch {2**63} outside 1..{MAX_EPOCH}")
@@ -165,7 +170,7 @@ def test_replicas_of_the_killed_primary_follow_the_standby_that_took_over(ros_do
             assert time.monotonic() < t_forged + 30.0, standby.output()[-3000:]
             records.publish(forged[n % 2])
             n += 1
-        planner.node.destroy_publisher(records)  # its liveliness gone before the primary's: not a loss
+        namesake.destroy_node()  # its writer's liveliness gone before the primary's: not a loss
         for client, proc in ((remote, standby), (ws, replica)):
             _wait_held(planner, client, planner.steps[-1].capsule_id, primary, proc)
         os.kill(primary.proc.pid, signal.SIGKILL)

@@ -24,6 +24,7 @@ from .leader import LEADER_TOPIC, LeaderWatch
 from .stream import stream_qos
 
 RESYNC_ASK_S = 0.5
+GID_BYTES = 16  # a DDS GUID: what rmw's gids hold (some pad them to 24 bytes)
 LAG_EDGES_MS = (1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 80, 100, 150, 200, 500, 1000)  # + one bucket past the last
 REPLICA_SERVICES = ("list_capsules", "export_capsule")  # the read-only ones a replica serves
 
@@ -64,12 +65,15 @@ class ReplicaLink:
         try:
             made.append(FlashRTClient(self.node, primary.rsplit("/", 1)[0], self._thread_safe_actions))
             made.append(self.node.create_client(Trigger, f"{primary}/capsule_stream/resync"))
-            made.append(self.node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream", self._on_record,
+            # two parameters: rclpy hands the message's info too, which names its writer
+            made.append(self.node.create_subscription(CapsuleRecord, f"{primary}/capsule_stream",
+                                                      lambda msg, info: self._on_record_from(msg, info),
                                                       self._qos, event_callbacks=self._event_callbacks))
         except BaseException:
             self._release(*made)
             raise
         self.primary, (self.primary_client, self.client, self.sub) = primary, made
+        self._writers: dict[bytes, bool] = {}  # writer gid -> whether the graph names it the followed leader's
 
     def _release(self, primary_client=None, resync=None, sub=None) -> None:
         if sub is not None:
@@ -108,6 +112,25 @@ class ReplicaLink:
         self.node.get_logger().warning(f"{self.primary} streams another run (timeline {new:#x}, was {old:#x}: it "
                                        f"restarted without persist_dir, or another node took its name): dropped "
                                        f"the {len(gone)} capsules held; starting over from its keyframe")
+
+    def _on_record_from(self, msg, info) -> None:
+        """Without a key, a record from a writer the graph shows under another node than the followed leader is
+        dropped before anything looks at it: its capsule ids, and the silence it would hide (issue 44.3)."""
+        if self.key is None and not self._from_leader(info):
+            self.node.get_logger().error(f"capsule record {msg.seq} on {self.sub.topic_name} ignored: its writer "
+                                         f"belongs to another node than {self.primary}", throttle_duration_sec=1.0)
+            return
+        self._on_record(msg)
+
+    def _from_leader(self, info) -> bool:
+        gid = bytes(((info or {}).get("publisher_gid") or {}).get("data") or b"")[:GID_BYTES]
+        if not gid:  # an rmw that does not say
+            return True
+        if gid not in self._writers:
+            for w in self.node.get_publishers_info_by_topic(self.sub.topic_name):
+                self._writers[bytes(w.endpoint_gid)[:GID_BYTES]] = \
+                    f"{w.node_namespace.rstrip('/')}/{w.node_name}" == self.primary
+        return self._writers.get(gid, True)  # not in the graph yet (discovery lags data): taken, as before
 
     def _on_record(self, msg) -> None:
         try:
