@@ -1004,7 +1004,8 @@ MUTATIONS = [
              ["test/test_ros_lease.py::test_a_second_primary_of_the_same_name_publishes_nothing_while_the_first_leads"],
              "a launch file started twice: two primaries of one name both step every observation"),
     Mutation("primary_steps_before_its_start_hold", ROS + "group/roles.py",
-             "                          hold_s=max(START_HOLD_S, REPROVE_LEASES * self.leader.lease_s))",
+             "                          hold_s=max(START_DISCOVERY_S, START_HOLD_S, REPROVE_LEASES * "
+             "self.leader.lease_s))",
              "                          hold_s=0.0)",
              ["test/test_ros_lease.py::test_a_primary_publishes_nothing_until_its_start_hold_is_over",
               "test/test_ros_lease.py::test_a_second_primary_of_the_same_name_publishes_nothing_while_the_first_leads"],

@@ -43,6 +43,9 @@ REPROVE_LEASES = 1.0
 # node of the same name that already leads (a launch file started twice) is heard first: discovery of the
 # sensor and of that node run side by side. While another process of this name renews a lease, the hold goes on.
 START_HOLD_S = 1.0
+# ... and at least this long after its claim: the sensor's discovery and the namesake's do not run side by side
+# (Jazzy, loaded: the first observation came at once, the namesake's claim 1.8 s after activation).
+START_DISCOVERY_S = 3.0
 CLAIM_CHECK_S = 0.1  # claims waiting for their node to show in the graph are looked at again this often
 
 

@@ -14,7 +14,7 @@ from rclpy.qos import QoSProfile
 
 from .claims import MAX_CLAIM
 from .held_observations import BUFFER_MAX
-from .leader import LEADER_TOPIC, REPROVE_LEASES, START_HOLD_S, LeaderGuard
+from .leader import LEADER_TOPIC, REPROVE_LEASES, START_DISCOVERY_S, START_HOLD_S, LeaderGuard
 from .replica import REPLICA_SERVICES, ReplicaLink, replica_refusal, role_diagnostics
 from .standby import StandbyLink
 from .stream import StreamPublisher
@@ -178,11 +178,12 @@ class GroupRole:
 
     def lead(self, epoch: int) -> None:
         """Claim flashrt_leader at ``epoch`` and publish the capsule stream (executor thread). Nothing is
-        published before START_HOLD_S has passed without a claim that outranks this one (a node of the same
-        name that leads already: a launch file started twice)."""
+        published before START_HOLD_S after its first observation and START_DISCOVERY_S after the claim have
+        passed without a claim that outranks this one (a node of the same name that leads already: a launch file
+        started twice)."""
         self.on_epoch(epoch)
         self.leader.claim(epoch, self.session.step_count, self.session.live_capsule_id,
-                          hold_s=max(START_HOLD_S, REPROVE_LEASES * self.leader.lease_s))
+                          hold_s=max(START_DISCOVERY_S, START_HOLD_S, REPROVE_LEASES * self.leader.lease_s))
         self._stream_due = epoch  # a namesake's stream is this node's topic: none before the hold is over
 
     def _start_stream(self, epoch: int) -> None:
