@@ -6,23 +6,17 @@ active (stream, replica or standby, leader guard) live here.
 """
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Callable
 
 from rclpy.qos import QoSProfile
 
 from .claims import MAX_CLAIM
-from .held_observations import BUFFER_MAX
 from .leader import LEADER_TOPIC, REPROVE_LEASES, START_DISCOVERY_S, START_HOLD_S, LeaderGuard
 from .replica import REPLICA_SERVICES, ReplicaLink, replica_refusal, role_diagnostics
 from .standby import StandbyLink
 from .stream import StreamPublisher
 
-# Held observations are stepped this many per executor pass after a hold; the passes between take what arrives
-# meanwhile, kept as the subscription keeps it (its newest ``depth``): a burst of a whole hold's steps let the
-# subscription's queue drop observations (a primary's 1 s start hold: 30 of 600 at 100 Hz).
-CATCH_UP_STEPS = 4
 STANDBY_OBSERVATION_DEPTH = 200  # a standby's observation queue: 2 s at 100 Hz, past any takeover's catch-up
 
 
@@ -46,11 +40,8 @@ class GroupRole:
         self.replica: ReplicaLink | None = None  # role replica or standby: while active (until a takeover)
         self.leader: LeaderGuard | None = None  # primary and standby: while active
         self.deposed = ""  # why this node stopped leading (a standby took over): it steps nothing more
-        # the lease (group/leader.py): while it is not proven, observations wait here and outputs in _deferred
-        self._held_obs: collections.deque = collections.deque(maxlen=BUFFER_MAX)
-        self._deferred: list = []  # (publish, args) of steps taken before a lapse was seen, in order
-        self._arrived: collections.deque = collections.deque(maxlen=10)  # during a catch-up (depth: observation_qos)
-        self._catch_up_timer = None
+        # the lease (group/leader.py): while it is not proven the node steps on, and its outputs wait here, in order
+        self._deferred: list = []  # (publish, args)
         self._stream_due = 0  # the epoch of a stream that starts when the start hold ends
 
     def robot_topic(self, name: str) -> str:
@@ -64,39 +55,25 @@ class GroupRole:
 
     def observation_qos(self, qos):
         """A standby's observations are held from its newest record on, and never dropped while it takes over."""
-        if self.role == "standby":
-            qos = QoSProfile(history=qos.history, depth=max(qos.depth, STANDBY_OBSERVATION_DEPTH),
-                             reliability=qos.reliability, durability=qos.durability)
-        self._arrived = collections.deque(maxlen=max(1, qos.depth))
-        return qos
+        if self.role != "standby":
+            return qos
+        return QoSProfile(history=qos.history, depth=max(qos.depth, STANDBY_OBSERVATION_DEPTH),
+                          reliability=qos.reliability, durability=qos.durability)
 
     def on_observation(self, msg) -> None:
         # [replan] stepped here even while a replan runs: the replan computes its batched steps outside the
         # runtime lock, so this step waits at most for one of its bookkeeping sections (runtime/replan.py)
         if self.replica is not None:  # a standby, while the primary leads
             self.replica.hold(msg)
-        elif not self.deposed and not self._lease_holds(msg):
-            self.step(msg)
+        elif not self.deposed:
+            self.step(msg)  # its outputs wait while the lease is not proven (fenced)
 
     # ---- the lease: nothing goes out unless it is proven ---------------------------------------
-    def _lease_holds(self, msg) -> bool:
-        """Held while the lease is not proven (stepped once it is, dropped if deposed meanwhile)."""
-        guard = self.leader
-        if self._catch_up_timer is not None:
-            self._arrived.append(msg)
-            return True
-        # a primary's start hold steps (its outputs wait): a backlog of a whole second, stepped at its end, cost
-        # the loop its subscription's drops; nothing of it leaves if a namesake leads (no stream yet either)
-        if guard is None or not self._held_obs and (guard.current() or guard.starting):
-            return False
-        self._held_obs.append(msg)
-        guard.observed()
-        guard.check_lease()  # a lapse found here (a stall): the hold starts
-        return True
-
     def fenced(self, publish, *args) -> None:
         """A step's output goes out only under a current lease; else it waits for the proof (or goes with a
-        deposition). Executor thread."""
+        deposition). The step itself is taken: its capsule record goes out, so a standby sees a living primary
+        (holding the observations instead delayed the records by the hold, and a standby took over from a primary
+        that had only stood still with the whole machine). Executor thread."""
         guard = self.leader
         if guard is None or not self._deferred and guard.current():
             publish(*args)
@@ -114,40 +91,13 @@ class GroupRole:
                 publish(*args)
             except Exception as e:  # noqa: BLE001 - deactivated meanwhile
                 self.node.get_logger().warning(f"held output not published: {e}")
-        self.node.get_logger().info(f"lease proven: no newer leader; published {len(deferred)} held outputs, "
-                                    f"stepping {len(self._held_obs)} held observations")
+        self.node.get_logger().info(f"lease proven: no newer leader; published {len(deferred)} held outputs")
         if self._stream_due:  # the start hold is over: this node leads
             self._start_stream(self._stream_due)
             self._stream_due = 0
-        self._catch_up()
-
-    def _catch_up(self) -> None:
-        """A few held observations, then the next pass; done when what arrived meanwhile is stepped too."""
-        self._cancel_catch_up()
-        guard = self.leader
-        for _ in range(CATCH_UP_STEPS):
-            if not self._held_obs or guard is None or not guard.current():
-                self._held_obs.extend(self._arrived)  # they come after the held ones
-                self._arrived.clear()
-            if not self._held_obs or guard is None:
-                return
-            if not guard.current():
-                guard.check_lease()  # stood still again: a new hold, whose proof steps the rest
-                return
-            self.step(self._held_obs.popleft())
-        self._catch_up_timer = self.node.create_timer(0.0, self._catch_up)
-
-    def _cancel_catch_up(self) -> None:
-        if self._catch_up_timer is not None:
-            self.node.destroy_timer(self._catch_up_timer)
-            self._catch_up_timer = None
 
     def _drop_held(self) -> int:
-        self._cancel_catch_up()
-        self._held_obs.extend(self._arrived)
-        self._arrived.clear()
-        n = len(self._held_obs) + len(self._deferred)
-        self._held_obs.clear()
+        n = len(self._deferred)
         self._deferred = []
         return n
 
@@ -242,8 +192,7 @@ class GroupRole:
         same = self.leader is not None and leader.node == self.leader.name
         self.deposed = (f"deposed: {leader.node} leads the robot since epoch {leader.epoch} "
                         f"({'another process of this name claimed it first' if same else 'a standby took over'}); "
-                        f"this node steps and publishes nothing more ({self._drop_held()} held observations and "
-                        "outputs dropped)")
+                        f"this node steps and publishes nothing more ({self._drop_held()} held outputs dropped)")
         if self.stream is not None:
             self.stream.destroy()
             self.stream = None
