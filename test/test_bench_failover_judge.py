@@ -10,7 +10,7 @@ import pytest
 
 from conftest import observation_trace, small_config
 from flashrt_ros.runtime import Session
-from flashrt_ros.tools.bench.stream_failover import judge_pair
+from flashrt_ros.tools.bench.stream_failover import _explain, judge_pair
 
 KILLED_AT = 100.0  # monotonic seconds of the kill
 STANDBY_FROM = KILLED_AT + 0.05  # a step received from then on is the standby's
@@ -113,3 +113,21 @@ def test_a_standby_that_continued_from_the_wrong_capsule_differs_from_there_on()
     actions = [stale.step(o).action for i, o in enumerate(obs) if i != 7]
     steps = steps[:8] + [_step(n, sent[n - 1], actions[n - 2], KILLED_AT + 0.2) for n in range(9, 13)]
     assert _judge(steps, sent, obs)["different"] == [9, 10, 11, 12]
+
+
+def test_a_failed_kill_reports_whether_its_first_different_step_slipped_a_number_or_diverged():
+    obs = observation_trace(12)
+    steps, sent = _pair(obs, list(range(12)), primary_steps=8)
+    # the standby's 10th step names observation 11 and carries its right action (a numbering slip), its
+    # 11th names observation 11 with an action off by one ulp (the state diverged)
+    t, m = steps[9]
+    slip = _step(10, sent[10], np.asarray(steps[10][1].action, np.float32), t)
+    t, m = steps[10]
+    harmed = _step(11, sent[10], np.nextafter(np.asarray(m.action, np.float32), np.float32(9)), t)
+    steps = steps[:9] + [slip, harmed] + steps[11:]
+    assert _judge(steps, sent, obs)["different"][:2] == [10, 11]
+    report = _explain([10, 11], steps, sent, obs, small_config(), "numpy", STANDBY_FROM)
+    assert report == [
+        {"step": 10, "by": "standby", "observation": 11, "action_is_the_references_for_it": True},
+        {"step": 11, "by": "standby", "observation": 11, "action_is_the_references_for_it": False}]
+    assert _explain([], steps, sent, obs, small_config(), "numpy", STANDBY_FROM) == []

@@ -24,8 +24,8 @@ STANDBY_AFTER_S = 0.05
 def failover(node, env, log_dir: Path, plan, backend: str) -> dict:
     """plan.kills pairs (stream.Plan), one kill each."""
     from ...ros.client import FlashRTClient
-    params = plan.node_params()
-    cfg = PolicyConfig.from_yaml(params_file(None)).replace(**params)
+    cfg = PolicyConfig.from_yaml(params_file(None)).replace(**plan.node_params())
+    params = {**plan.node_params(), "liveliness_lease_ms": plan.kill_lease_ms}
     fo_ms, identical, unstepped, primary_drops, details, drop_details = [], 0, 0, 0, [], []
     for k in range(plan.kills):
         ns, robot = f"/fo{k}", None
@@ -51,11 +51,11 @@ def failover(node, env, log_dir: Path, plan, backend: str) -> dict:
             while not held_ids(standby) and time.monotonic() < end:
                 robot.spin(0.1)
             kill_at = random.Random(k).randrange(100, 200)
-            killed = [0.0]
+            killed = [0.0, 0.0]  # monotonic, and wall time (the node logs' stamps)
 
             def tick(i: int, kill_at=kill_at, procs=procs, killed=killed) -> None:
                 if i == kill_at:
-                    killed[0] = time.monotonic()
+                    killed[0], killed[1] = time.monotonic(), time.time()
                     os.kill(procs[0].pid, signal.SIGKILL)
             robot.run(trace[20:kill_at + 60], lambda i: tick(i + 20))
             end = time.monotonic() + 15.0  # until the last observation sent is stepped (by its stamp)
@@ -76,9 +76,15 @@ def failover(node, env, log_dir: Path, plan, backend: str) -> dict:
             if any(judged.values()):
                 failed = judged["unstepped"] or judged["different"]
                 (details if failed else drop_details).append({
-                    "kill": k + 1, "kill_at_step": kill_at,
+                    "kill": k + 1, "kill_at_step": kill_at, "killed_at_wall_s": round(killed[1], 6),
                     "standby_first_step": min((m.step for t, m in robot.steps if t >= standby_from), default=None),
-                    **{key: _spans(v) for key, v in judged.items()}})
+                    # negative: the standby claimed while the primary lived (two leaders, issue 44)
+                    "claim_ms_after_kill": min((round((t - killed[0]) * 1e3, 1) for t, m in robot.leaders
+                                                if m.epoch == 2), default=None),
+                    **{key: _spans(v) for key, v in judged.items()},
+                    "first_different": _explain(judged["different"][:1], robot.steps, robot.sent, trace, cfg,
+                                                backend, standby_from),
+                    "role_events": _role_events(log_dir, ns)})
             progress(f"failover: kill {k + 1}/{plan.kills}: "
                      f"{fo_ms[-1] if first is not None else float('nan'):.0f} ms to the standby's first step")
         finally:
@@ -116,6 +122,42 @@ def judge_pair(steps: list, sent: list, observations, standby_from: float, refer
         np.asarray(m.action, np.float32).tobytes(), stamp_to_ns(m.header.stamp))})
     return {"dropped_before_kill": [i + 1 for i in not_stepped if i < last_primary],
             "unstepped": [i + 1 for i in not_stepped if i > last_primary], "different": different}
+
+
+def _explain(steps: list[int], received: list, sent: list, observations, cfg, backend: str,
+             standby_from: float) -> list[dict]:
+    """What each of ``steps`` was, for a failed kill's report: every message published under that number, by
+    whom (before or after the takeover), which observation its stamp names, and whether its action is the
+    reference's for that observation (a numbering slip) or not (the state diverged)."""
+    if not steps:
+        return []
+    index = {st: i for i, st in enumerate(sent)}
+    reference = Session(cfg, backend)
+    actions = [reference.step(o).action.astype(np.float32).tobytes() for o in observations[:len(sent)]]
+    out = []
+    for t, m in received:
+        if int(m.step) in steps:
+            i = index.get(stamp_to_ns(m.header.stamp))
+            out.append({"step": int(m.step), "by": "standby" if t >= standby_from else "primary",
+                        "observation": None if i is None else i + 1,
+                        "action_is_the_references_for_it": i is not None and i < len(actions)
+                        and actions[i] == np.asarray(m.action, np.float32).tobytes()})
+    return out
+
+
+ROLE_EVENTS = ("lapsed", "took over", "deposed", "alive again", "not taking over", "refus")
+
+
+def _role_events(log_dir: Path, ns: str) -> list[str]:
+    """The pair's log lines about who led when (a takeover while the primary lived reads here)."""
+    out = []
+    for name in (ns.strip("/"), f"{ns.strip('/')}_standby"):
+        try:
+            lines = (log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        out += [f"{name}: {line[:300]}" for line in lines if any(e in line for e in ROLE_EVENTS)]
+    return out[:20]
 
 
 def _spans(steps: list[int]) -> str:
