@@ -10,7 +10,7 @@ import pytest
 
 from conftest import observation_trace, small_config
 from flashrt_ros.runtime import Session
-from flashrt_ros.tools.bench.stream_failover import _explain, judge_pair
+from flashrt_ros.tools.bench.stream_failover import _explain, _role_events, judge_pair
 
 KILLED_AT = 100.0  # monotonic seconds of the kill
 STANDBY_FROM = KILLED_AT + 0.05  # a step received from then on is the standby's
@@ -131,3 +131,17 @@ def test_a_failed_kill_reports_whether_its_first_different_step_slipped_a_number
         {"step": 10, "by": "standby", "observation": 11, "action_is_the_references_for_it": True},
         {"step": 11, "by": "standby", "observation": 11, "action_is_the_references_for_it": False}]
     assert _explain([], steps, sent, obs, small_config(), "numpy", STANDBY_FROM) == []
+
+
+def test_a_failed_kills_log_lines_are_the_pairs_role_changes_only(tmp_path):
+    (tmp_path / "fo0.log").write_text(
+        "[WARN] [fo0.flashrt]: joint_names is unset: ... refuse messages from a publisher with other joints\n"
+        "[ERROR] [fo0.flashrt]: deposed: /fo0_standby/flashrt leads the robot since epoch 2\n")
+    (tmp_path / "fo0_standby.log").write_text(
+        "[INFO] [fo0_standby.flashrt]: configure: done\n"
+        "[ERROR] [fo0_standby.flashrt]: capsule record 7 from /fo0/flashrt refused: a gap\n"
+        "[WARN] [fo0_standby.flashrt]: took over from /fo0/flashrt (epoch 2)\n")
+    assert [line.split(": ", 2)[-1] for line in _role_events(tmp_path, "/fo0")] == [
+        "deposed: /fo0_standby/flashrt leads the robot since epoch 2",
+        "capsule record 7 from /fo0/flashrt refused: a gap", "took over from /fo0/flashrt (epoch 2)"]
+    assert _role_events(tmp_path, "/fo1") == []  # no logs: nothing, not an error

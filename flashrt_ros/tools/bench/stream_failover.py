@@ -145,7 +145,7 @@ def _explain(steps: list[int], received: list, sent: list, observations, cfg, ba
     return out
 
 
-ROLE_EVENTS = ("lapsed", "took over", "deposed", "alive again", "not taking over", "refus")
+ROLE_EVENTS = ("lapsed", "took over", "deposed", "alive again", "not taking over", "refused:")  # refused: a record
 
 
 def _role_events(log_dir: Path, ns: str) -> list[str]:
